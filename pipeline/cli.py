@@ -1,0 +1,92 @@
+"""Command-line parsing and error reporting; imports nothing heavy so `--help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
+from pipeline.errors import PipelineError
+
+DEFAULT_COMMAND = "run"
+DESCRIPTION = "Fine-tune a code language model (LoRA) on a git repository's own history."
+
+
+def build_parser(commands: dict[str, tuple[Callable, str]]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_pipeline.py",
+        description=DESCRIPTION,
+        epilog=f"`{DEFAULT_COMMAND}` is the default: `run_pipeline.py --repo PATH` trains. "
+        "`run_pipeline.py COMMAND --help` shows a command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in commands.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        _add_common_options(command)
+    return parser
+
+
+def _add_common_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", required=True, metavar="PATH", help="the git repository to learn from")
+    parser.add_argument(
+        "--output-dir", metavar="DIR", help="where sequences, checkpoints, adapter and MANIFEST.json go (output.dir)"
+    )
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help=f"training config YAML (default: {SHIPPED_CONFIG_PATH.name})"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value, e.g. --set train.epochs=1 (repeatable)",
+    )
+    parser.add_argument("--model", help="base model: `tiny` (no download), a Hugging Face id, or a local path")
+    parser.add_argument("--max-commits", type=int, metavar="N", help="read at most the N newest commits")
+
+
+def parse_args(argv: list[str], commands: dict[str, tuple[Callable, str]]) -> argparse.Namespace:
+    """Parse argv; a first argument that is an option (not -h) means the default command."""
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = [DEFAULT_COMMAND, *argv]
+    parser = build_parser(commands)
+    if not argv:
+        parser.print_help(sys.stderr)
+        raise SystemExit(2)
+    return parser.parse_args(argv)
+
+
+def loaded_config(args: argparse.Namespace) -> LoadedConfig:
+    """The config file, then --set overrides, then the dedicated flags (typed as given, not re-parsed)."""
+    flags: dict[str, Any] = {
+        "output.dir": args.output_dir,
+        "train.model": args.model,
+        "scrape.max_commits": args.max_commits,
+    }
+    return load_config(args.config, args.overrides, {key: value for key, value in flags.items() if value is not None})
+
+
+def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    """Run a command; a PipelineError becomes one line on stderr and its exit code."""
+    try:
+        return handler(args) or 0
+    except PipelineError as err:
+        print(f"repotune: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("repotune: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if os.environ.get("REPOTUNE_DEBUG"):
+            traceback.print_exc()
+        print(
+            f"repotune: internal error: {type(err).__name__}: {err} (a bug; REPOTUNE_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1

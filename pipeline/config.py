@@ -1,0 +1,350 @@
+"""Typed configuration: grouped dataclasses, loaded from YAML, overridden by `--set`.
+
+YAML is read once at the edge (`load_config`), every problem is collected and
+reported in one line that names the key, and the resulting `Config` is passed
+down explicitly. `training_config.yaml` at the project root documents every
+field; a test keeps it equal to the defaults below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from pipeline.errors import ConfigError
+
+Auto = Literal["auto"]
+
+SHIPPED_CONFIG_PATH = Path(__file__).resolve().parent.parent / "training_config.yaml"
+
+
+def _check(predicate, requirement: str) -> dict:
+    """Field metadata: a range rule and how to say it ("must be > 0")."""
+    return {"check": (predicate, requirement)}
+
+
+def _positive(value) -> bool:
+    return value == "auto" or value > 0
+
+
+def _non_negative(value) -> bool:
+    return value == "auto" or value >= 0
+
+
+POSITIVE = _check(_positive, "must be > 0")
+NON_NEGATIVE = _check(_non_negative, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class ScrapeConfig:
+    max_commits: int | None = field(default=None, metadata=_check(lambda v: v is None or v > 0, "must be > 0 or null"))
+    """Read at most this many commits, newest first; null reads the whole history."""
+    include_merges: bool = False
+    """Keep merge commits (their diff against the first parent)."""
+    max_file_diff_bytes: int = field(default=65536, metadata=POSITIVE)
+    """A file whose diff is larger than this (bytes) is left out; such files are almost always generated."""
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    warmup_ratio: float = field(default=0.1, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    """Warmup as a fraction of total optimizer steps."""
+    warmup_steps_min: int = field(default=10, metadata=NON_NEGATIVE)
+    """Fewest warmup steps (optimizer steps); see override_min_warmup."""
+    warmup_steps_max: int = field(default=1000, metadata=NON_NEGATIVE)
+    """Most warmup steps (optimizer steps)."""
+    override_min_warmup: bool = True
+    """Let ratio-based warmup go below warmup_steps_min on small runs (a 66-step run gets 7, not 10)."""
+    gradient_accumulation_steps: int = field(default=2, metadata=POSITIVE)
+    """Micro-batches whose gradients are summed before each optimizer step."""
+    batch_size: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Micro-batch size per device (sequences); auto picks it from the tiers below."""
+    gpu_memory_threshold_large_gb: float = field(default=7.0, metadata=POSITIVE)
+    """A GPU with at least this much memory (GB) is in the large tier."""
+    gpu_memory_threshold_medium_gb: float = field(default=4.0, metadata=POSITIVE)
+    """A GPU with at least this much memory (GB) but under the large threshold is in the medium tier."""
+    batch_size_large_gpu: int = field(default=8, metadata=POSITIVE)
+    """Micro-batch size on a large-tier GPU (sequences)."""
+    batch_size_medium_gpu: int = field(default=4, metadata=POSITIVE)
+    """Micro-batch size on a medium-tier GPU (sequences)."""
+    batch_size_small_gpu: int = field(default=2, metadata=POSITIVE)
+    """Micro-batch size on a GPU under the medium threshold (sequences)."""
+    batch_size_cpu: int = field(default=4, metadata=POSITIVE)
+    """Micro-batch size when training on the CPU (sequences)."""
+    num_workers: int | Auto = field(default="auto", metadata=NON_NEGATIVE)
+    """Dataloader worker processes; auto is physical cores // 2, and 0 for a small in-memory dataset."""
+    pin_memory: bool = True
+    """Pin host memory for faster host-to-GPU copies; only takes effect with CUDA."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "tiny"
+    """Base model: `tiny` (built in code, random weights, no download), a Hugging Face id, or a local path."""
+    epochs: int = field(default=3, metadata=POSITIVE)
+    """Passes over the training blocks."""
+    learning_rate: float | Auto = field(default="auto", metadata=POSITIVE)
+    """Peak learning rate; auto is 3e-3 for the random tiny model and 2e-4 for a pretrained one."""
+    lr_scheduler: Literal["linear", "cosine", "constant_with_warmup"] = "cosine"
+    """Learning-rate shape after warmup."""
+    weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
+    """AdamW weight decay."""
+    max_grad_norm: float = field(default=1.0, metadata=POSITIVE)
+    """Gradient clipping norm."""
+    sequence_length: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Tokens per training block; auto is the p95 sequence length rounded up to 64, capped by max_sequence_length."""
+    max_sequence_length: int = field(default=1024, metadata=POSITIVE)
+    """Upper bound for sequence_length (tokens); the model's own limit also applies."""
+    seed: int = 42
+    """Seed for model initialisation, data order and dropout."""
+    logging_steps: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Optimizer steps between loss/LR records; auto gives about 50 points per run."""
+    save_steps: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Optimizer steps between checkpoints; auto gives about 10 per run."""
+    save_total_limit: int = field(default=2, metadata=POSITIVE)
+    """Checkpoints kept on disk (the newest)."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    r: int = field(default=8, metadata=POSITIVE)
+    """Rank of the LoRA update matrices."""
+    alpha: int = field(default=16, metadata=POSITIVE)
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = field(default=0.05, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    """Dropout on the LoRA branch."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: a list of names (q_proj, v_proj, ...) or `all-linear`."""
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    collection_interval_seconds: float = field(default=5.0, metadata=POSITIVE)
+    """Seconds between hardware samples (CPU, RAM, GPU)."""
+    track_per_step_metrics: bool = False
+    """Record loss and learning rate at every optimizer step instead of every logging step."""
+    include_epoch_summary: bool = True
+    """Summarise each epoch (loss mean/min/max, duration, tokens/s) in the manifest."""
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dir: str = "repotune-output"
+    """Where sequences, checkpoints, the adapter and MANIFEST.json go (relative to the working directory)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A config and where its values came from, so decisions can name their source."""
+
+    config: Config
+    path: Path | None
+    """The YAML file read; None when the built-in defaults were used."""
+    overrides: dict[str, Any]
+    """`section.key` → value for every `--set` (and CLI flag) override, in order."""
+
+    def source_of(self, dotted_key: str) -> str:
+        return "cli" if dotted_key in self.overrides else "config"
+
+    def label(self) -> str:
+        return self.path.name if self.path else "defaults"
+
+
+def load_config(
+    path: Path | None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
+) -> LoadedConfig:
+    """Read `path` (the shipped file when None), apply `--set section.key=value` overrides
+    (values parsed as YAML) and then CLI `flags` (already typed), and validate."""
+    path = path or (SHIPPED_CONFIG_PATH if SHIPPED_CONFIG_PATH.exists() else None)
+    label = path.name if path else "config"
+    data = _read_yaml(path) if path else {}
+    parsed_overrides = dict(_parse_override(text) for text in overrides or [])
+    parsed_overrides.update(flags or {})
+    for dotted, value in parsed_overrides.items():
+        section, key = dotted.split(".", 1)
+        if data.get(section) is None:
+            data[section] = {}
+        if not isinstance(data[section], dict):
+            raise ConfigError(f"{label}: `{section}` must be a mapping of keys to values")
+        data[section][key] = value
+    config = _build(data, label, set(parsed_overrides))
+    return LoadedConfig(config=config, path=path, overrides=parsed_overrides)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from err
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path.name}:{where} is not valid YAML ({getattr(err, 'problem', err)})") from err
+    if data is None:
+        raise ConfigError(f"{path.name}: the file is empty; remove --config to use the shipped defaults")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path.name}: must be a mapping of sections (scrape, plan, train, ...), got {type(data).__name__}")
+    return data
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or "." not in key:
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. --set train.epochs=1")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _build(data: dict[str, Any], label: str, cli_keys: set[str]) -> Config:
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    section_types = {f.name: f.type for f in dataclasses.fields(Config)}
+    hints = typing.get_type_hints(Config)
+    for name, raw in data.items():
+        if name not in section_types:
+            problems.append(f"unknown section `{name}`{_suggest(name, section_types)}")
+        elif not isinstance(raw, dict):
+            problems.append(f"`{name}` must be a mapping of keys to values, got {_describe(raw)}")
+    for name in section_types:
+        raw = data.get(name) or {}
+        if isinstance(raw, dict):
+            sections[name] = _build_section(hints[name], name, raw, cli_keys, problems)
+    if problems:
+        raise ConfigError(f"{label}: " + "; ".join(problems))
+    config = Config(**sections)
+    _check_relations(config, problems)
+    if problems:
+        raise ConfigError(f"{label}: " + "; ".join(problems))
+    return config
+
+
+def _build_section(cls: type, section: str, raw: dict[str, Any], cli_keys: set[str], problems: list[str]):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{section}.{key}"
+        name = f"`{dotted}` (from the command line)" if dotted in cli_keys else f"`{dotted}`"
+        if key not in fields:
+            problems.append(f"unknown key {name}{_suggest(key, fields, section)}")
+            continue
+        ok, value = _coerce(value, hints[key])
+        if not ok:
+            problems.append(f"{name} must be {_type_name(hints[key])}, got {_describe(value)}")
+            continue
+        check = fields[key].metadata.get("check")
+        if check and not check[0](value):
+            problems.append(f"{name} {check[1]}, got {value!r}")
+            continue
+        values[key] = value
+    return cls(**values)
+
+
+def _check_relations(config: Config, problems: list[str]) -> None:
+    plan = config.plan
+    if plan.warmup_steps_min > plan.warmup_steps_max:
+        problems.append(
+            f"`plan.warmup_steps_min` ({plan.warmup_steps_min}) must not exceed "
+            f"`plan.warmup_steps_max` ({plan.warmup_steps_max})"
+        )
+    if plan.gpu_memory_threshold_medium_gb > plan.gpu_memory_threshold_large_gb:
+        problems.append(
+            f"`plan.gpu_memory_threshold_medium_gb` ({plan.gpu_memory_threshold_medium_gb}) must not exceed "
+            f"`plan.gpu_memory_threshold_large_gb` ({plan.gpu_memory_threshold_large_gb})"
+        )
+    train = config.train
+    if isinstance(train.sequence_length, int) and train.sequence_length > train.max_sequence_length:
+        problems.append(
+            f"`train.sequence_length` ({train.sequence_length}) must not exceed "
+            f"`train.max_sequence_length` ({train.max_sequence_length})"
+        )
+
+
+def _coerce(value: Any, annotation: Any) -> tuple[bool, Any]:
+    """Return (matches, value), accepting what YAML users naturally write for a number."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(annotation):
+            ok, coerced = _coerce(value, option)
+            if ok:
+                return True, coerced
+        return False, value
+    if origin is Literal:
+        return value in typing.get_args(annotation), value
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        if not isinstance(value, list):
+            return False, value
+        return all(_coerce(item, item_type)[0] for item in value), value
+    if annotation is type(None):
+        return value is None, value
+    if annotation is bool:
+        return isinstance(value, bool), value
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if annotation is float:
+        if isinstance(value, bool):
+            return False, value
+        if isinstance(value, int | float):
+            return True, float(value)
+        # PyYAML reads `1e-3` (no dot) as a string; accept what float() accepts.
+        if isinstance(value, str):
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, value
+        return False, value
+    if annotation is str:
+        return isinstance(value, str), value
+    raise TypeError(f"unsupported config annotation {annotation!r}")
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(option) for option in typing.get_args(annotation))
+    if origin is Literal:
+        return " or ".join(repr(v) if not isinstance(v, str) else f"`{v}`" for v in typing.get_args(annotation))
+    if origin is list:
+        plurals = {str: "strings", int: "integers", float: "numbers"}
+        return f"a list of {plurals[typing.get_args(annotation)[0]]}"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    return names[annotation]
+
+
+def _describe(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
+    return f"{kind.get(type(value), type(value).__name__)} {value!r}" if value is not None else "null"
+
+
+def _suggest(name: str, known, section: str | None = None) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    if not close:
+        return ""
+    return f" (did you mean `{section}.{close[0]}`?)" if section else f" (did you mean `{close[0]}`?)"

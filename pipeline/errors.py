@@ -1,0 +1,32 @@
+"""The exceptions the CLI turns into one line on stderr and an exit code.
+
+Anything else that escapes is a bug: the CLI reports it as an internal error.
+"""
+
+
+class PipelineError(Exception):
+    """A problem the user can fix; its message names what is wrong and how to fix it."""
+
+    exit_code = 2
+
+
+class ConfigError(PipelineError):
+    """The config file or a `--set` override is invalid."""
+
+
+class RepositoryError(PipelineError):
+    """The path is not a usable git repository (missing, empty, unreadable history)."""
+
+
+class OutputDirError(PipelineError):
+    """The output directory cannot be created or written."""
+
+
+class ModelLoadError(PipelineError):
+    """The base model or its tokenizer cannot be loaded."""
+
+
+class TrainingError(PipelineError):
+    """Training cannot start or cannot go on (no data, a diverged loss)."""
+
+    exit_code = 1

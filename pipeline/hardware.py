@@ -1,0 +1,226 @@
+"""What machine are we on? CPU cores and quotas, RAM and limits, GPUs, versions.
+
+Detection never fails the run: whatever cannot be read is None, and
+`Hardware.notes` says why. GPU readers take the `torch.cuda` module and the
+`pynvml` module as arguments so tests can pass fakes (there is no GPU here).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_gb: float
+    """Total device memory (GiB)."""
+    free_memory_gb: float | None = None
+    """Free device memory when detected (GiB)."""
+    compute_capability: tuple[int, int] | None = None
+    bf16: bool | None = None
+    """Native bfloat16 (compute capability 8.0 and newer)."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpu_physical_cores: int | None
+    cpu_logical_cores: int | None
+    usable_cores: int
+    """Cores this process may use: affinity mask and container CPU quota applied."""
+    cpu_quota_cores: float | None
+    """CPU quota granted by cgroups (cores), None when unlimited or unknown."""
+    ram_total_gb: float | None
+    ram_available_gb: float | None
+    memory_limit_gb: float | None
+    """cgroup memory limit (GiB), None when unlimited or unknown."""
+    gpus: tuple[GpuInfo, ...] = ()
+    cuda_usable: bool = False
+    """torch can run on the GPUs (a CUDA build and a driver); GPUs seen only by NVML are not usable."""
+    mps: bool = False
+    platform: str = ""
+    python_version: str = ""
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    transformers_version: str | None = None
+    source: str = "detected"
+    """`detected` on this machine, or the profile file it was described by."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Why a field is None or a reader was skipped."""
+
+    def to_manifest(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = [
+            {**gpu, "compute_capability": list(gpu["compute_capability"]) if gpu["compute_capability"] else None}
+            for gpu in data["gpus"]
+        ]
+        data["gpu_count"] = len(self.gpus)
+        return data
+
+
+def detect_hardware() -> Hardware:
+    notes: dict[str, str] = {}
+    quota = cgroup_cpu_quota(Path("/sys/fs/cgroup"))
+    affinity = _affinity_cores()
+    logical = psutil.cpu_count(logical=True)
+    usable = min(affinity or logical or 1, math.floor(quota) if quota else sys.maxsize)
+    memory = psutil.virtual_memory()
+    limit = cgroup_memory_limit(Path("/sys/fs/cgroup"))
+    physical = psutil.cpu_count(logical=False)
+    if physical is None:
+        notes["cpu_physical_cores"] = "psutil could not read the physical core count"
+    hardware = Hardware(
+        cpu_physical_cores=physical,
+        cpu_logical_cores=logical,
+        usable_cores=max(1, usable),
+        cpu_quota_cores=quota,
+        ram_total_gb=round(memory.total / GB, 2),
+        ram_available_gb=round(memory.available / GB, 2),
+        memory_limit_gb=round(limit / GB, 2) if limit else None,
+        platform=platform.platform(),
+        python_version=platform.python_version(),
+        notes=notes,
+    )
+    return _with_accelerators(hardware)
+
+
+def _with_accelerators(hardware: Hardware) -> Hardware:
+    notes = dict(hardware.notes)
+    try:
+        import torch
+        import transformers
+    except ImportError as err:
+        notes["torch_version"] = f"torch is not importable ({err})"
+        return replace(hardware, notes=notes)
+    gpus: list[GpuInfo] = []
+    cuda_usable = torch.cuda.is_available()
+    if cuda_usable:
+        gpus = gpus_from_torch(torch.cuda)
+    else:
+        gpus = _gpus_from_nvml_if_present(notes)
+        if gpus:
+            notes["cuda_usable"] = "NVML sees GPUs but this torch build cannot use them (CPU-only torch?)"
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    return replace(
+        hardware,
+        gpus=tuple(gpus),
+        cuda_usable=cuda_usable,
+        mps=mps,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        transformers_version=transformers.__version__,
+        notes=notes,
+    )
+
+
+def gpus_from_torch(cuda) -> list[GpuInfo]:
+    """GPUs as torch sees them; `cuda` is `torch.cuda` (or a fake with the same calls)."""
+    gpus = []
+    for index in range(cuda.device_count()):
+        props = cuda.get_device_properties(index)
+        capability = (props.major, props.minor)
+        try:
+            free, _total = cuda.mem_get_info(index)
+            free_gb = round(free / GB, 2)
+        except RuntimeError:
+            free_gb = None
+        gpus.append(
+            GpuInfo(
+                index=index,
+                name=props.name,
+                memory_gb=round(props.total_memory / GB, 2),
+                free_memory_gb=free_gb,
+                compute_capability=capability,
+                bf16=capability >= (8, 0),
+            )
+        )
+    return gpus
+
+
+def _gpus_from_nvml_if_present(notes: dict[str, str]) -> list[GpuInfo]:
+    try:
+        import pynvml
+    except ImportError:
+        notes["gpus"] = "nvidia-ml-py is not installed"
+        return []
+    try:
+        return gpus_from_nvml(pynvml)
+    except Exception as err:  # NVMLError subclasses vary by driver; none of them should stop a run
+        notes["gpus"] = f"no NVIDIA GPU found ({err.__class__.__name__}: {err})"
+        return []
+
+
+def gpus_from_nvml(nvml) -> list[GpuInfo]:
+    """GPUs as NVML sees them; `nvml` is the `pynvml` module (or a fake)."""
+    nvml.nvmlInit()
+    try:
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            name = nvml.nvmlDeviceGetName(handle)
+            capability = tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle))
+            gpus.append(
+                GpuInfo(
+                    index=index,
+                    name=name.decode() if isinstance(name, bytes) else name,
+                    memory_gb=round(memory.total / GB, 2),
+                    free_memory_gb=round(memory.free / GB, 2),
+                    compute_capability=capability,
+                    bf16=capability >= (8, 0),
+                )
+            )
+        return gpus
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _affinity_cores() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS and Windows have no affinity call
+        return None
+
+
+def cgroup_cpu_quota(root: Path) -> float | None:
+    """CPU quota in cores from cgroup v2 `cpu.max` or v1 `cpu.cfs_quota_us`; None if unlimited."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_memory_limit(root: Path) -> int | None:
+    """Memory limit in bytes from cgroup v2 `memory.max` or v1 `memory.limit_in_bytes`; None if unlimited."""
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        # v1 reports "unlimited" as a huge page-aligned number.
+        return None if value >= 2**60 else value
+    return None

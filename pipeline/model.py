@@ -1,0 +1,155 @@
+"""Base models and tokenizers: the built-in `tiny` model, or any Hugging Face causal LM.
+
+`tiny` is a small Llama-architecture model built from a config in code with
+random weights, and a byte-level BPE tokenizer trained on the scraped corpus:
+no download, which is what tests and the quick start use. It is saved next to
+the adapter so the adapter can be loaded again.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import ModelLoadError
+from pipeline.planner import ModelFacts
+
+TINY = "tiny"
+TINY_VOCAB_SIZE = 2048  # enough merges for code on a small corpus; the embedding stays small
+TINY_MAX_POSITIONS = 2048
+EOS_TOKEN = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    """The tiny model's dimensions: about 1M parameters, a few ms per step on a laptop CPU."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+
+
+def load_tokenizer(model_name: str, corpus: Iterable[str]):
+    """The tokenizer for `model_name` and the facts the planner needs; `corpus` trains tiny's."""
+    if model_name == TINY:
+        return _train_tiny_tokenizer(corpus), ModelFacts(TINY, random_init=True, max_positions=TINY_MAX_POSITIONS)
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = _from_pretrained(AutoTokenizer, model_name)
+    config = _from_pretrained(AutoConfig, model_name)
+    if tokenizer.eos_token is None:
+        raise ModelLoadError(f"model '{model_name}': its tokenizer defines no end-of-sequence token to separate commits")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    max_positions = getattr(config, "max_position_embeddings", None)
+    return tokenizer, ModelFacts(model_name, random_init=False, max_positions=max_positions)
+
+
+def _train_tiny_tokenizer(corpus: Iterable[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte stays encodable
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+
+
+def build_model(model_name: str, tokenizer, seed: int, dtype: str = "fp32", attn_implementation: str = "sdpa"):
+    """The base model: tiny from its config (seeded), or the pretrained weights."""
+    import torch
+
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    if model_name == TINY:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        shape = TinyShape()
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=shape.hidden_size,
+            intermediate_size=shape.intermediate_size,
+            num_hidden_layers=shape.num_hidden_layers,
+            num_attention_heads=shape.num_attention_heads,
+            num_key_value_heads=shape.num_attention_heads,
+            max_position_embeddings=TINY_MAX_POSITIONS,
+            tie_word_embeddings=True,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=None,
+            attn_implementation=attn_implementation,
+        )
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+    from transformers import AutoModelForCausalLM
+
+    # fp16 training keeps fp32 master weights (the Trainer's AMP scales the loss), so load fp16 runs in fp32.
+    load_dtype = torch.float32 if dtype == "fp16" else torch_dtype
+    return _from_pretrained(
+        AutoModelForCausalLM, model_name, dtype=load_dtype, attn_implementation=attn_implementation
+    )
+
+
+def attach_lora(model, lora_config):
+    """Wrap `model` with LoRA adapters (only they train)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora_config.r,
+        lora_alpha=lora_config.alpha,
+        lora_dropout=lora_config.dropout,
+        target_modules=lora_config.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as err:
+        raise ModelLoadError(f"lora.target_modules {lora_config.target_modules!r} does not fit this model: {err}") from None
+
+
+def _from_pretrained(cls, name: str, **kwargs):
+    """Load from the local cache first; go to the hub only when it answers, so offline fails fast."""
+    local = Path(name).expanduser()
+    if name.startswith((".", "/", "~")) and not local.is_dir():
+        raise ModelLoadError(f"--model {name}: no such directory; pass a model directory, a hub id, or `tiny`")
+    try:
+        return cls.from_pretrained(str(local) if local.is_dir() else name, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as err:
+        if local.is_dir():
+            raise ModelLoadError(f"--model {name}: cannot load it from that directory: {_first_line(err)}") from None
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
+        raise ModelLoadError(
+            f"model '{name}' is not in the local Hugging Face cache and the hub cannot be reached; "
+            f"download it on a connected machine (`hf download {name}`), pass a local directory, or use --model tiny"
+        )
+    try:
+        return cls.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load model '{name}': {_first_line(err)}") from None
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    from huggingface_hub import constants
+
+    request = urllib.request.Request(constants.ENDPOINT, method="HEAD")
+    try:
+        urllib.request.urlopen(request, timeout=timeout_s)
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -1,0 +1,90 @@
+"""A run's record: its output directory, its manifest, and how it ended.
+
+`open_run` creates the output directory, writes a manifest with status
+`running`, and makes sure that however the block ends (success, a
+PipelineError, Ctrl-C, a bug) the manifest on disk says so.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import LoadedConfig
+from pipeline.errors import OutputDirError, PipelineError
+from pipeline.manifest import MANIFEST_FILE, new_manifest, utc_now, write_manifest
+
+
+class Run:
+    def __init__(self, output_dir: Path, loaded: LoadedConfig, command: str, argv: list[str]):
+        self.output_dir = output_dir
+        self.loaded = loaded
+        self.config = loaded.config
+        self.manifest_path = output_dir / MANIFEST_FILE
+        self.doc = new_manifest(command, argv)
+        self.doc["config"] = {
+            "source": str(loaded.path) if loaded.path else None,
+            "overrides": loaded.overrides,
+            "effective": loaded.config.to_dict(),
+        }
+        self._started = time.perf_counter()
+
+    def save(self) -> None:
+        self.doc["total_execution_time_seconds"] = round(time.perf_counter() - self._started, 3)
+        write_manifest(self.manifest_path, self.doc)
+
+    def record(self, **sections: Any) -> None:
+        """Set whole manifest sections and write the manifest."""
+        self.doc.update(sections)
+        self.save()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time a stage into `.timings.<name>_s` (written even if the stage fails)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.doc["timings"][f"{name}_s"] = round(time.perf_counter() - started, 3)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.doc["status"] = status
+        self.doc["error"] = error
+        self.doc["run"]["finished_at"] = utc_now()
+        self.save()
+
+
+def prepare_output_dir(path: str | Path) -> Path:
+    """Create `path` and prove it is writable before any work is done."""
+    output_dir = Path(path).expanduser()
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{time.time_ns()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OutputDirError(f"cannot write to output directory {output_dir}: {err.strerror or err}") from None
+    return output_dir
+
+
+@contextmanager
+def open_run(loaded: LoadedConfig, command: str, argv: list[str] | None = None) -> Iterator[Run]:
+    """Start a run in `loaded.config.output.dir`; on any failure leave a manifest that says why."""
+    output_dir = prepare_output_dir(loaded.config.output.dir)
+    run = Run(output_dir, loaded, command, argv if argv is not None else sys.argv[1:])
+    run.save()
+    try:
+        yield run
+    except PipelineError as err:
+        run.finish("failed", str(err))
+        raise
+    except KeyboardInterrupt:
+        run.finish("interrupted", "interrupted by the user (Ctrl-C)")
+        raise
+    except Exception as err:
+        run.finish("failed", f"internal error: {type(err).__name__}: {err}")
+        raise

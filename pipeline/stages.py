@@ -1,0 +1,188 @@
+"""The pipeline's stages: each runs one package's work and records it in the manifest.
+
+torch and transformers are imported inside the stages that need them, so the
+CLI (and `--help`) stays fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.dataset import TokenizedData, read_sequences, tokenize
+from pipeline.hardware import detect_hardware
+from pipeline.planner import ModelFacts, Plan, make_plan
+from pipeline.run import Run
+from scrapers.scrape import ScrapeResult
+from scrapers.scrape import scrape as scrape_repository
+
+ADAPTER_DIR = "adapter"
+BASE_MODEL_DIR = "base_model"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def say(message: str) -> None:
+    """Progress for the person at the terminal; stdout is kept for results."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def scrape(run: Run, repo: str) -> ScrapeResult:
+    with run.stage("scrape"):
+        result = scrape_repository(repo, run.config.scrape, run.output_dir)
+    stats = result.stats
+    run.record(
+        repository=vars(result.repository),
+        scrape={**stats.to_manifest(), "sequences_path": str(result.sequences_path)},
+    )
+    skipped = ", ".join(f"{reason} {count}" for reason, count in sorted(stats.skipped.items())) or "none"
+    say(
+        f"scraped {stats.commits_seen} commits of {result.repository.path} in {stats.duration_s:.2f} s: "
+        f"kept {stats.commits_kept} ({stats.sequences} sequences), skipped: {skipped}"
+    )
+    return result
+
+
+@dataclass(frozen=True)
+class Prepared:
+    tokenizer: Any
+    facts: ModelFacts
+    data: TokenizedData
+
+
+def prepare(run: Run, scraped: ScrapeResult) -> Prepared:
+    from pipeline.errors import TrainingError
+    from pipeline.model import load_tokenizer
+
+    records = read_sequences(scraped.sequences_path)
+    if not records:
+        raise TrainingError(
+            f"{scraped.repository.path}: no commit survived the filters "
+            f"(skipped: {dict(scraped.stats.skipped)}); nothing to train on"
+        )
+    texts = [record["text"] for record in records]
+    with run.stage("tokenize"):
+        tokenizer, facts = load_tokenizer(run.config.train.model, texts)
+        data = tokenize(texts, tokenizer)
+    run.record(
+        model={
+            "name": facts.name,
+            "random_init": facts.random_init,
+            "note": "randomly initialised base model (no download): the adapter shows the pipeline works, "
+            "not what a pretrained model would learn"
+            if facts.random_init
+            else None,
+            "max_positions": facts.max_positions,
+            "vocab_size": len(tokenizer),
+        },
+        dataset=data.to_manifest(),
+    )
+    return Prepared(tokenizer, facts, data)
+
+
+def plan(run: Run, prepared: Prepared) -> Plan:
+    with run.stage("plan"):
+        hardware = detect_hardware()
+        result = make_plan(prepared.data.stats(), hardware, prepared.facts, run.loaded)
+    run.record(hardware=hardware.to_manifest(), training_parameters=result.to_manifest())
+    say(format_plan(result))
+    return result
+
+
+def format_plan(plan: Plan) -> str:
+    rows = [("parameter", "value", "source", "reason")]
+    rows += [(name, _show(d.value), d.source, d.reason) for name, d in plan.decisions.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(
+        f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}" for row in rows
+    )
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def train(run: Run, prepared: Prepared, plan: Plan) -> None:
+    from pipeline.dataset import training_blocks
+    from pipeline.model import attach_lora, build_model
+    from pipeline.monitor import HardwareMonitor, import_nvml
+    from pipeline.trainer import TrainingHistory
+    from pipeline.trainer import train as run_trainer
+
+    config = run.config
+    tokenizer = prepared.tokenizer
+    with run.stage("pack"):
+        dataset, packed = training_blocks(prepared.data, plan["sequence_length"], tokenizer.pad_token_id)
+    run.doc["dataset"].update(
+        {
+            "train_blocks": len(packed.input_ids),
+            "block_size": plan["sequence_length"],
+            "real_tokens": packed.real_tokens,
+            "packing_efficiency": round(packed.efficiency, 4),
+            "packing_method": "position_ids restart per sequence (block-diagonal causal attention)",
+        }
+    )
+    with run.stage("load_model"):
+        model = build_model(config.train.model, tokenizer, plan["seed"], dtype=plan["precision"])
+        base_dir = None
+        if prepared.facts.random_init:
+            # A random base cannot be downloaded again: keep it beside the adapter.
+            base_dir = run.output_dir / BASE_MODEL_DIR
+            model.save_pretrained(base_dir)
+            tokenizer.save_pretrained(base_dir)
+            model.name_or_path = str(base_dir.resolve())
+        model = attach_lora(model, config.lora)
+    trainable, total = _parameter_counts(model)
+    run.doc["model"].update({"parameters_total": total, "parameters_trainable": trainable})
+
+    monitor = HardwareMonitor(config.monitor.collection_interval_seconds, import_nvml())
+
+    def record_progress() -> None:
+        report = history.report()
+        report["hardware"] = monitor.report()
+        last = history.loss_history[-1] if history.loss_history else {}
+        run.doc["run"].update(current_step=last.get("step"), latest_loss=last.get("loss"))
+        run.record(training_report=report)
+
+    history = TrainingHistory(packed.real_tokens, config.monitor.include_epoch_summary, record_progress)
+    say(f"training {plan['total_steps']} steps on {plan['device']} ({trainable:,} trainable parameters)")
+    with run.stage("train"), monitor:
+        run_trainer(model, dataset, plan, config, run.output_dir / CHECKPOINT_DIR, history)
+    record_progress()
+
+    with run.stage("save"):
+        adapter_dir = run.output_dir / ADAPTER_DIR
+        model.save_pretrained(adapter_dir)
+        tokenizer.save_pretrained(adapter_dir)
+    run.record(outputs=_outputs(run, adapter_dir, base_dir))
+
+
+def _parameter_counts(model) -> tuple[int, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in model.parameters())
+
+
+def _outputs(run: Run, adapter_dir: Path, base_dir: Path | None) -> dict[str, Any]:
+    files = [
+        {"path": str(path.relative_to(run.output_dir)), "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(adapter_dir.rglob("*"))
+        if path.is_file()
+    ]
+    return {
+        "output_dir": str(run.output_dir.resolve()),
+        "adapter_dir": str(adapter_dir.resolve()),
+        "adapter_files": files,
+        "base_model_dir": str(base_dir.resolve()) if base_dir else None,
+        "sequences_path": str((run.output_dir / "sequences.jsonl").resolve()),
+        "manifest_path": str(run.manifest_path.resolve()),
+    }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""repotune: fine-tune a code language model on a git repository's own history.
+
+    python run_pipeline.py --repo /path/to/repo
+
+Each command reads as the list of stages it runs; the work is in `scrapers/`
+and `pipeline/`, and everything is recorded in OUTPUT_DIR/MANIFEST.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline import stages
+from pipeline.cli import loaded_config, parse_args, run_command
+from pipeline.run import open_run
+
+
+def run(args: argparse.Namespace) -> None:
+    """Scrape → tokenize → plan → train, then print the manifest path."""
+    with open_run(loaded_config(args), "run") as record:
+        scraped = stages.scrape(record, args.repo)
+        prepared = stages.prepare(record, scraped)
+        plan = stages.plan(record, prepared)
+        stages.train(record, prepared, plan)
+        record.finish("completed")
+    print(record.manifest_path)
+
+
+def scrape(args: argparse.Namespace) -> None:
+    """Scrape only: sequences.jsonl and the scrape sections of the manifest."""
+    with open_run(loaded_config(args), "scrape") as record:
+        stages.scrape(record, args.repo)
+        record.finish("scraped")
+    print(record.manifest_path)
+
+
+COMMANDS = {
+    "run": (run, "scrape, plan and train a LoRA adapter (the default command)"),
+    "scrape": (scrape, "turn the repository's history into sequences.jsonl, without training"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv, COMMANDS)
+    handler, _ = COMMANDS[args.command]
+    return run_command(handler, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

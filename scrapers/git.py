@@ -1,0 +1,195 @@
+"""Open a repository safely and stream its history through ONE `git log -p` process.
+
+Safety: a scraped repository is untrusted. Its `.git/config` and
+`.gitattributes` can name programs that git runs on its behalf (an external
+diff, textconv filters, an fsmonitor hook that even `git status` runs, a
+pager, gpg for signatures, transports for lazy fetches). Every git process we
+start through GitPython gets `SAFE_GIT_CONFIG` as command-line-level config
+(through GIT_CONFIG_COUNT, the environment form of `git -c`, which outranks
+every config file), so none of them can run; `git log` also gets
+`--no-ext-diff --no-textconv --no-color`. We never call GitPython helpers
+such as `is_dirty()` that would spawn `git diff`/`git status` on the work tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import git
+
+from pipeline.errors import RepositoryError
+from scrapers.commit import Commit
+from scrapers.parse import log_format, parse_log
+
+SAFE_GIT_CONFIG = {
+    "core.fsmonitor": "false",  # `core.fsmonitor=<program>` runs on every work-tree scan
+    "core.hooksPath": os.devnull,  # no hooks from the repository
+    "core.pager": "cat",
+    "log.showSignature": "false",  # signature checks would run gpg.program
+    "protocol.allow": "never",  # no transport at all: a partial clone must not lazily fetch
+    "diff.noprefix": "false",  # the parser relies on a/ and b/ prefixes
+    "diff.mnemonicPrefix": "false",
+    "diff.relative": "false",
+    "core.quotePath": "false",  # non-ASCII paths as UTF-8, not octal escapes
+    "i18n.logOutputEncoding": "UTF-8",  # messages re-encoded from their encoding header
+    "color.ui": "false",
+}
+SAFE_GIT_ENV = {
+    "GIT_CONFIG_COUNT": str(len(SAFE_GIT_CONFIG)),
+    **{f"GIT_CONFIG_KEY_{i}": key for i, key in enumerate(SAFE_GIT_CONFIG)},
+    **{f"GIT_CONFIG_VALUE_{i}": value for i, value in enumerate(SAFE_GIT_CONFIG.values())},
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_OPTIONAL_LOCKS": "0",  # reading must not take locks or refresh the user's index
+    "GIT_EXTERNAL_DIFF": "",
+}
+SAFE_LOG_FLAGS = ("--no-ext-diff", "--no-textconv", "--no-color", "--no-show-signature", "--encoding=UTF-8")
+
+
+@dataclass(frozen=True)
+class RepositoryInfo:
+    path: str
+    """Work-tree root, or the git directory of a bare repository."""
+    head: str
+    branch: str | None
+    """None on a detached HEAD."""
+    remote_url: str | None
+    """`origin` (or the first remote) with any credentials removed."""
+    bare: bool
+    shallow: bool
+    commit_count: int
+    """Commits reachable from HEAD."""
+
+
+def open_repository(path: str | Path) -> git.Repo:
+    """Open the repository containing `path`, with every configured program disabled."""
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise RepositoryError(f"{path}: no such file or directory")
+    try:
+        repo = git.Repo(resolved, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise RepositoryError(f"{path}: not a git repository (run `git init`, or pass the path of a clone)") from None
+    repo.git.update_environment(**SAFE_GIT_ENV)
+    if not repo.head.is_valid():
+        raise RepositoryError(f"{path}: the repository has no commits yet; commit something first")
+    return repo
+
+
+def describe_repository(repo: git.Repo) -> RepositoryInfo:
+    head = repo.head
+    return RepositoryInfo(
+        path=str(Path(_where(repo)).resolve()),
+        head=head.commit.hexsha,
+        branch=None if head.is_detached else head.reference.name,
+        remote_url=_remote_url(repo),
+        bare=repo.bare,
+        shallow=(Path(repo.git_dir) / "shallow").exists(),
+        commit_count=int(run_git(repo, "rev-list", "--count", "HEAD")),
+    )
+
+
+def _remote_url(repo: git.Repo) -> str | None:
+    remotes = {remote.name: remote for remote in repo.remotes}
+    remote = remotes.get("origin") or next(iter(remotes.values()), None)
+    if remote is None:
+        return None
+    try:
+        url = repo.config_reader().get_value(f'remote "{remote.name}"', "url")
+    except Exception:  # a remote section without a url; nothing to record
+        return None
+    return strip_credentials(str(url))
+
+
+_SCP_LIKE = re.compile(r"^[^@/:]+@(?=[^/:]+:)")
+
+
+def strip_credentials(url: str) -> str:
+    """`https://user:token@host/x` → `https://host/x`; `user@host:x` (ssh) keeps no user either."""
+    parts = urlsplit(url)
+    if parts.scheme and parts.netloc and "@" in parts.netloc:
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return _SCP_LIKE.sub("", url)
+
+
+def run_git(repo: git.Repo, *args: str) -> str:
+    """Run one short git command (never per commit) and return its stripped output."""
+    try:
+        return repo.git.execute(["git", *args]).strip()
+    except git.GitCommandError as err:
+        raise RepositoryError(f"{_where(repo)}: git {args[0]} failed: {git_failure(err.stderr)}") from None
+
+
+@contextmanager
+def stream_commits(repo: git.Repo, log_args: list[str], max_file_bytes: int) -> Iterator[Iterator[Commit]]:
+    """Yield an iterator of Commits from ONE `git log -p` process (`log_args`: revisions, limits).
+
+    git's stderr is drained on a thread (rename-limit warnings can fill the
+    pipe and deadlock both sides); leaving the block before the end kills git.
+    """
+    nonce = secrets.token_hex(12)
+    command = [
+        "git",
+        "log",
+        *SAFE_LOG_FLAGS,
+        "-p",
+        "--find-renames",
+        "--diff-merges=first-parent",
+        f"--format={log_format(nonce)}",
+        *log_args,
+        "--",
+    ]
+    # Keep GitPython's wrapper referenced: its __del__ closes the pipes.
+    process = repo.git.execute(command, as_process=True)
+    proc = process.proc
+    stderr_tail: list[bytes] = []
+    drainer = threading.Thread(target=_drain, args=(proc.stderr, stderr_tail), daemon=True)
+    drainer.start()
+    reached_end = threading.Event()
+
+    def lines() -> Iterator[bytes]:
+        yield from proc.stdout
+        reached_end.set()
+
+    try:
+        yield parse_log(lines(), nonce, max_file_bytes)
+    finally:
+        if not reached_end.is_set():
+            proc.kill()
+        proc.stdout.close()
+        returncode = proc.wait()
+        drainer.join()
+        del process
+    if reached_end.is_set() and returncode != 0:
+        raise RepositoryError(f"{_where(repo)}: git log failed: {git_failure(b''.join(stderr_tail))}")
+
+
+def _drain(stream, tail: list[bytes], keep: int = 64) -> None:
+    for line in stream:
+        tail.append(line)
+        del tail[:-keep]
+
+
+def _where(repo: git.Repo) -> str:
+    return str(repo.working_tree_dir or repo.git_dir)
+
+
+def git_failure(stderr: str | bytes | None) -> str:
+    """The line of git's stderr that says what went wrong (its `fatal:`/`error:` line, not a hint)."""
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode("utf-8", "replace")
+    lines = [line.strip().removeprefix("stderr: ").strip("' ") for line in (stderr or "").splitlines()]
+    lines = [line for line in lines if line]
+    causes = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    if any("dubious ownership" in line for line in lines):
+        return "git refuses a repository owned by another user; if you trust it: git config --global --add safe.directory <path>"
+    return (causes or lines or ["unknown error"])[0]
