@@ -34,10 +34,15 @@ def build_parser(commands: dict[str, tuple[Callable, str]]) -> argparse.Argument
 def _add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", required=True, metavar="PATH", help="the git repository to learn from")
     parser.add_argument(
-        "--output-dir", metavar="DIR", help="where sequences, checkpoints, adapter and MANIFEST.json go (output.dir)"
+        "--output-dir",
+        metavar="DIR",
+        help="where sequences, checkpoints, adapter and MANIFEST.json go (output.dir)",
     )
     parser.add_argument(
-        "--config", type=Path, metavar="FILE", help=f"training config YAML (default: {SHIPPED_CONFIG_PATH.name})"
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=f"training config YAML (default: {SHIPPED_CONFIG_PATH.name})",
     )
     parser.add_argument(
         "--set",
@@ -47,7 +52,9 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value, e.g. --set train.epochs=1 (repeatable)",
     )
-    parser.add_argument("--model", help="base model: `tiny` (no download), a Hugging Face id, or a local path")
+    parser.add_argument(
+        "--model", help="base model: `tiny` (no download), a Hugging Face id, or a local path"
+    )
     parser.add_argument("--max-commits", type=int, metavar="N", help="read at most the N newest commits")
 
 
@@ -69,7 +76,9 @@ def loaded_config(args: argparse.Namespace) -> LoadedConfig:
         "train.model": args.model,
         "scrape.max_commits": args.max_commits,
     }
-    return load_config(args.config, args.overrides, {key: value for key, value in flags.items() if value is not None})
+    return load_config(
+        args.config, args.overrides, {key: value for key, value in flags.items() if value is not None}
+    )
 
 
 def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:

@@ -44,7 +44,9 @@ NON_NEGATIVE = _check(_non_negative, "must be >= 0")
 
 @dataclass(frozen=True)
 class ScrapeConfig:
-    max_commits: int | None = field(default=None, metadata=_check(lambda v: v is None or v > 0, "must be > 0 or null"))
+    max_commits: int | None = field(
+        default=None, metadata=_check(lambda v: v is None or v > 0, "must be > 0 or null")
+    )
     """Read at most this many commits, newest first; null reads the whole history."""
     include_merges: bool = False
     """Keep merge commits (their diff against the first parent)."""
@@ -91,7 +93,7 @@ class TrainConfig:
     epochs: int = field(default=3, metadata=POSITIVE)
     """Passes over the training blocks."""
     learning_rate: float | Auto = field(default="auto", metadata=POSITIVE)
-    """Peak learning rate; auto is 3e-3 for the random tiny model and 2e-4 for a pretrained one."""
+    """Peak learning rate; auto is 5e-3 for the random tiny model and 2e-4 for a pretrained one."""
     lr_scheduler: Literal["linear", "cosine", "constant_with_warmup"] = "cosine"
     """Learning-rate shape after warmup."""
     weight_decay: float = field(default=0.0, metadata=NON_NEGATIVE)
@@ -205,7 +207,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         raise ConfigError(f"{path.name}: the file is empty; remove --config to use the shipped defaults")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path.name}: must be a mapping of sections (scrape, plan, train, ...), got {type(data).__name__}")
+        raise ConfigError(
+            f"{path.name}: must be a mapping of sections (scrape, plan, train, ...), got {type(data).__name__}"
+        )
     return data
 
 
@@ -330,7 +334,9 @@ def _type_name(annotation: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(option) for option in typing.get_args(annotation))
     if origin is Literal:
-        return " or ".join(repr(v) if not isinstance(v, str) else f"`{v}`" for v in typing.get_args(annotation))
+        return " or ".join(
+            repr(v) if not isinstance(v, str) else f"`{v}`" for v in typing.get_args(annotation)
+        )
     if origin is list:
         plurals = {str: "strings", int: "integers", float: "numbers"}
         return f"a list of {plurals[typing.get_args(annotation)[0]]}"
@@ -339,7 +345,14 @@ def _type_name(annotation: Any) -> str:
 
 
 def _describe(value: Any) -> str:
-    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
+    kind = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }
     return f"{kind.get(type(value), type(value).__name__)} {value!r}" if value is not None else "null"
 
 

@@ -40,7 +40,7 @@ def tokenize(texts: Sequence[str], tokenizer) -> TokenizedData:
     """Tokenize in one batched call (the fast tokenizer parallelises in Rust) and append EOS."""
     encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
-    return TokenizedData(token_ids=[ids + [eos] for ids in encoded])
+    return TokenizedData(token_ids=[[*ids, eos] for ids in encoded])
 
 
 def training_blocks(data: TokenizedData, block_size: int, pad_id: int) -> tuple[Any, PackedBlocks]:

@@ -62,7 +62,10 @@ class Hardware:
     def to_manifest(self) -> dict[str, Any]:
         data = asdict(self)
         data["gpus"] = [
-            {**gpu, "compute_capability": list(gpu["compute_capability"]) if gpu["compute_capability"] else None}
+            {
+                **gpu,
+                "compute_capability": list(gpu["compute_capability"]) if gpu["compute_capability"] else None,
+            }
             for gpu in data["gpus"]
         ]
         data["gpu_count"] = len(self.gpus)

@@ -18,7 +18,7 @@ from pipeline.errors import ModelLoadError
 from pipeline.planner import ModelFacts
 
 TINY = "tiny"
-TINY_VOCAB_SIZE = 2048  # enough merges for code on a small corpus; the embedding stays small
+TINY_VOCAB_SIZE = 1024  # enough merges for code on a small corpus, few enough rows to learn in a short run
 TINY_MAX_POSITIONS = 2048
 EOS_TOKEN = "<|endoftext|>"
 
@@ -31,18 +31,25 @@ class TinyShape:
     intermediate_size: int = 384
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
+    initializer_range: float = 0.05
+    """Init std. The usual 0.02 bounds every logit near 0.02 × hidden_size ≈ 2.6 nats through the final
+    norm, so a random model could barely sharpen its predictions; 0.05 leaves room."""
 
 
 def load_tokenizer(model_name: str, corpus: Iterable[str]):
     """The tokenizer for `model_name` and the facts the planner needs; `corpus` trains tiny's."""
     if model_name == TINY:
-        return _train_tiny_tokenizer(corpus), ModelFacts(TINY, random_init=True, max_positions=TINY_MAX_POSITIONS)
+        return _train_tiny_tokenizer(corpus), ModelFacts(
+            TINY, random_init=True, max_positions=TINY_MAX_POSITIONS
+        )
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, model_name)
     config = _from_pretrained(AutoConfig, model_name)
     if tokenizer.eos_token is None:
-        raise ModelLoadError(f"model '{model_name}': its tokenizer defines no end-of-sequence token to separate commits")
+        raise ModelLoadError(
+            f"model '{model_name}': its tokenizer defines no end-of-sequence token to separate commits"
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     max_positions = getattr(config, "max_position_embeddings", None)
@@ -66,7 +73,9 @@ def _train_tiny_tokenizer(corpus: Iterable[str]):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
 
 
-def build_model(model_name: str, tokenizer, seed: int, dtype: str = "fp32", attn_implementation: str = "sdpa"):
+def build_model(
+    model_name: str, tokenizer, seed: int, dtype: str = "fp32", attn_implementation: str = "sdpa"
+):
     """The base model: tiny from its config (seeded), or the pretrained weights."""
     import torch
 
@@ -84,6 +93,7 @@ def build_model(model_name: str, tokenizer, seed: int, dtype: str = "fp32", attn
             num_key_value_heads=shape.num_attention_heads,
             max_position_embeddings=TINY_MAX_POSITIONS,
             tie_word_embeddings=True,
+            initializer_range=shape.initializer_range,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=None,
@@ -100,8 +110,9 @@ def build_model(model_name: str, tokenizer, seed: int, dtype: str = "fp32", attn
     )
 
 
-def attach_lora(model, lora_config):
-    """Wrap `model` with LoRA adapters (only they train)."""
+def attach_lora(model, lora_config, base_modules_to_train: list[str]):
+    """Wrap `model` with LoRA adapters; `base_modules_to_train` are base modules trained in full
+    (saved with the adapter), which only a random base model needs."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -109,24 +120,32 @@ def attach_lora(model, lora_config):
         lora_alpha=lora_config.alpha,
         lora_dropout=lora_config.dropout,
         target_modules=lora_config.target_modules,
+        modules_to_save=list(base_modules_to_train) or None,
+        ensure_weight_tying=True,  # a trained embedding copy must stay tied to the output layer
         task_type="CAUSAL_LM",
     )
     try:
         return get_peft_model(model, config)
     except ValueError as err:
-        raise ModelLoadError(f"lora.target_modules {lora_config.target_modules!r} does not fit this model: {err}") from None
+        raise ModelLoadError(
+            f"lora.target_modules {lora_config.target_modules!r} does not fit this model: {err}"
+        ) from None
 
 
 def _from_pretrained(cls, name: str, **kwargs):
     """Load from the local cache first; go to the hub only when it answers, so offline fails fast."""
     local = Path(name).expanduser()
     if name.startswith((".", "/", "~")) and not local.is_dir():
-        raise ModelLoadError(f"--model {name}: no such directory; pass a model directory, a hub id, or `tiny`")
+        raise ModelLoadError(
+            f"--model {name}: no such directory; pass a model directory, a hub id, or `tiny`"
+        )
     try:
         return cls.from_pretrained(str(local) if local.is_dir() else name, local_files_only=True, **kwargs)
     except (OSError, ValueError) as err:
         if local.is_dir():
-            raise ModelLoadError(f"--model {name}: cannot load it from that directory: {_first_line(err)}") from None
+            raise ModelLoadError(
+                f"--model {name}: cannot load it from that directory: {_first_line(err)}"
+            ) from None
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
         raise ModelLoadError(
             f"model '{name}' is not in the local Hugging Face cache and the hub cannot be reached; "

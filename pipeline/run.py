@@ -67,7 +67,9 @@ def prepare_output_dir(path: str | Path) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise OutputDirError(f"cannot write to output directory {output_dir}: {err.strerror or err}") from None
+        raise OutputDirError(
+            f"cannot write to output directory {output_dir}: {err.strerror or err}"
+        ) from None
     return output_dir
 
 

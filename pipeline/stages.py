@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.dataset import TokenizedData, read_sequences, tokenize
+from pipeline.errors import RepositoryError
 from pipeline.hardware import detect_hardware
 from pipeline.planner import ModelFacts, Plan, make_plan
 from pipeline.run import Run
@@ -37,10 +38,9 @@ def scrape(run: Run, repo: str) -> ScrapeResult:
         repository=vars(result.repository),
         scrape={**stats.to_manifest(), "sequences_path": str(result.sequences_path)},
     )
-    skipped = ", ".join(f"{reason} {count}" for reason, count in sorted(stats.skipped.items())) or "none"
     say(
         f"scraped {stats.commits_seen} commits of {result.repository.path} in {stats.duration_s:.2f} s: "
-        f"kept {stats.commits_kept} ({stats.sequences} sequences), skipped: {skipped}"
+        f"kept {stats.commits_kept} ({stats.sequences} sequences), skipped: {stats.skipped_summary()}"
     )
     return result
 
@@ -53,14 +53,13 @@ class Prepared:
 
 
 def prepare(run: Run, scraped: ScrapeResult) -> Prepared:
-    from pipeline.errors import TrainingError
     from pipeline.model import load_tokenizer
 
     records = read_sequences(scraped.sequences_path)
     if not records:
-        raise TrainingError(
+        raise RepositoryError(
             f"{scraped.repository.path}: no commit survived the filters "
-            f"(skipped: {dict(scraped.stats.skipped)}); nothing to train on"
+            f"(skipped: {scraped.stats.skipped_summary()}); nothing to train on"
         )
     texts = [record["text"] for record in records]
     with run.stage("tokenize"):
@@ -108,8 +107,10 @@ def train(run: Run, prepared: Prepared, plan: Plan) -> None:
     from pipeline.dataset import training_blocks
     from pipeline.model import attach_lora, build_model
     from pipeline.monitor import HardwareMonitor, import_nvml
-    from pipeline.trainer import TrainingHistory
+    from pipeline.trainer import TrainingHistory, quiet_library_output
     from pipeline.trainer import train as run_trainer
+
+    quiet_library_output()
 
     config = run.config
     tokenizer = prepared.tokenizer
@@ -133,18 +134,27 @@ def train(run: Run, prepared: Prepared, plan: Plan) -> None:
             model.save_pretrained(base_dir)
             tokenizer.save_pretrained(base_dir)
             model.name_or_path = str(base_dir.resolve())
-        model = attach_lora(model, config.lora)
+        model = attach_lora(model, config.lora, plan["base_modules_trained"])
     trainable, total = _parameter_counts(model)
     run.doc["model"].update({"parameters_total": total, "parameters_trainable": trainable})
 
     monitor = HardwareMonitor(config.monitor.collection_interval_seconds, import_nvml())
 
+    shown_step = 0
+
     def record_progress() -> None:
+        nonlocal shown_step
         report = history.report()
         report["hardware"] = monitor.report()
         last = history.loss_history[-1] if history.loss_history else {}
         run.doc["run"].update(current_step=last.get("step"), latest_loss=last.get("loss"))
         run.record(training_report=report)
+        if last and last["step"] != shown_step:
+            shown_step = last["step"]
+            loss = "not finite" if last["loss"] is None else f"{last['loss']:.4f}"
+            say(
+                f"  step {shown_step}/{plan['total_steps']}  loss {loss}  lr {history.lr_history[-1]['learning_rate']:.2e}"
+            )
 
     history = TrainingHistory(packed.real_tokens, config.monitor.include_epoch_summary, record_progress)
     say(f"training {plan['total_steps']} steps on {plan['device']} ({trainable:,} trainable parameters)")

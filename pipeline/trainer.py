@@ -8,13 +8,15 @@ report to `on_update` after each log so the manifest is current mid-run.
 from __future__ import annotations
 
 import math
-import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import transformers
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import Config
 from pipeline.errors import TrainingError
@@ -61,6 +63,11 @@ class TrainingHistory(TrainerCallback):
         if math.isfinite(loss):
             self._epoch_losses.append(loss)
         self.on_update()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # Always record the final step, so the history (and summary.last) ends where training did.
+        if state.global_step == state.max_steps:
+            control.should_log = True
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if not self.include_epoch_summary:
@@ -133,8 +140,16 @@ def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> Trai
         seed=plan["seed"],
         data_seed=plan["seed"],
         report_to="none",
-        disable_tqdm=not sys.stderr.isatty(),
         remove_unused_columns=False,  # position_ids carry the packing boundaries
+    )
+
+
+def quiet_library_output() -> None:
+    """Keep stdout for results: no save progress bars, no warning that is not ours to fix."""
+    transformers.utils.logging.disable_progress_bar()
+    # peft calls a transformers helper that transformers 5 renamed.
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
     )
 
 
@@ -146,6 +161,9 @@ def train(model, dataset, plan: Plan, config: Config, checkpoint_dir: Path, hist
         data_collator=default_data_collator,
         callbacks=[history],
     )
+    # Both print raw log dicts to stdout; TrainingHistory reports progress on stderr instead.
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
     trainer.train()
     if history.diverged:
         raise TrainingError(

@@ -77,21 +77,30 @@ def open_repository(path: str | Path) -> git.Repo:
     try:
         repo = git.Repo(resolved, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise RepositoryError(f"{path}: not a git repository (run `git init`, or pass the path of a clone)") from None
-    repo.git.update_environment(**SAFE_GIT_ENV)
+        raise RepositoryError(
+            f"{path}: not a git repository (run `git init`, or pass the path of a clone)"
+        ) from None
+    # GIT_DIR pins every git process to this repository, also for a bare clone without a
+    # `config` file, which GitPython mistakes for a work tree rooted at its parent.
+    repo.git.update_environment(**SAFE_GIT_ENV, GIT_DIR=str(Path(repo.git_dir).resolve()))
     if not repo.head.is_valid():
         raise RepositoryError(f"{path}: the repository has no commits yet; commit something first")
     return repo
 
 
+def is_bare(repo: git.Repo) -> bool:
+    """Bare, including a bare clone with no `config` file (GitPython then reports a work tree)."""
+    return repo.bare or not (Path(repo.working_tree_dir) / ".git").exists()
+
+
 def describe_repository(repo: git.Repo) -> RepositoryInfo:
     head = repo.head
     return RepositoryInfo(
-        path=str(Path(_where(repo)).resolve()),
+        path=_where(repo),
         head=head.commit.hexsha,
         branch=None if head.is_detached else head.reference.name,
         remote_url=_remote_url(repo),
-        bare=repo.bare,
+        bare=is_bare(repo),
         shallow=(Path(repo.git_dir) / "shallow").exists(),
         commit_count=int(run_git(repo, "rev-list", "--count", "HEAD")),
     )
@@ -180,7 +189,8 @@ def _drain(stream, tail: list[bytes], keep: int = 64) -> None:
 
 
 def _where(repo: git.Repo) -> str:
-    return str(repo.working_tree_dir or repo.git_dir)
+    """The repository's path for messages and the manifest: the work tree, or the git dir if bare."""
+    return str(Path(repo.git_dir if is_bare(repo) else repo.working_tree_dir).resolve())
 
 
 def git_failure(stderr: str | bytes | None) -> str:

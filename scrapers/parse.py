@@ -47,7 +47,9 @@ def parse_log(lines: Iterable[bytes], nonce: str, max_file_bytes: int) -> Iterat
 
 
 def _build_commit(record: list[bytes], diff: list[bytes], max_file_bytes: int) -> Commit:
-    sha, parents, name, email, date, encoding = (line.rstrip(b"\n").decode("utf-8", "replace") for line in record[:6])
+    sha, parents, name, email, date, encoding = (
+        line.rstrip(b"\n").decode("utf-8", "replace") for line in record[:6]
+    )
     message = _decode(b"".join(record[_HEADER_FIELDS:]), encoding).strip()
     return Commit(
         sha=sha,

@@ -36,6 +36,10 @@ class ScrapeStats:
     sequences: int = 0
     duration_s: float = 0.0
 
+    def skipped_summary(self) -> str:
+        """`merge 3, no_text_changes 1` (or `none`), for messages."""
+        return ", ".join(f"{reason} {count}" for reason, count in sorted(self.skipped.items())) or "none"
+
     def to_manifest(self) -> dict[str, Any]:
         return {
             "commits_seen": self.commits_seen,

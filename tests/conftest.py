@@ -1,0 +1,131 @@
+"""Shared fixtures: tiny real git repositories with fixed dates, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+import run_pipeline
+
+# Fixed identity and no user/system config, so commit hashes are the same on every machine.
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Ada Lovelace",
+    "GIT_AUTHOR_EMAIL": "ada@example.com",
+    "GIT_COMMITTER_NAME": "Ada Lovelace",
+    "GIT_COMMITTER_EMAIL": "ada@example.com",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "HOME": "/nonexistent",
+}
+
+
+class GitRepo:
+    """A real repository in tmp_path; each commit gets the next fixed date."""
+
+    def __init__(self, path: Path, bare: bool = False):
+        self.path = path
+        self._tick = 0
+        path.mkdir(parents=True, exist_ok=True)
+        self.git("init", "--quiet", "--initial-branch=main", *(["--bare"] if bare else []))
+
+    def git(self, *args: str, env: dict[str, str] | None = None) -> str:
+        result = subprocess.run(
+            ["git", *args],
+            cwd=self.path,
+            env={**os.environ, **GIT_ENV, **(env or {})},
+            capture_output=True,
+            check=True,
+        )
+        return result.stdout.decode("utf-8", "replace").strip()
+
+    def commit(
+        self, message: str | bytes, files: dict[str, str | bytes | None], author: str | None = None
+    ) -> str:
+        """Write (or, for None, delete) files and commit them; returns the new commit's sha."""
+        for name, content in files.items():
+            target = self.path / name
+            if content is None:
+                self.git("rm", "--quiet", "--", name)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content if isinstance(content, bytes) else content.encode())
+            self.git("add", "--", name)
+        self._tick += 1
+        date = f"2024-01-{self._tick:02d}T12:00:00+00:00"
+        env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+        if author:
+            name, email = author.split(" <")
+            env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email.rstrip(">"))
+        message_file = self.path / ".git" / "COMMIT_MSG_FOR_TEST"
+        message_file.write_bytes(message if isinstance(message, bytes) else message.encode())
+        self.git("commit", "--quiet", "--allow-empty", "--no-verify", "-F", str(message_file), env=env)
+        return self.git("rev-parse", "HEAD")
+
+
+def module_source(index: int) -> str:
+    """A small, distinct, realistic Python module."""
+    return (
+        f'"""Helpers for feature {index}."""\n\n\n'
+        f"def compute_{index}(values):\n"
+        f"    total = 0\n"
+        f"    for value in values:\n"
+        f"        total += value * {index}\n"
+        f"    return total\n\n\n"
+        f"def describe_{index}(name):\n"
+        f'    return f"feature {index}: {{name}}"\n'
+    )
+
+
+@pytest.fixture
+def sample_repo(tmp_path: Path) -> GitRepo:
+    """Twelve commits: eleven that add or change code, one binary-only."""
+    repo = GitRepo(tmp_path / "sample")
+    repo.commit("Add package skeleton", {"README.md": "# sample\n", "pkg/__init__.py": ""})
+    for index in range(1, 10):
+        repo.commit(
+            f"Add compute_{index} and describe_{index}", {f"pkg/feature_{index}.py": module_source(index)}
+        )
+    repo.commit("Add logo", {"logo.png": b"\x89PNG\r\n\x1a\n\x00\x00binary"})
+    repo.commit(
+        "Scale compute_1 by two\n\nThe callers expect doubled totals.",
+        {"pkg/feature_1.py": module_source(1).replace("value * 1", "value * 2")},
+    )
+    return repo
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the CLI in-process (torch is imported once per session, not per test)."""
+
+    def invoke(*argv: str) -> CliResult:
+        code = run_pipeline.main([str(arg) for arg in argv])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return invoke
+
+
+def read_json(path: Path):
+    return orjson.loads(path.read_bytes())
+
+
+FAST_TRAINING = (
+    # A few dozen optimizer steps on the tiny model: long enough to show warmup and a falling loss.
+    "--set", "plan.batch_size=1",
+    "--set", "plan.gradient_accumulation_steps=1",
+    "--set", "train.epochs=6",
+    "--set", "train.max_sequence_length=128",
+    "--set", "monitor.collection_interval_seconds=0.5",
+)  # fmt: skip

@@ -1,0 +1,136 @@
+"""The command line: help for every command, and bad input as one line with exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import run_pipeline
+from tests.conftest import GitRepo, read_json
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in run_pipeline.COMMANDS)])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exited:
+        run_pipeline.main([*command, "--help"])
+    assert exited.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_help_does_not_import_torch():
+    probe = (
+        "import sys, run_pipeline\n"
+        "try:\n    run_pipeline.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_console_script_runs_the_same_cli():
+    script = Path(sys.executable).parent / "repotune"
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
+    assert "scrape, plan and train" in result.stdout
+
+
+def assert_one_line_error(result, code: int = 2) -> str:
+    """Exactly one error line, last on stderr (progress lines may come before it), no traceback."""
+    assert result.code == code
+    lines = result.err.strip().splitlines()
+    errors = [line for line in lines if line.startswith("repotune:")]
+    assert errors == [lines[-1]], result.err
+    assert lines[-1].startswith("repotune: error: ")
+    assert "Traceback" not in result.err
+    return lines[-1]
+
+
+def test_not_a_repository(cli, tmp_path):
+    (tmp_path / "plain").mkdir()
+    result = cli("--repo", tmp_path / "plain", "--output-dir", tmp_path / "out")
+    line = assert_one_line_error(result)
+    assert "not a git repository" in line
+    manifest = read_json(tmp_path / "out" / "MANIFEST.json")
+    assert manifest["status"] == "failed"
+    assert "not a git repository" in manifest["error"]
+
+
+def test_missing_path(cli, tmp_path):
+    result = cli("--repo", tmp_path / "nowhere", "--output-dir", tmp_path / "out")
+    assert "no such file or directory" in assert_one_line_error(result)
+
+
+def test_empty_repository(cli, tmp_path):
+    GitRepo(tmp_path / "empty")
+    result = cli("--repo", tmp_path / "empty", "--output-dir", tmp_path / "out")
+    assert "has no commits yet" in assert_one_line_error(result)
+    assert read_json(tmp_path / "out" / "MANIFEST.json")["status"] == "failed"
+
+
+def test_unwritable_output_directory(cli, sample_repo, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = cli("--repo", sample_repo.path, "--output-dir", blocker / "out")
+    assert "cannot write to output directory" in assert_one_line_error(result)
+
+
+def test_config_error_exits_2_without_touching_the_output(cli, sample_repo, tmp_path):
+    result = cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--set", "train.epochs=zero")
+    assert "`train.epochs` (from the command line) must be an integer" in assert_one_line_error(result)
+    assert not (tmp_path / "out").exists()
+
+
+def test_repository_whose_commits_are_all_filtered(cli, tmp_path):
+    repo = GitRepo(tmp_path / "binary-only")
+    repo.commit("Add image", {"image.png": b"\x89PNG\x00\x00"})
+    result = cli("--repo", repo.path, "--output-dir", tmp_path / "out")
+    line = assert_one_line_error(result)
+    assert line.endswith("no commit survived the filters (skipped: no_text_changes 1); nothing to train on")
+
+
+def test_unloadable_model_fails_fast_offline(cli, sample_repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = cli(
+        "--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--model", "no-such-org/no-such-model"
+    )
+    line = assert_one_line_error(result)
+    assert "no-such-org/no-such-model" in line and "--model tiny" in line
+
+
+def test_a_path_inside_the_work_tree_is_resolved_to_the_repository(cli, sample_repo, tmp_path):
+    result = cli("scrape", "--repo", sample_repo.path / "pkg", "--output-dir", tmp_path / "out")
+    assert result.code == 0
+    manifest = read_json(tmp_path / "out" / "MANIFEST.json")
+    assert manifest["repository"]["path"] == str(sample_repo.path.resolve())
+    assert manifest["status"] == "scraped"
+    assert result.out.strip() == str(tmp_path / "out" / "MANIFEST.json")
+
+
+def test_internal_errors_are_one_line_too(cli, sample_repo, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("pipeline.stages.scrape_repository", broken)
+    monkeypatch.delenv("REPOTUNE_DEBUG", raising=False)
+    result = cli("scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out")
+    assert result.code == 1
+    assert (
+        result.err.strip()
+        == "repotune: internal error: RuntimeError: boom (a bug; REPOTUNE_DEBUG=1 shows the traceback)"
+    )
+    assert read_json(tmp_path / "out" / "MANIFEST.json")["error"] == "internal error: RuntimeError: boom"
+
+
+def test_git_is_never_given_our_environment_s_pager(monkeypatch, cli, sample_repo, tmp_path):
+    # A hostile PAGER in the user's environment must not matter either.
+    monkeypatch.setenv("GIT_PAGER", "sh -c 'touch /tmp/repotune-pager-ran'")
+    monkeypatch.setitem(os.environ, "PAGER", "sh -c 'touch /tmp/repotune-pager-ran'")
+    assert cli("scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out").code == 0
+    assert not Path("/tmp/repotune-pager-ran").exists()

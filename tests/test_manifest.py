@@ -1,0 +1,50 @@
+"""Manifest writing: atomic, readable layout, never NaN."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.manifest import finite, new_manifest, read_manifest, write_manifest
+
+
+def test_write_is_sorted_indented_and_ends_with_a_newline(tmp_path):
+    path = tmp_path / "MANIFEST.json"
+    write_manifest(path, {"b": 1, "a": {"d": [1, 2], "c": None}})
+    assert (
+        path.read_text()
+        == '{\n  "a": {\n    "c": null,\n    "d": [\n      1,\n      2\n    ]\n  },\n  "b": 1\n}\n'
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["MANIFEST.json"]  # no temporary file left behind
+
+
+def test_non_finite_numbers_never_reach_the_file(tmp_path):
+    path = tmp_path / "MANIFEST.json"
+    write_manifest(path, {"loss": math.nan, "inf": math.inf, "ok": finite(math.inf)})
+    assert read_manifest(path) == {"loss": None, "inf": None, "ok": None}
+
+
+def test_a_failed_write_leaves_the_previous_manifest_intact(tmp_path):
+    path = tmp_path / "MANIFEST.json"
+    write_manifest(path, {"status": "completed"})
+    with pytest.raises(TypeError):
+        write_manifest(path, {"status": object()})  # not serialisable: fails before the rename
+    assert read_manifest(path) == {"status": "completed"}
+
+
+def test_new_manifest_has_every_section():
+    manifest = new_manifest("run", ["--repo", "x"])
+    assert manifest["status"] == "running"
+    assert manifest["tool"]["name"] == "repotune"
+    for section in (
+        "config",
+        "repository",
+        "scrape",
+        "dataset",
+        "hardware",
+        "training_parameters",
+        "training_report",
+        "outputs",
+    ):
+        assert section in manifest

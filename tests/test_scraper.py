@@ -1,0 +1,152 @@
+"""Scraping real (tiny) repositories: one git process, exact commits, files and sequences."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pipeline.config import ScrapeConfig
+from scrapers.git import describe_repository, open_repository, stream_commits, strip_credentials
+from scrapers.parse import _unquote, parse_log
+from scrapers.scrape import scrape
+from tests.conftest import GitRepo, module_source
+
+
+def commits_of(repo: GitRepo, max_file_bytes: int = 1 << 20):
+    git_repo = open_repository(repo.path)
+    with stream_commits(git_repo, ["HEAD"], max_file_bytes) as commits:
+        return list(commits)
+
+
+def test_commits_come_out_newest_first_with_exact_metadata(sample_repo):
+    commits = commits_of(sample_repo)
+    assert len(commits) == 12
+    newest = commits[0]
+    assert newest.sha == sample_repo.git("rev-parse", "HEAD")
+    assert newest.message == "Scale compute_1 by two\n\nThe callers expect doubled totals."
+    assert newest.date == "2024-01-12T12:00:00+00:00"
+    assert (newest.author_name, newest.author_email) == ("Ada Lovelace", "ada@example.com")
+    assert [(f.path, f.status, f.added, f.deleted) for f in newest.files] == [("pkg/feature_1.py", "M", 1, 1)]
+    assert "-        total += value * 1\n+        total += value * 2\n" in newest.files[0].hunks
+    root = commits[-1]
+    assert root.parents == ()
+    assert sorted((f.path, f.status) for f in root.files) == [("README.md", "A"), ("pkg/__init__.py", "A")]
+
+
+def test_binary_files_are_marked(sample_repo):
+    logo = next(c for c in commits_of(sample_repo) if c.message == "Add logo")
+    assert [(f.path, f.binary, f.hunks) for f in logo.files] == [("logo.png", True, "")]
+
+
+def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
+    result = scrape(sample_repo.path, ScrapeConfig(), tmp_path)
+    lines = [orjson.loads(line) for line in (tmp_path / "sequences.jsonl").read_bytes().splitlines()]
+    assert len(lines) == 11
+    assert result.stats.skipped == {"no_text_changes": 1}
+    assert result.stats.files_skipped == {"binary_file": 1}
+    first = lines[0]
+    assert set(first) == {"text", "commit", "date", "format", "repo"}
+    assert first["format"] == "diff"
+    assert first["repo"] == "sample"
+    assert first["text"].startswith(
+        "Scale compute_1 by two\n\nThe callers expect doubled totals.\n\ndiff --git a/pkg/feature_1.py b/pkg/feature_1.py\n"
+    )
+    assert "\nindex " not in first["text"]  # blob hashes teach nothing
+    assert result.repository.commit_count == 12
+    assert result.repository.branch == "main"
+    assert not (tmp_path / "sequences.jsonl.partial").exists()
+
+
+def test_renames_unicode_and_spaces_in_paths(tmp_path):
+    repo = GitRepo(tmp_path / "paths")
+    repo.commit("Add module", {"old name.py": module_source(1)})
+    repo.commit("Add unicode", {'données/é t"q.txt': "hello\n"})
+    repo.git("mv", "old name.py", "new name.py")
+    sha = repo.commit("Rename module", {})
+    commits = {c.sha: c for c in commits_of(repo)}
+    renamed = commits[sha].files[0]
+    assert (renamed.status, renamed.old_path, renamed.path) == ("R", "old name.py", "new name.py")
+    unicode = next(c for c in commits.values() if c.message == "Add unicode").files[0]
+    assert unicode.path == 'données/é t"q.txt'
+
+
+def test_non_utf8_message_with_encoding_header_is_decoded(tmp_path):
+    repo = GitRepo(tmp_path / "latin")
+    repo.git("config", "i18n.commitEncoding", "ISO-8859-1")
+    repo.commit("Ajoute le r\xe9sum\xe9".encode("latin-1"), {"a.txt": "caf\xe9\n".encode("latin-1")})
+    (commit,) = commits_of(repo)
+    assert commit.message == "Ajoute le résumé"
+    assert commit.files[0].hunks == "@@ -0,0 +1 @@\n+café\n"
+
+
+def test_undecodable_bytes_without_header_are_never_fatal(tmp_path):
+    repo = GitRepo(tmp_path / "bytes")
+    repo.commit("Ajoute le r\xe9sum\xe9".encode("latin-1"), {"a.txt": b"ok \xff\n"})
+    (commit,) = commits_of(repo)
+    # git re-encodes a header-less message that is not UTF-8 as Latin-1; diff bytes are ours to replace.
+    assert commit.message == "Ajoute le résumé"
+    assert commit.files[0].hunks == "@@ -0,0 +1 @@\n+ok \ufffd\n"
+
+
+def test_oversize_file_keeps_only_its_head(tmp_path):
+    repo = GitRepo(tmp_path / "huge")
+    repo.commit("Add generated table", {"table.py": "".join(f"ROW_{i} = {i}\n" for i in range(5000))})
+    (commit,) = commits_of(repo, max_file_bytes=1000)
+    change = commit.files[0]
+    assert change.oversize and change.added == 5000
+    assert len(change.hunks) < 1100 and change.patch_bytes > 50_000
+
+
+def test_leaving_the_stream_early_stops_git(sample_repo):
+    git_repo = open_repository(sample_repo.path)
+    with stream_commits(git_repo, ["HEAD"], 1 << 20) as commits:
+        first = next(commits)
+    assert first.message.startswith("Scale compute_1")
+
+
+def test_bare_repository(tmp_path, sample_repo):
+    bare = tmp_path / "bare.git"
+    sample_repo.git("clone", "--quiet", "--bare", str(sample_repo.path), str(bare))
+    info = describe_repository(open_repository(bare))
+    assert info.bare is True
+    assert info.path == str(bare.resolve())
+    result = scrape(bare, ScrapeConfig(), tmp_path)
+    assert result.stats.commits_kept == 11
+
+
+@pytest.mark.parametrize(
+    ("url", "clean"),
+    [
+        ("https://user:s3cret@github.com/org/repo.git", "https://github.com/org/repo.git"),
+        ("https://ghp_abc123@github.com/org/repo", "https://github.com/org/repo"),
+        ("git@github.com:org/repo.git", "github.com:org/repo.git"),
+        ("https://github.com/org/repo", "https://github.com/org/repo"),
+        ("/srv/git/repo.git", "/srv/git/repo.git"),
+    ],
+)
+def test_credentials_are_stripped_from_remote_urls(url, clean):
+    assert strip_credentials(url) == clean
+
+
+def test_remote_url_is_recorded_without_credentials(sample_repo):
+    sample_repo.git("remote", "add", "origin", "https://bob:hunter2@example.com/team/sample.git")
+    info = describe_repository(open_repository(sample_repo.path))
+    assert info.remote_url == "https://example.com/team/sample.git"
+
+
+def test_parser_ignores_a_nonce_that_is_not_this_run_s():
+    nonce = "abc"
+    stream = [
+        b"\x1eabc\n", b"1111\n", b"\n", b"A\n", b"a@x\n", b"2024-01-01T00:00:00+00:00\n", b"\n",
+        b"Message mentioning \x1exyz\n", b"\x1eabc-end\n", b"\n",
+        b"diff --git a/f b/f\n", b"--- a/f\n", b"+++ b/f\n", b"@@ -1 +1 @@\n", b"-\x1eabc-end\n", b"+x\x00y\n",
+    ]  # fmt: skip
+    (commit,) = list(parse_log(stream, nonce, 1 << 20))
+    assert commit.message == "Message mentioning \x1exyz"
+    assert commit.files[0].hunks == "@@ -1 +1 @@\n-\x1eabc-end\n+x\x00y\n"
+
+
+def test_unquote_handles_git_c_style_paths():
+    assert _unquote(b'"a\\tb\\"c\\\\d"') == b'a\tb"c\\d'
+    assert _unquote(b'"\\303\\251t\\303\\251"').decode() == "été"
+    assert _unquote(b"plain/path") == b"plain/path"
