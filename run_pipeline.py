@@ -20,7 +20,7 @@ from pipeline.run import open_run
 def run(args: argparse.Namespace) -> None:
     """Scrape → tokenize → plan → train, then print the manifest path."""
     with open_run(loaded_config(args), "run") as record:
-        scraped = stages.scrape(record, args.repo)
+        scraped = stages.scrape(record, args.repos)
         prepared = stages.prepare(record, scraped)
         plan = stages.plan(record, prepared)
         stages.train(record, prepared, plan)
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> None:
 def scrape(args: argparse.Namespace) -> None:
     """Scrape only: sequences.jsonl and the scrape sections of the manifest."""
     with open_run(loaded_config(args), "scrape") as record:
-        stages.scrape(record, args.repo)
+        stages.scrape(record, args.repos)
         record.finish("scraped")
     print(record.manifest_path)
 

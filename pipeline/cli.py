@@ -32,7 +32,14 @@ def build_parser(commands: dict[str, tuple[Callable, str]]) -> argparse.Argument
 
 
 def _add_common_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", required=True, metavar="PATH", help="the git repository to learn from")
+    parser.add_argument(
+        "--repo",
+        dest="repos",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="a git repository to learn from (repeat for several; sequences are tagged by repository)",
+    )
     parser.add_argument(
         "--output-dir",
         metavar="DIR",
@@ -56,6 +63,11 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
         "--model", help="base model: `tiny` (no download), a Hugging Face id, or a local path"
     )
     parser.add_argument("--max-commits", type=int, metavar="N", help="read at most the N newest commits")
+    parser.add_argument(
+        "--rev", metavar="REV", help="revision or range to read, e.g. v1.0..main (default HEAD)"
+    )
+    parser.add_argument("--since", metavar="DATE", help="only commits after this date (as git log --since)")
+    parser.add_argument("--until", metavar="DATE", help="only commits before this date")
 
 
 def parse_args(argv: list[str], commands: dict[str, tuple[Callable, str]]) -> argparse.Namespace:
@@ -75,6 +87,9 @@ def loaded_config(args: argparse.Namespace) -> LoadedConfig:
         "output.dir": args.output_dir,
         "train.model": args.model,
         "scrape.max_commits": args.max_commits,
+        "scrape.rev": args.rev,
+        "scrape.since": args.since,
+        "scrape.until": args.until,
     }
     return load_config(
         args.config, args.overrides, {key: value for key, value in flags.items() if value is not None}

@@ -72,12 +72,17 @@ class Hardware:
         return data
 
 
+def usable_cores() -> int:
+    """Cores this process may use: the affinity mask and the container's CPU quota applied."""
+    quota = cgroup_cpu_quota(Path("/sys/fs/cgroup"))
+    cores = _affinity_cores() or psutil.cpu_count(logical=True) or 1
+    return max(1, min(cores, math.floor(quota) if quota else sys.maxsize))
+
+
 def detect_hardware() -> Hardware:
     notes: dict[str, str] = {}
     quota = cgroup_cpu_quota(Path("/sys/fs/cgroup"))
-    affinity = _affinity_cores()
     logical = psutil.cpu_count(logical=True)
-    usable = min(affinity or logical or 1, math.floor(quota) if quota else sys.maxsize)
     memory = psutil.virtual_memory()
     limit = cgroup_memory_limit(Path("/sys/fs/cgroup"))
     physical = psutil.cpu_count(logical=False)
@@ -86,7 +91,7 @@ def detect_hardware() -> Hardware:
     hardware = Hardware(
         cpu_physical_cores=physical,
         cpu_logical_cores=logical,
-        usable_cores=max(1, usable),
+        usable_cores=usable_cores(),
         cpu_quota_cores=quota,
         ram_total_gb=round(memory.total / GB, 2),
         ram_available_gb=round(memory.available / GB, 2),

@@ -18,7 +18,7 @@ from pipeline.hardware import detect_hardware
 from pipeline.planner import ModelFacts, Plan, make_plan
 from pipeline.run import Run
 from scrapers.scrape import ScrapeResult
-from scrapers.scrape import scrape as scrape_repository
+from scrapers.scrape import scrape as scrape_repositories
 
 ADAPTER_DIR = "adapter"
 BASE_MODEL_DIR = "base_model"
@@ -30,17 +30,18 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def scrape(run: Run, repo: str) -> ScrapeResult:
+def scrape(run: Run, repos: list[str]) -> ScrapeResult:
     with run.stage("scrape"):
-        result = scrape_repository(repo, run.config.scrape, run.output_dir)
+        result = scrape_repositories(repos, run.config.scrape, run.output_dir)
+    infos = [vars(scraped.info) for scraped in result.repositories]
+    run.record(repository=infos[0], repositories=infos, scrape=result.to_manifest())
     stats = result.stats
-    run.record(
-        repository=vars(result.repository),
-        scrape={**stats.to_manifest(), "sequences_path": str(result.sequences_path)},
-    )
+    where = result.repositories[0].info.path if len(infos) == 1 else f"{len(infos)} repositories"
     say(
-        f"scraped {stats.commits_seen} commits of {result.repository.path} in {stats.duration_s:.2f} s: "
-        f"kept {stats.commits_kept} ({stats.sequences} sequences), skipped: {stats.skipped_summary()}"
+        f"scraped {stats.commits_seen} commits of {where} in {result.duration_s:.2f} s: "
+        f"kept {stats.commits_kept} ({result.sequences['train']} train / {result.sequences['eval']} eval sequences), "
+        f"skipped: {stats.skipped_summary()}"
+        + (f"; redacted {sum(stats.redactions.values())} secrets" if stats.redactions else "")
     )
     return result
 
@@ -55,13 +56,14 @@ class Prepared:
 def prepare(run: Run, scraped: ScrapeResult) -> Prepared:
     from pipeline.model import load_tokenizer
 
-    records = read_sequences(scraped.sequences_path)
-    if not records:
+    texts = [
+        record["text"] for record in read_sequences(scraped.sequences_path) if record["split"] == "train"
+    ]
+    if not texts:
+        where = ", ".join(r.info.path for r in scraped.repositories)
         raise RepositoryError(
-            f"{scraped.repository.path}: no commit survived the filters "
-            f"(skipped: {scraped.stats.skipped_summary()}); nothing to train on"
+            f"{where}: no commit survived the filters (skipped: {scraped.stats.skipped_summary()}); nothing to train on"
         )
-    texts = [record["text"] for record in records]
     with run.stage("tokenize"):
         tokenizer, facts = load_tokenizer(run.config.train.model, texts)
         data = tokenize(texts, tokenizer)

@@ -27,6 +27,10 @@ class FileChange:
     """A gitlink (mode 160000): the 'diff' is a commit id, not content."""
     oversize: bool = False
     """The diff went past the parser's byte cap, so `hunks` holds only its beginning."""
+    mode: str | None = None
+    """File mode of an added or deleted file (`100644`), as git's `new file mode` line gives it."""
+    blob: str | None = None
+    """Blob id after the change (before it, for a deletion); tells a huge file from a binary one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,26 +1,106 @@
-"""Decide what the model learns from: each filter names why it drops a commit or a file."""
+"""Decide what the model learns from: every filter names why it drops a commit or a file.
+
+Reasons are the keys of the manifest's `.scrape.skipped` (commits) and
+`.scrape.files_skipped` (files of otherwise kept commits).
+"""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
 
 from pipeline.config import ScrapeConfig
 from scrapers.commit import Commit, FileChange
 
 
-def commit_skip_reason(commit: Commit, config: ScrapeConfig) -> str | None:
-    """Why this whole commit is dropped, or None to keep it (files are judged separately)."""
-    if commit.is_merge and not config.include_merges:
-        return "merge"
-    if not commit.message.strip():
-        return "empty_message"
-    return None
+def glob_pattern(globs: Iterable[str]) -> re.Pattern[str] | None:
+    """One regex for a list of path globs, or None for an empty list.
+
+    `*.lock` (no slash) matches the file name in any directory; `vendor/` (a
+    trailing slash) matches a directory of that name anywhere; `docs/build/*`
+    (a slash inside) matches the path from the repository root. `*` stays
+    within one path component and `**` crosses them.
+    """
+    parts = []
+    for glob in globs:
+        if glob.endswith("/"):
+            parts.append(r"(?:^|.*/)" + _translate(glob.rstrip("/")) + r"/.*")
+        elif "/" in glob:
+            parts.append(_translate(glob.lstrip("/")))
+        else:
+            parts.append(r"(?:^|.*/)" + _translate(glob))
+    return re.compile("(?:" + "|".join(parts) + r")\Z") if parts else None
 
 
-def file_skip_reason(change: FileChange, config: ScrapeConfig) -> str | None:
-    """Why this file's diff is dropped from a kept commit, or None to keep it."""
-    if change.binary:
-        return "binary_file"
-    if change.submodule:
-        return "submodule"
-    if change.oversize or change.patch_bytes > config.max_file_diff_bytes:
-        return "file_too_large"
-    return None
+def _translate(glob: str) -> str:
+    out, i = [], 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif glob[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif glob[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(glob[i]))
+            i += 1
+    return "".join(out)
+
+
+class Filters:
+    """The scrape config's filters, compiled once and applied per commit and per file."""
+
+    def __init__(self, config: ScrapeConfig, shallow_boundaries: frozenset[str] = frozenset()):
+        self.config = config
+        self.shallow_boundaries = shallow_boundaries
+        self.bots = [name.lower() for name in config.bot_authors]
+        self.trivial = (
+            re.compile("|".join(f"(?:{p})" for p in config.trivial_messages), re.IGNORECASE)
+            if config.trivial_messages
+            else None
+        )
+        self.excluded = glob_pattern(config.exclude_globs)
+        self.included = glob_pattern(config.include_globs)
+
+    def commit_reason(self, commit: Commit, message: str) -> str | None:
+        """Why this commit is dropped before its files are looked at; `message` is the cleaned message."""
+        if commit.is_merge and not self.config.include_merges:
+            return "merge"
+        if commit.sha in self.shallow_boundaries:
+            # A shallow clone cuts history here: git shows this commit's whole tree as "added".
+            return "shallow_boundary"
+        author = f"{commit.author_name} <{commit.author_email}>".lower()
+        if any(bot in author for bot in self.bots):
+            return "bot_author"
+        if not message:
+            return "empty_message"
+        if self.trivial and self.trivial.fullmatch(message.splitlines()[0].strip()):
+            return "trivial_message"
+        return None
+
+    def file_reason(self, change: FileChange) -> str | None:
+        """Why this file's diff is dropped from a kept commit, or None to keep it."""
+        if change.submodule:
+            return "submodule"
+        if change.binary:
+            return "binary_file"  # or file_too_large: see the scrape's blob-size check
+        if self.excluded and self.excluded.match(change.path):
+            return "excluded_path"
+        if self.included and not self.included.match(change.path):
+            return "not_included"
+        if change.oversize or change.patch_bytes > self.config.max_file_diff_bytes:
+            return "file_diff_too_large"
+        return None
+
+    def size_reason(self, files: Sequence[FileChange]) -> str | None:
+        """Why the commit is dropped after its files were filtered, or None to keep it."""
+        if not files:
+            return "no_text_changes"
+        if len(files) > self.config.max_commit_files:
+            return "too_many_files"
+        if sum(change.patch_bytes for change in files) > self.config.max_commit_diff_bytes:
+            return "commit_too_large"
+        return None

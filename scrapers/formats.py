@@ -1,26 +1,148 @@
-"""Turn a commit (and the files kept from it) into training text."""
+"""Turn a kept commit into training text, in each of the configured formats.
+
+- `diff`: the intent, then the change (message, then unified diff): the model
+  learns to write a change for an intent.
+- `message`: the change, then the message: the model learns to write commit
+  messages for a diff, as commit-message-generation datasets do.
+- `rich`: metadata (date, files, +/- counts), message, and the diff with more
+  surrounding context (`scrape.rich_context_lines`).
+
+git runs once, with the largest context any format needs; `trim_context`
+cuts hunks down to git's usual 3 lines for the other formats.
+"""
 
 from __future__ import annotations
 
-from scrapers.commit import Commit, FileChange
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scrapers.commit import FileChange
+
+DEFAULT_CONTEXT = 3  # git's own default context, used by the diff and message formats
+MESSAGE_HEADING = "Commit message:"
+
+_TRAILER = re.compile(
+    r"(?i)^(signed-off-by|change-id|co-authored-by|reviewed-by|reviewed-on|acked-by|tested-by|reported-by|"
+    r"suggested-by|cc|git-svn-id)\s*:"
+)
 
 
-def render_file(change: FileChange) -> str:
+def clean_message(message: str) -> str:
+    """The message without trailing trailers (Signed-off-by, Change-Id, Co-authored-by, ...)."""
+    lines = message.strip().splitlines()
+    while lines and (not lines[-1].strip() or _TRAILER.match(lines[-1])):
+        lines.pop()
+    return "\n".join(lines).strip()
+
+
+@dataclass(frozen=True)
+class KeptCommit:
+    """A commit that passed every filter, already redacted: what the formats render."""
+
+    sha: str
+    date: str
+    message: str
+    files: Sequence[FileChange]
+    git_context: int
+    """Context lines git printed around each change."""
+
+
+def render_file(change: FileChange, context: int | None = None) -> str:
     """One file's change as `git diff` prints it, minus the `index` line (its hashes teach nothing)."""
     old = change.old_path or change.path
     lines = [f"diff --git a/{old} b/{change.path}"]
-    if change.status in ("R", "C"):
+    if change.status in ("A", "D") and change.mode:
+        lines.append(f"{'new' if change.status == 'A' else 'deleted'} file mode {change.mode}")
+    elif change.status in ("R", "C"):
         verb = "rename" if change.status == "R" else "copy"
         lines += [f"{verb} from {old}", f"{verb} to {change.path}"]
-    if change.hunks:
+    hunks = change.hunks if context is None else trim_context(change.hunks, context)
+    if hunks:
         lines.append("--- /dev/null" if change.status == "A" else f"--- a/{old}")
         lines.append("+++ /dev/null" if change.status == "D" else f"+++ b/{change.path}")
-    return "\n".join(lines) + "\n" + change.hunks
+    return "\n".join(lines) + "\n" + hunks
 
 
-def format_diff(commit: Commit, files: list[FileChange]) -> str:
-    """Intent, then change: the commit message followed by its unified diff."""
-    return commit.message + "\n\n" + "".join(render_file(change) for change in files)
+def render_diff(commit: KeptCommit, context: int) -> str:
+    keep = None if context >= commit.git_context else context
+    return "".join(render_file(change, keep) for change in commit.files)
 
 
-FORMATS = {"diff": format_diff}
+def format_diff(commit: KeptCommit) -> str:
+    return f"{commit.message}\n\n{render_diff(commit, DEFAULT_CONTEXT)}"
+
+
+def format_message(commit: KeptCommit) -> str:
+    return f"{render_diff(commit, DEFAULT_CONTEXT)}\n{MESSAGE_HEADING}\n{commit.message}\n"
+
+
+def format_rich(commit: KeptCommit) -> str:
+    added = sum(change.added for change in commit.files)
+    deleted = sum(change.deleted for change in commit.files)
+    header = [f"Date: {commit.date}", f"Files changed: {len(commit.files)} (+{added} -{deleted})"]
+    for change in commit.files:
+        name = f"{change.old_path} -> {change.path}" if change.old_path else change.path
+        header.append(f"  {change.status} {name} (+{change.added} -{change.deleted})")
+    return "\n".join(header) + f"\n\n{commit.message}\n\n{render_diff(commit, commit.git_context)}"
+
+
+FORMATS: dict[str, Callable[[KeptCommit], str]] = {
+    "diff": format_diff,
+    "message": format_message,
+    "rich": format_rich,
+}
+
+_HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)")
+
+
+def trim_context(hunks: str, context: int) -> str:
+    """Re-cut unified-diff hunks so each change keeps at most `context` lines around it."""
+    out: list[str] = []
+    for header, lines in _split_hunks(hunks):
+        match = _HUNK_HEADER.match(header)
+        if not match:
+            return hunks  # not a hunk we understand: leave the diff as git wrote it
+        old_line, new_line, heading = int(match[1]), int(match[2]), match[3]
+        changed = [i for i, line in enumerate(lines) if line[:1] in ("+", "-")]
+        windows: list[list[int]] = []
+        for i in changed:
+            low, high = max(0, i - context), min(len(lines) - 1, i + context)
+            if windows and low <= windows[-1][1] + 1:
+                windows[-1][1] = high
+            else:
+                windows.append([low, high])
+        position = 0
+        for low, high in windows:
+            for line in lines[position:low]:
+                old_line += line[:1] != "+"
+                new_line += line[:1] != "-"
+            piece = lines[low : high + 1]
+            old_count = sum(line[:1] != "+" for line in piece)
+            new_count = sum(line[:1] != "-" for line in piece)
+            out.append(f"@@ -{_span(old_line, old_count)} +{_span(new_line, new_count)} @@{heading}\n")
+            out.extend(piece)
+            old_line += old_count
+            new_line += new_count
+            position = high + 1
+    return "".join(out)
+
+
+def _split_hunks(hunks: str) -> list[tuple[str, list[str]]]:
+    """(header, lines) per hunk; a `\\ No newline` marker stays attached to the line before it."""
+    result: list[tuple[str, list[str]]] = []
+    for line in hunks.splitlines(keepends=True):
+        if line.startswith("@@"):
+            result.append((line.rstrip("\n"), []))
+        elif line.startswith("\\") and result and result[-1][1]:
+            result[-1][1][-1] += line
+        elif result:
+            result[-1][1].append(line)
+    return result
+
+
+def _span(start: int, count: int) -> str:
+    """git's `start,count` notation: `,1` is omitted; an empty side names the line before it."""
+    if count == 0:
+        return f"{start - 1},0"
+    return str(start) if count == 1 else f"{start},{count}"

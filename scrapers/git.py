@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +53,19 @@ SAFE_GIT_ENV = {
     "GIT_EXTERNAL_DIFF": "",
 }
 SAFE_LOG_FLAGS = ("--no-ext-diff", "--no-textconv", "--no-color", "--no-show-signature", "--encoding=UTF-8")
+_READ_SIZE = 1 << 20  # bytes per read from git's stdout
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    context_lines: int
+    """Unified-diff context lines git prints (-U)."""
+    merge_diffs: bool
+    """Diff merges against their first parent; otherwise git prints only their header."""
+    big_file_bytes: int
+    """git's core.bigFileThreshold: larger files are reported as binary instead of diffed."""
+    max_file_diff_bytes: int
+    """The parser keeps at most this much of one file's diff."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,8 @@ def is_bare(repo: git.Repo) -> bool:
     return repo.bare or not (Path(repo.working_tree_dir) / ".git").exists()
 
 
-def describe_repository(repo: git.Repo) -> RepositoryInfo:
+def describe_repository(repo: git.Repo, commit_count: int | None = None) -> RepositoryInfo:
+    """What the manifest says about the repository; pass `commit_count` when HEAD's history was listed already."""
     head = repo.head
     return RepositoryInfo(
         path=_where(repo),
@@ -102,7 +117,9 @@ def describe_repository(repo: git.Repo) -> RepositoryInfo:
         remote_url=_remote_url(repo),
         bare=is_bare(repo),
         shallow=(Path(repo.git_dir) / "shallow").exists(),
-        commit_count=int(run_git(repo, "rev-list", "--count", "HEAD")),
+        commit_count=commit_count
+        if commit_count is not None
+        else int(run_git(repo, "rev-list", "--count", "HEAD")),
     )
 
 
@@ -138,9 +155,51 @@ def run_git(repo: git.Repo, *args: str) -> str:
         raise RepositoryError(f"{_where(repo)}: git {args[0]} failed: {git_failure(err.stderr)}") from None
 
 
+def rev_list(
+    repo: git.Repo, rev: str, max_count: int | None, since: str | None, until: str | None
+) -> list[str]:
+    """The commits to scrape, newest first, as one `git rev-list` lists them."""
+    args = ["rev-list"]
+    args += [f"--max-count={max_count}"] if max_count else []
+    args += [f"--since={since}"] if since else []
+    args += [f"--until={until}"] if until else []
+    output = run_git(repo, *args, rev, "--")
+    return output.split()
+
+
+def shallow_boundaries(repo: git.Repo) -> frozenset[str]:
+    """Commits where a shallow clone's history was cut (their parents are missing)."""
+    path = Path(repo.git_dir) / "shallow"
+    return frozenset(path.read_text().split()) if path.exists() else frozenset()
+
+
+def blob_sizes(repo: git.Repo, blobs: list[str]) -> dict[str, int]:
+    """Sizes of the given blobs (bytes) from ONE `git cat-file --batch-check` process."""
+    if not blobs:
+        return {}
+    try:
+        output = repo.git.execute(["git", "cat-file", "--batch-check"], istream=_stdin_with(blobs))
+    except git.GitCommandError as err:
+        raise RepositoryError(f"{_where(repo)}: git cat-file failed: {git_failure(err.stderr)}") from None
+    sizes = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2].isdigit():
+            sizes[parts[0]] = int(parts[2])
+    return sizes
+
+
+def _stdin_with(lines: list[str]):
+    """A readable file holding `lines`, for git's --stdin (a pipe could fill before git reads it)."""
+    handle = tempfile.TemporaryFile()
+    handle.write("\n".join(lines).encode() + b"\n")
+    handle.seek(0)
+    return handle
+
+
 @contextmanager
-def stream_commits(repo: git.Repo, log_args: list[str], max_file_bytes: int) -> Iterator[Iterator[Commit]]:
-    """Yield an iterator of Commits from ONE `git log -p` process (`log_args`: revisions, limits).
+def stream_commits(repo: git.Repo, shas: list[str], options: LogOptions) -> Iterator[Iterator[Commit]]:
+    """Yield an iterator over exactly these commits, in this order, from ONE `git log -p` process.
 
     git's stderr is drained on a thread (rename-limit warnings can fill the
     pipe and deadlock both sides); leaving the block before the end kills git.
@@ -148,29 +207,34 @@ def stream_commits(repo: git.Repo, log_args: list[str], max_file_bytes: int) -> 
     nonce = secrets.token_hex(12)
     command = [
         "git",
+        "-c",
+        f"core.bigFileThreshold={options.big_file_bytes}",  # larger files: "Binary files differ", not a diff
         "log",
         *SAFE_LOG_FLAGS,
         "-p",
+        f"-U{options.context_lines}",
+        "--full-index",
         "--find-renames",
-        "--diff-merges=first-parent",
+        f"--diff-merges={'first-parent' if options.merge_diffs else 'off'}",
         f"--format={log_format(nonce)}",
-        *log_args,
-        "--",
+        "--no-walk=unsorted",
+        "--stdin",
     ]
     # Keep GitPython's wrapper referenced: its __del__ closes the pipes.
-    process = repo.git.execute(command, as_process=True)
+    process = repo.git.execute(command, as_process=True, istream=_stdin_with(shas))
     proc = process.proc
     stderr_tail: list[bytes] = []
     drainer = threading.Thread(target=_drain, args=(proc.stderr, stderr_tail), daemon=True)
     drainer.start()
     reached_end = threading.Event()
 
-    def lines() -> Iterator[bytes]:
-        yield from proc.stdout
+    def chunks() -> Iterator[bytes]:
+        while chunk := proc.stdout.read1(_READ_SIZE):
+            yield chunk
         reached_end.set()
 
     try:
-        yield parse_log(lines(), nonce, max_file_bytes)
+        yield parse_log(chunks(), nonce, options.max_file_diff_bytes)
     finally:
         if not reached_end.is_set():
             proc.kill()

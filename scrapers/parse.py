@@ -1,8 +1,12 @@
 """Parse the byte stream of one `git log -p` process into `Commit` objects.
 
-The stream is produced with a header format framed by a per-run random nonce
-(see `log_format`): a bare NUL or a fixed string is not a safe separator,
-because real "text" diffs can contain both.
+Each commit's header and message are framed by a per-run random nonce (see
+`log_format`): a bare NUL or a fixed string is not a safe separator, because
+real "text" diffs contain both. The stream is cut into segments (a commit
+header, then one segment per file diff) with `bytes.find`, so the work per
+line happens in C, and memory holds one file's diff at a time, never a
+whole commit (git reports files above `core.bigFileThreshold` as binary
+without diffing them, which bounds a single file's diff).
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from collections.abc import Iterable, Iterator
 
 from scrapers.commit import Commit, FileChange
 
-_HEADER_FIELDS = 6  # sha, parents, author name, author email, author date, encoding
+_FILE = b"\ndiff --git "
+_COMPACT_AT = 1 << 20  # drop consumed bytes from the buffer once this many have piled up
 
 
 def log_format(nonce: str) -> str:
@@ -19,38 +24,92 @@ def log_format(nonce: str) -> str:
     return f"%x1e{nonce}%n%H%n%P%n%an%n%ae%n%aI%n%e%n%B%n%x1e{nonce}-end"
 
 
-def parse_log(lines: Iterable[bytes], nonce: str, max_file_bytes: int) -> Iterator[Commit]:
-    """Yield one Commit per framed record in `lines` (binary lines, newline kept).
+def parse_log(chunks: Iterable[bytes], nonce: str, max_file_bytes: int) -> Iterator[Commit]:
+    """Yield one Commit per framed record in a stream given as arbitrary byte chunks.
 
     A file diff larger than `max_file_bytes` keeps only its first bytes and is
-    marked `oversize`, so one huge generated file cannot exhaust memory.
+    marked `oversize` (its line counts still cover all of it).
     """
-    start = b"\x1e" + nonce.encode() + b"\n"
-    end = b"\x1e" + nonce.encode() + b"-end\n"
-    record: list[bytes] = []
-    diff: list[bytes] = []
-    in_message = False
-    for line in lines:
-        if line == start:
-            if record:
-                yield _build_commit(record, diff, max_file_bytes)
-            record, diff, in_message = [], [], True
-        elif in_message:
-            if line == end:
-                in_message = False
-            else:
-                record.append(line)
+    header: bytes | None = None
+    files: list[FileChange] = []
+    encoding = ""
+    for kind, data in _segments(chunks, nonce.encode()):
+        if kind == "header":
+            if header is not None:
+                yield _build_commit(header, files)
+            header, files = data, []
+            encoding = _header_fields(data)[5]
         else:
-            diff.append(line)
-    if record:
-        yield _build_commit(record, diff, max_file_bytes)
+            files.append(_parse_file(data, encoding, max_file_bytes))
+    if header is not None:
+        yield _build_commit(header, files)
 
 
-def _build_commit(record: list[bytes], diff: list[bytes], max_file_bytes: int) -> Commit:
-    sha, parents, name, email, date, encoding = (
-        line.rstrip(b"\n").decode("utf-8", "replace") for line in record[:6]
-    )
-    message = _decode(b"".join(record[_HEADER_FIELDS:]), encoding).strip()
+def _segments(chunks: Iterable[bytes], nonce: bytes) -> Iterator[tuple[str, bytes]]:
+    """Cut the stream into ("header", bytes) and ("file", bytes) segments."""
+    start = b"\x1e" + nonce + b"\n"
+    end = b"\x1e" + nonce + b"-end\n"
+    next_commit = b"\n" + start
+    source = iter(chunks)
+    buffer = bytearray()
+    pos = 0  # start of the unconsumed part of buffer
+
+    def fill() -> bool:
+        nonlocal buffer, pos
+        chunk = next(source, None)
+        if chunk is None:
+            return False
+        if pos >= _COMPACT_AT:
+            del buffer[:pos]
+            pos = 0
+        buffer += chunk
+        return True
+
+    margin = max(len(_FILE), len(next_commit))  # a delimiter may straddle two chunks
+    while True:
+        while True:
+            while buffer.startswith(b"\n", pos):
+                pos += 1
+            if len(buffer) - pos >= len(start) or not fill():
+                break
+        if len(buffer) == pos:
+            return
+        if buffer.startswith(start, pos):
+            while (stop := buffer.find(end, pos)) < 0:
+                if not fill():
+                    return  # a truncated record: git was stopped mid-commit
+            yield "header", bytes(buffer[pos + len(start) : stop])
+            pos = stop + len(end)
+            continue
+        # A file diff runs to the next file or the next commit, whichever comes first. The commit
+        # boundary is only looked for before the next file, so a commit with many files stays linear.
+        scan = pos
+        while True:
+            file_at = buffer.find(_FILE, scan)
+            commit_at = buffer.find(next_commit, scan, file_at if file_at >= 0 else len(buffer))
+            if commit_at >= 0 or file_at >= 0:
+                stop = (commit_at if commit_at >= 0 else file_at) + 1
+                break
+            # Only the new bytes (and a delimiter's length before them) need searching after a fill;
+            # measured from `pos`, which fill() may move when it compacts the buffer.
+            searched = max(0, len(buffer) - pos - margin)
+            if not fill():
+                stop = len(buffer)
+                break
+            scan = pos + searched
+        yield "file", bytes(buffer[pos:stop])
+        pos = stop
+
+
+def _header_fields(header: bytes) -> list[str]:
+    """sha, parents, author name, author email, author date, encoding (the lines before the message)."""
+    return [field.decode("utf-8", "replace") for field in header.split(b"\n", 6)[:6]]
+
+
+def _build_commit(header: bytes, files: list[FileChange]) -> Commit:
+    sha, parents, name, email, date, encoding = _header_fields(header)
+    parts = header.split(b"\n", 6)
+    message = _decode(parts[6] if len(parts) > 6 else b"", encoding).strip()
     return Commit(
         sha=sha,
         parents=tuple(parents.split()),
@@ -58,7 +117,7 @@ def _build_commit(record: list[bytes], diff: list[bytes], max_file_bytes: int) -
         author_email=email,
         date=date,
         message=message,
-        files=tuple(_parse_files(diff, encoding, max_file_bytes)),
+        files=tuple(files),
     )
 
 
@@ -76,76 +135,56 @@ def _decode(data: bytes, encoding: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _parse_files(diff: list[bytes], encoding: str, max_file_bytes: int) -> Iterator[FileChange]:
-    chunk: list[bytes] = []
-    for line in diff:
-        if line.startswith(b"diff --git ") and chunk:
-            yield _parse_file(chunk, encoding, max_file_bytes)
-            chunk = []
-        if chunk or line.startswith(b"diff --git "):
-            chunk.append(line)
-    if chunk:
-        yield _parse_file(chunk, encoding, max_file_bytes)
-
-
-def _parse_file(chunk: list[bytes], encoding: str, max_file_bytes: int) -> FileChange:
-    header_end = next((i for i, line in enumerate(chunk) if line.startswith(b"@@")), len(chunk))
-    header, body = chunk[:header_end], chunk[header_end:]
+def _parse_file(segment: bytes, encoding: str, max_file_bytes: int) -> FileChange:
+    header_end = segment.find(b"\n@@")
+    header, body = (segment, b"") if header_end < 0 else (segment[:header_end], segment[header_end + 1 :])
+    lines = header.split(b"\n")
     old_path = new_path = None
     status = "M"
+    blob = mode = None
     binary = submodule = False
-    for line in header[1:]:
+    for line in lines[1:]:
         if line.startswith(b"--- "):
-            old_path = _strip_prefix(_unquote(line[4:].rstrip(b"\n").removesuffix(b"\t")), b"a/")
+            old_path = _strip_prefix(_unquote(line[4:].removesuffix(b"\t")), b"a/")
         elif line.startswith(b"+++ "):
-            new_path = _strip_prefix(_unquote(line[4:].rstrip(b"\n").removesuffix(b"\t")), b"b/")
-        elif line.startswith(b"new file mode"):
-            status = "A"
-            submodule |= line.rstrip().endswith(b"160000")
-        elif line.startswith(b"deleted file mode"):
-            status = "D"
-            submodule |= line.rstrip().endswith(b"160000")
+            new_path = _strip_prefix(_unquote(line[4:].removesuffix(b"\t")), b"b/")
+        elif line.startswith((b"new file mode ", b"deleted file mode ")):
+            status = "A" if line.startswith(b"new") else "D"
+            mode = line.rsplit(b" ", 1)[1].decode()
+            submodule |= mode == "160000"
         elif line.startswith((b"rename from ", b"copy from ")):
-            old_path = _unquote(line.split(b" ", 2)[2].rstrip(b"\n"))
+            old_path = _unquote(line.split(b" ", 2)[2])
             status = "R" if line.startswith(b"rename") else "C"
         elif line.startswith((b"rename to ", b"copy to ")):
-            new_path = _unquote(line.split(b" ", 2)[2].rstrip(b"\n"))
+            new_path = _unquote(line.split(b" ", 2)[2])
         elif line.startswith(b"new mode"):
             status = "T" if status == "M" else status
         elif line.startswith(b"index "):
-            submodule |= line.rstrip().endswith(b"160000")
+            ids = line[6:].split(b" ")[0].split(b"..")
+            blob = (ids[0] if ids[-1].strip(b"0") == b"" else ids[-1]).decode()
+            submodule |= line.endswith(b"160000")
         elif line.startswith((b"Binary files ", b"GIT binary patch")):
             binary = True
     if old_path is None or new_path is None:
-        header_old, header_new = _paths_from_diff_line(header[0])
+        header_old, header_new = _paths_from_diff_line(lines[0])
         old_path = old_path or header_old
         new_path = new_path or header_new
     path = old_path if status == "D" or new_path == b"/dev/null" else new_path
-    patch_bytes = sum(len(line) for line in chunk)
-    kept, size = [], 0
-    added = deleted = 0
-    for line in body:
-        first = line[:1]
-        if first == b"+":
-            added += 1
-        elif first == b"-":
-            deleted += 1
-        elif line.startswith(b"Subproject commit"):
-            submodule = True
-        if size < max_file_bytes:
-            kept.append(line)
-            size += len(line)
+    oversize = len(body) > max_file_bytes
+    kept = body[: body.rfind(b"\n", 0, max_file_bytes) + 1] if oversize else body
     return FileChange(
         path=path.decode("utf-8", "replace"),
         old_path=old_path.decode("utf-8", "replace") if status in ("R", "C") else None,
         status=status,
-        hunks=_decode(b"".join(kept), encoding),
-        patch_bytes=patch_bytes,
-        added=added,
-        deleted=deleted,
+        hunks=_decode(kept, encoding),
+        patch_bytes=len(segment),
+        added=body.count(b"\n+"),
+        deleted=body.count(b"\n-"),
         binary=binary,
-        submodule=submodule,
-        oversize=size >= max_file_bytes,
+        submodule=submodule or body.startswith(b"@@ -1 +1 @@\n-Subproject commit "),
+        oversize=oversize,
+        mode=mode,
+        blob=blob,
     )
 
 
@@ -155,7 +194,7 @@ def _strip_prefix(path: bytes, prefix: bytes) -> bytes:
 
 def _paths_from_diff_line(line: bytes) -> tuple[bytes, bytes]:
     """Paths from `diff --git a/X b/Y`, used when no ---/+++ lines exist (binary, mode-only, empty file)."""
-    rest = line[len(b"diff --git ") :].rstrip(b"\n")
+    rest = line[len(b"diff --git ") :]
     if rest.startswith(b'"'):
         closing = rest.index(b'" ', 1) + 1
         old, new = _unquote(rest[:closing]), _unquote(rest[closing + 1 :])

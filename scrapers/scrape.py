@@ -1,110 +1,276 @@
-"""git history → `sequences.jsonl`: stream, filter, format, write; count everything."""
+"""git history → `sequences.jsonl`: list commits, scrape shards in parallel, deduplicate, split, write.
+
+One `git rev-list` lists the commits; they are dealt round-robin to shards,
+each scraped by ONE `git log -p` process in its own worker (never one git
+process per commit). The merge walks the commits in log order (newest
+first), drops exact duplicates, holds out the newest kept commits for
+evaluation, and writes every sequence with its split.
+"""
 
 from __future__ import annotations
 
+import math
+import multiprocessing
 import os
+import sys
+import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
+from tqdm import tqdm
 
 from pipeline.config import ScrapeConfig
-from scrapers.filters import commit_skip_reason, file_skip_reason
-from scrapers.formats import FORMATS
-from scrapers.git import RepositoryInfo, describe_repository, open_repository, stream_commits
+from pipeline.hardware import usable_cores
+from scrapers.git import RepositoryInfo, describe_repository, open_repository, rev_list, shallow_boundaries
+from scrapers.shard import ScrapeStats, ShardResult, ShardTask, scrape_shard
 
 SEQUENCES_FILE = "sequences.jsonl"
+MIN_COMMITS_PER_SHARD = 500  # below this a worker process costs more than it saves
+MAX_AUTO_WORKERS = 8  # git log is I/O- and memory-bound beyond this
 
 
 @dataclass
-class ScrapeStats:
-    commits_seen: int = 0
-    commits_kept: int = 0
-    files_seen: int = 0
-    files_kept: int = 0
-    bytes_seen: int = 0
-    """Diff bytes git printed for every file of every commit seen."""
-    bytes_kept: int = 0
-    """Diff bytes of the files that went into sequences."""
-    skipped: Counter = field(default_factory=Counter)
-    """Commits dropped, by reason."""
-    files_skipped: Counter = field(default_factory=Counter)
-    """Files dropped from kept commits, by reason."""
-    sequences: int = 0
-    duration_s: float = 0.0
+class RepositoryScrape:
+    """One repository's part of a scrape."""
 
-    def skipped_summary(self) -> str:
-        """`merge 3, no_text_changes 1` (or `none`), for messages."""
-        return ", ".join(f"{reason} {count}" for reason, count in sorted(self.skipped.items())) or "none"
+    name: str
+    """The tag its sequences carry (`repo` in sequences.jsonl)."""
+    info: RepositoryInfo
+    stats: ScrapeStats
+    train_commits: int
+    eval_commits: int
+    workers: int
+    duration_s: float
 
     def to_manifest(self) -> dict[str, Any]:
         return {
-            "commits_seen": self.commits_seen,
-            "commits_kept": self.commits_kept,
-            "files_seen": self.files_seen,
-            "files_kept": self.files_kept,
-            "bytes_seen": self.bytes_seen,
-            "bytes_kept": self.bytes_kept,
-            "skipped": dict(sorted(self.skipped.items())),
-            "files_skipped": dict(sorted(self.files_skipped.items())),
-            "sequences": self.sequences,
+            "name": self.name,
+            "path": self.info.path,
+            "head": self.info.head,
+            **self.stats.to_manifest(),
+            "train_commits": self.train_commits,
+            "eval_commits": self.eval_commits,
+            "workers": self.workers,
             "duration_s": round(self.duration_s, 3),
-            "commits_per_s": round(self.commits_seen / self.duration_s, 1) if self.duration_s > 0 else None,
         }
 
 
-@dataclass(frozen=True)
+@dataclass
 class ScrapeResult:
     sequences_path: Path
-    repository: RepositoryInfo
+    repositories: list[RepositoryScrape]
     stats: ScrapeStats
+    """All repositories together."""
+    formats: list[str]
+    sequences: dict[str, int]
+    """Sequences written per split (`train`, `eval`)."""
+    duration_s: float
+
+    def to_manifest(self) -> dict[str, Any]:
+        commits = self.stats.commits_seen
+        return {
+            **self.stats.to_manifest(),
+            "formats": self.formats,
+            "sequences": sum(self.sequences.values()),
+            "split": {
+                "train_commits": sum(r.train_commits for r in self.repositories),
+                "eval_commits": sum(r.eval_commits for r in self.repositories),
+                "train_sequences": self.sequences["train"],
+                "eval_sequences": self.sequences["eval"],
+            },
+            "duration_s": round(self.duration_s, 3),
+            "commits_per_s": round(commits / self.duration_s, 1) if self.duration_s > 0 else None,
+            "workers": max((r.workers for r in self.repositories), default=0),
+            "sequences_path": str(self.sequences_path),
+            "per_repository": [r.to_manifest() for r in self.repositories],
+        }
 
 
-def scrape(repo_path: str | Path, config: ScrapeConfig, output_dir: Path) -> ScrapeResult:
-    """Scrape `repo_path` into `output_dir/sequences.jsonl` (written atomically)."""
+def scrape(repo_paths: list[str | Path], config: ScrapeConfig, output_dir: Path) -> ScrapeResult:
+    """Scrape every repository into `output_dir/sequences.jsonl`, written atomically."""
     started = time.perf_counter()
-    repo = open_repository(repo_path)
-    info = describe_repository(repo)
-    log_args = ["HEAD"] + ([f"--max-count={config.max_commits}"] if config.max_commits else [])
-    stats = ScrapeStats()
     path = output_dir / SEQUENCES_FILE
     partial = path.with_name(path.name + ".partial")
-    repo_name = Path(info.path).name.removesuffix(".git")
-    with partial.open("wb") as out, stream_commits(repo, log_args, config.max_file_diff_bytes) as commits:
-        for commit in commits:
-            stats.commits_seen += 1
-            stats.files_seen += len(commit.files)
-            stats.bytes_seen += sum(change.patch_bytes for change in commit.files)
-            reason = commit_skip_reason(commit, config)
-            kept_files = []
-            if reason is None:
-                for change in commit.files:
-                    file_reason = file_skip_reason(change, config)
-                    if file_reason:
-                        stats.files_skipped[file_reason] += 1
-                    else:
-                        kept_files.append(change)
-                if not kept_files:
-                    reason = "no_text_changes"
-            if reason:
-                stats.skipped[reason] += 1
-                continue
-            stats.commits_kept += 1
-            stats.files_kept += len(kept_files)
-            stats.bytes_kept += sum(change.patch_bytes for change in kept_files)
-            for name, format_commit in FORMATS.items():
-                record = {
-                    "text": format_commit(commit, kept_files),
-                    "commit": commit.sha,
-                    "date": commit.date,
-                    "format": name,
-                    "repo": repo_name,
-                }
-                out.write(orjson.dumps(record) + b"\n")
-                stats.sequences += 1
+    seen_keys: set[bytes] = set()
+    written = {"train": 0, "eval": 0}
+    repositories: list[RepositoryScrape] = []
+    with partial.open("wb") as out:
+        for index, repo_path in enumerate(repo_paths):
+            part_prefix = output_dir / f".scrape-{index}"
+            scraped = _scrape_repository(
+                repo_path, [r.name for r in repositories], config, part_prefix, seen_keys, out, written
+            )
+            repositories.append(scraped)
     os.replace(partial, path)
-    stats.duration_s = time.perf_counter() - started
-    return ScrapeResult(sequences_path=path, repository=info, stats=stats)
+    total = ScrapeStats()
+    for scraped in repositories:
+        total.add(scraped.stats)
+    return ScrapeResult(path, repositories, total, config.formats, written, time.perf_counter() - started)
+
+
+def _scrape_repository(
+    repo_path, taken_names, config, part_prefix: Path, seen_keys, out, written
+) -> RepositoryScrape:
+    started = time.perf_counter()
+    repo = open_repository(repo_path)
+    shas = rev_list(repo, config.rev, config.max_commits, config.since, config.until)
+    whole_history = config.rev == "HEAD" and not (config.max_commits or config.since or config.until)
+    info = describe_repository(repo, commit_count=len(shas) if whole_history else None)
+    name = _unique_name(info, taken_names)
+    workers = shard_count(config.workers, len(shas))
+    boundaries = shallow_boundaries(repo)
+    tasks = [
+        ShardTask(
+            repo.git_dir, shas[shard::workers], config, boundaries, Path(f"{part_prefix}-{shard}.part"), name
+        )
+        for shard in range(workers)
+    ]
+    try:
+        results = _run_shards(tasks, total=len(shas), label=name)
+        stats = ScrapeStats()
+        for result in results:
+            stats.add(result.stats)
+        split = _assign_splits(shas, results, config.eval_fraction, seen_keys, stats)
+        _write_sequences(shas, tasks, results, split, len(config.formats), out, written)
+    finally:
+        for task in tasks:
+            task.part_path.unlink(missing_ok=True)
+    eval_commits = sum(1 for value in split.values() if value == "eval")
+    return RepositoryScrape(
+        name=name,
+        info=info,
+        stats=stats,
+        train_commits=len(split) - eval_commits,
+        eval_commits=eval_commits,
+        workers=workers,
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def shard_count(workers: int | str, commits: int) -> int:
+    if workers != "auto":
+        return max(1, min(int(workers), commits))
+    return max(1, min(usable_cores(), commits // MIN_COMMITS_PER_SHARD, MAX_AUTO_WORKERS))
+
+
+def eval_count(kept: int, fraction: float) -> int:
+    """How many of the newest kept commits are held out: the fraction, at least one from 20 commits up."""
+    if fraction <= 0:
+        return 0
+    return max(math.floor(kept * fraction), 1 if kept >= 20 else 0)
+
+
+def _assign_splits(
+    shas, results: list[ShardResult], fraction: float, seen_keys: set[bytes], stats: ScrapeStats
+):
+    """sha → "train" / "eval" for every kept, non-duplicate commit, walking newest first."""
+    kept = {record.sha: record for result in results for record in result.kept}
+    unique = []
+    for sha in shas:
+        record = kept.get(sha)
+        if record is None:
+            continue
+        if record.key in seen_keys:
+            stats.skipped["duplicate"] += 1
+            stats.commits_kept -= 1
+            stats.files_kept -= record.files
+            stats.bytes_kept -= record.bytes
+            continue
+        seen_keys.add(record.key)
+        unique.append(sha)
+    held_out = eval_count(len(unique), fraction)
+    return {sha: "eval" if position < held_out else "train" for position, sha in enumerate(unique)}
+
+
+_TRAIN_SUFFIX = b',"split":"train"}\n'
+_EVAL_SUFFIX = b',"split":"eval"}\n'
+
+
+def _write_sequences(
+    shas, tasks: list[ShardTask], results, split: dict[str, str], per_commit: int, out, written
+):
+    """Copy the shards' sequences to `out` in log order with their split; duplicates are left out.
+
+    Shards write every line with `"split":"train"` last, so a held-out line only has its ending
+    rewritten: the text is copied as bytes, never parsed again.
+    """
+    kept = {record.sha for result in results for record in result.kept}
+    readers = [task.part_path.open("rb") for task in tasks]
+    try:
+        for index, sha in enumerate(shas):
+            if sha not in kept:
+                continue
+            # Commit `index` went to shard `index % len(tasks)`, which wrote `per_commit` lines for it, in order.
+            reader = readers[index % len(tasks)]
+            lines = [reader.readline() for _ in range(per_commit)]
+            destination = split.get(sha)
+            if destination == "eval":
+                lines = [line[: -len(_TRAIN_SUFFIX)] + _EVAL_SUFFIX for line in lines]
+            if destination:
+                out.writelines(lines)
+                written[destination] += per_commit
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _run_shards(tasks: list[ShardTask], total: int, label: str) -> list[ShardResult]:
+    """Run the shards (in worker processes when more than one) with a progress bar on a terminal."""
+    counter = multiprocessing.Value("q", 0)
+    if len(tasks) == 1:
+        with _progress_bar(counter, total, label):
+            return [scrape_shard(tasks[0], counter)]
+    # fork shares the loaded modules with the workers (spawn would re-import torch-free code at 0.3 s each).
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    context = multiprocessing.get_context(method)
+    with context.Pool(len(tasks), initializer=_set_worker_progress, initargs=(counter,)) as pool:
+        with _progress_bar(counter, total, label):
+            return pool.map(_scrape_with_progress, tasks)
+
+
+_WORKER_PROGRESS = None
+
+
+def _set_worker_progress(counter) -> None:
+    global _WORKER_PROGRESS
+    _WORKER_PROGRESS = counter
+
+
+def _scrape_with_progress(task: ShardTask) -> ShardResult:
+    return scrape_shard(task, _WORKER_PROGRESS)
+
+
+@contextmanager
+def _progress_bar(counter, total: int, label: str) -> Iterator[None]:
+    """A tqdm bar fed from the shared counter, on a terminal only (quiet in logs and CI)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    bar = tqdm(total=total, desc=f"scraping {label}", unit="commit", file=sys.stderr)
+    done = threading.Event()
+
+    def follow() -> None:
+        while not done.wait(0.1):
+            bar.update(counter.value - bar.n)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    try:
+        yield
+    finally:
+        done.set()
+        follower.join()
+        bar.update(counter.value - bar.n)
+        bar.close()
+
+
+def _unique_name(info: RepositoryInfo, taken: list[str]) -> str:
+    base = Path(info.path).name.removesuffix(".git") or "repo"
+    name, suffix = base, 2
+    while name in taken:
+        name, suffix = f"{base}-{suffix}", suffix + 1
+    return name

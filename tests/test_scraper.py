@@ -6,15 +6,25 @@ import orjson
 import pytest
 
 from pipeline.config import ScrapeConfig
-from scrapers.git import describe_repository, open_repository, stream_commits, strip_credentials
+from scrapers.git import (
+    LogOptions,
+    describe_repository,
+    open_repository,
+    rev_list,
+    stream_commits,
+    strip_credentials,
+)
 from scrapers.parse import _unquote, parse_log
 from scrapers.scrape import scrape
 from tests.conftest import GitRepo, module_source
 
 
-def commits_of(repo: GitRepo, max_file_bytes: int = 1 << 20):
-    git_repo = open_repository(repo.path)
-    with stream_commits(git_repo, ["HEAD"], max_file_bytes) as commits:
+def commits_of(repo: GitRepo | str, max_file_diff_bytes: int = 1 << 20, context_lines: int = 3):
+    git_repo = open_repository(repo.path if isinstance(repo, GitRepo) else repo)
+    options = LogOptions(
+        context_lines, merge_diffs=True, big_file_bytes=1 << 20, max_file_diff_bytes=max_file_diff_bytes
+    )
+    with stream_commits(git_repo, rev_list(git_repo, "HEAD", None, None, None), options) as commits:
         return list(commits)
 
 
@@ -39,22 +49,23 @@ def test_binary_files_are_marked(sample_repo):
 
 
 def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
-    result = scrape(sample_repo.path, ScrapeConfig(), tmp_path)
-    lines = [orjson.loads(line) for line in (tmp_path / "sequences.jsonl").read_bytes().splitlines()]
+    out = tmp_path / "out"
+    out.mkdir()
+    result = scrape([sample_repo.path], ScrapeConfig(), out)
+    lines = [orjson.loads(line) for line in (out / "sequences.jsonl").read_bytes().splitlines()]
     assert len(lines) == 11
     assert result.stats.skipped == {"no_text_changes": 1}
     assert result.stats.files_skipped == {"binary_file": 1}
     first = lines[0]
-    assert set(first) == {"text", "commit", "date", "format", "repo"}
-    assert first["format"] == "diff"
-    assert first["repo"] == "sample"
+    assert set(first) == {"text", "commit", "date", "format", "repo", "split"}
+    assert (first["format"], first["repo"], first["split"]) == ("diff", "sample", "train")
     assert first["text"].startswith(
         "Scale compute_1 by two\n\nThe callers expect doubled totals.\n\ndiff --git a/pkg/feature_1.py b/pkg/feature_1.py\n"
     )
     assert "\nindex " not in first["text"]  # blob hashes teach nothing
-    assert result.repository.commit_count == 12
-    assert result.repository.branch == "main"
-    assert not (tmp_path / "sequences.jsonl.partial").exists()
+    info = result.repositories[0].info
+    assert (info.commit_count, info.branch) == (12, "main")
+    assert [path.name for path in out.iterdir()] == ["sequences.jsonl"]  # no part files left behind
 
 
 def test_renames_unicode_and_spaces_in_paths(tmp_path):
@@ -91,7 +102,7 @@ def test_undecodable_bytes_without_header_are_never_fatal(tmp_path):
 def test_oversize_file_keeps_only_its_head(tmp_path):
     repo = GitRepo(tmp_path / "huge")
     repo.commit("Add generated table", {"table.py": "".join(f"ROW_{i} = {i}\n" for i in range(5000))})
-    (commit,) = commits_of(repo, max_file_bytes=1000)
+    (commit,) = commits_of(repo, max_file_diff_bytes=1000)
     change = commit.files[0]
     assert change.oversize and change.added == 5000
     assert len(change.hunks) < 1100 and change.patch_bytes > 50_000
@@ -99,7 +110,8 @@ def test_oversize_file_keeps_only_its_head(tmp_path):
 
 def test_leaving_the_stream_early_stops_git(sample_repo):
     git_repo = open_repository(sample_repo.path)
-    with stream_commits(git_repo, ["HEAD"], 1 << 20) as commits:
+    options = LogOptions(3, merge_diffs=False, big_file_bytes=1 << 20, max_file_diff_bytes=1 << 20)
+    with stream_commits(git_repo, rev_list(git_repo, "HEAD", None, None, None), options) as commits:
         first = next(commits)
     assert first.message.startswith("Scale compute_1")
 
@@ -110,7 +122,7 @@ def test_bare_repository(tmp_path, sample_repo):
     info = describe_repository(open_repository(bare))
     assert info.bare is True
     assert info.path == str(bare.resolve())
-    result = scrape(bare, ScrapeConfig(), tmp_path)
+    result = scrape([bare], ScrapeConfig(), tmp_path)
     assert result.stats.commits_kept == 11
 
 
@@ -134,6 +146,26 @@ def test_remote_url_is_recorded_without_credentials(sample_repo):
     assert info.remote_url == "https://example.com/team/sample.git"
 
 
+def test_parser_gives_the_same_commits_whatever_the_chunk_size(sample_repo):
+    git_repo = open_repository(sample_repo.path)
+    options = LogOptions(3, merge_diffs=False, big_file_bytes=1 << 20, max_file_diff_bytes=1 << 20)
+    with stream_commits(git_repo, rev_list(git_repo, "HEAD", None, None, None), options) as commits:
+        expected = list(commits)
+    import subprocess
+
+    from scrapers.parse import log_format
+
+    raw = subprocess.run(
+        ["git", "log", "-p", "--full-index", f"--format={log_format('N0NCE')}"],
+        cwd=sample_repo.path,
+        capture_output=True,
+        check=True,
+    ).stdout
+    for size in (1, 7, 100, len(raw)):
+        chunks = (raw[i : i + size] for i in range(0, len(raw), size))
+        assert list(parse_log(chunks, "N0NCE", 1 << 20)) == expected
+
+
 def test_parser_ignores_a_nonce_that_is_not_this_run_s():
     nonce = "abc"
     stream = [
@@ -141,7 +173,7 @@ def test_parser_ignores_a_nonce_that_is_not_this_run_s():
         b"Message mentioning \x1exyz\n", b"\x1eabc-end\n", b"\n",
         b"diff --git a/f b/f\n", b"--- a/f\n", b"+++ b/f\n", b"@@ -1 +1 @@\n", b"-\x1eabc-end\n", b"+x\x00y\n",
     ]  # fmt: skip
-    (commit,) = list(parse_log(stream, nonce, 1 << 20))
+    (commit,) = list(parse_log(iter(stream), nonce, 1 << 20))
     assert commit.message == "Message mentioning \x1exyz"
     assert commit.files[0].hunks == "@@ -1 +1 @@\n-\x1eabc-end\n+x\x00y\n"
 

@@ -1,0 +1,185 @@
+"""One shard of a scrape: ONE `git log -p` over a list of commits, filtered, redacted, formatted.
+
+Runs in a worker process (or in-process for small histories). It writes its
+sequences to a part file and returns, per kept commit, what the merge step
+needs: the sha, the date and a content key for deduplication.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.config import ScrapeConfig
+from scrapers.filters import Filters
+from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
+from scrapers.git import LogOptions, blob_sizes, open_repository, stream_commits
+from scrapers.secrets import redact
+
+PROGRESS_EVERY = 64  # commits between progress-counter updates (a shared counter costs a lock)
+
+
+@dataclass
+class ScrapeStats:
+    commits_seen: int = 0
+    commits_kept: int = 0
+    files_seen: int = 0
+    files_kept: int = 0
+    bytes_seen: int = 0
+    """Diff bytes git printed for every file of every commit seen."""
+    bytes_kept: int = 0
+    """Diff bytes of the files that went into sequences."""
+    skipped: Counter = field(default_factory=Counter)
+    """Commits dropped, by reason."""
+    files_skipped: Counter = field(default_factory=Counter)
+    """Files dropped from kept commits, by reason."""
+    redactions: Counter = field(default_factory=Counter)
+    """Secrets replaced, by rule."""
+    redacted_commits: list[str] = field(default_factory=list)
+
+    def add(self, other: ScrapeStats) -> None:
+        for name in ("commits_seen", "commits_kept", "files_seen", "files_kept", "bytes_seen", "bytes_kept"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.skipped.update(other.skipped)
+        self.files_skipped.update(other.files_skipped)
+        self.redactions.update(other.redactions)
+        self.redacted_commits.extend(other.redacted_commits)
+
+    def skipped_summary(self) -> str:
+        """`merge 3, no_text_changes 1` (or `none`), for messages."""
+        return ", ".join(f"{reason} {count}" for reason, count in sorted(self.skipped.items())) or "none"
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "commits_seen": self.commits_seen,
+            "commits_kept": self.commits_kept,
+            "files_seen": self.files_seen,
+            "files_kept": self.files_kept,
+            "bytes_seen": self.bytes_seen,
+            "bytes_kept": self.bytes_kept,
+            "skipped": dict(sorted(self.skipped.items())),
+            "files_skipped": dict(sorted(self.files_skipped.items())),
+            "redactions": dict(sorted(self.redactions.items())),
+            "redacted_commits": sorted(self.redacted_commits),
+        }
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    git_dir: str
+    shas: list[str]
+    config: ScrapeConfig
+    shallow_boundaries: frozenset[str]
+    part_path: Path
+    repo_name: str
+
+
+@dataclass(frozen=True)
+class KeptRecord:
+    sha: str
+    key: bytes
+    """Content hash of the commit's diff-format text: equal keys are exact duplicates."""
+    files: int
+    bytes: int
+
+
+@dataclass
+class ShardResult:
+    stats: ScrapeStats
+    kept: list[KeptRecord]
+
+
+def log_options(config: ScrapeConfig) -> LogOptions:
+    return LogOptions(
+        context_lines=max(DEFAULT_CONTEXT, config.rich_context_lines)
+        if "rich" in config.formats
+        else DEFAULT_CONTEXT,
+        merge_diffs=config.include_merges,
+        big_file_bytes=config.max_file_bytes,
+        max_file_diff_bytes=config.max_file_diff_bytes,
+    )
+
+
+def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
+    """Scrape `task.shas`; `progress` is a shared counter (multiprocessing.Value) or None."""
+    config = task.config
+    repo = open_repository(task.git_dir)
+    filters = Filters(config, task.shallow_boundaries)
+    options = log_options(config)
+    stats = ScrapeStats()
+    kept: list[KeptRecord] = []
+    binary_blobs: list[str] = []
+    with task.part_path.open("wb") as out, stream_commits(repo, task.shas, options) as commits:
+        for count, commit in enumerate(commits, 1):
+            if progress is not None and count % PROGRESS_EVERY == 0:
+                with progress.get_lock():
+                    progress.value += PROGRESS_EVERY
+            stats.commits_seen += 1
+            stats.files_seen += len(commit.files)
+            stats.bytes_seen += sum(change.patch_bytes for change in commit.files)
+            message = clean_message(commit.message)
+            reason = filters.commit_reason(commit, message)
+            files = []
+            if reason is None:
+                for change in commit.files:
+                    file_reason = filters.file_reason(change)
+                    if file_reason == "binary_file":
+                        binary_blobs.append(change.blob)  # counted once sizes are known
+                    elif file_reason:
+                        stats.files_skipped[file_reason] += 1
+                    else:
+                        files.append(change)
+                reason = filters.size_reason(files)
+            if reason:
+                stats.skipped[reason] += 1
+                continue
+            kept_commit = KeptCommit(commit.sha, commit.date, message, files, options.context_lines)
+            texts, found = _render_redacted(kept_commit, config.formats)
+            if found:
+                stats.redactions.update(found)
+                stats.redacted_commits.append(commit.sha)
+            stats.commits_kept += 1
+            stats.files_kept += len(files)
+            stats.bytes_kept += sum(change.patch_bytes for change in files)
+            for name, text in texts.items():
+                # `split` comes last, as "train": the merge step rewrites the held-out ones' bytes in place.
+                record = {
+                    "text": text,
+                    "format": name,
+                    "commit": commit.sha,
+                    "date": commit.date,
+                    "repo": task.repo_name,
+                }
+                record["split"] = "train"
+                out.write(orjson.dumps(record) + b"\n")
+            identity = texts.get("diff") or redact(format_diff(kept_commit))[0]
+            key = hashlib.blake2b(identity.encode(), digest_size=16).digest()
+            kept.append(KeptRecord(commit.sha, key, len(files), sum(change.patch_bytes for change in files)))
+    if progress is not None:
+        with progress.get_lock():
+            progress.value += stats.commits_seen % PROGRESS_EVERY
+    _count_binary_files(repo, binary_blobs, config.max_file_bytes, stats)
+    return ShardResult(stats, kept)
+
+
+def _render_redacted(commit: KeptCommit, formats: list[str]) -> tuple[dict[str, str], Counter]:
+    """Each format's text with secrets redacted, and the commit's secrets counted once per rule
+    (the most any one format held: rich's wider context can show more)."""
+    texts, found = {}, Counter()
+    for name in formats:
+        texts[name], counts = redact(FORMATS[name](commit))
+        found |= counts
+    return texts, found
+
+
+def _count_binary_files(repo, blobs: list[str | None], max_file_bytes: int, stats: ScrapeStats) -> None:
+    """git calls files above core.bigFileThreshold binary too; their size tells them apart."""
+    sizes = blob_sizes(repo, sorted({blob for blob in blobs if blob}))
+    for blob in blobs:
+        too_large = sizes.get(blob or "", 0) > max_file_bytes
+        stats.files_skipped["file_too_large" if too_large else "binary_file"] += 1
