@@ -77,7 +77,8 @@ class Filters:
             return "bot_author"
         if not message:
             return "empty_message"
-        if self.trivial and self.trivial.fullmatch(message.splitlines()[0].strip()):
+        # A merge kept by include_merges has git's generated subject; the user asked for it anyway.
+        if self.trivial and not commit.is_merge and self.trivial.fullmatch(message.splitlines()[0].strip()):
             return "trivial_message"
         return None
 

@@ -93,7 +93,7 @@ FORMATS: dict[str, Callable[[KeptCommit], str]] = {
     "rich": format_rich,
 }
 
-_HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@(.*)")
+_HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)")
 
 
 def trim_context(hunks: str, context: int) -> str:
@@ -103,7 +103,10 @@ def trim_context(hunks: str, context: int) -> str:
         match = _HUNK_HEADER.match(header)
         if not match:
             return hunks  # not a hunk we understand: leave the diff as git wrote it
-        old_line, new_line, heading = int(match[1]), int(match[2]), match[3]
+        # The first line of each side; an empty side (`-0,0`) names the line before it.
+        old_line = int(match[1]) + (match[2] == "0")
+        new_line = int(match[3]) + (match[4] == "0")
+        heading = match[5]
         changed = [i for i, line in enumerate(lines) if line[:1] in ("+", "-")]
         windows: list[list[int]] = []
         for i in changed:

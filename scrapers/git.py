@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 import git
@@ -178,7 +179,8 @@ def blob_sizes(repo: git.Repo, blobs: list[str]) -> dict[str, int]:
     if not blobs:
         return {}
     try:
-        output = repo.git.execute(["git", "cat-file", "--batch-check"], istream=_stdin_with(blobs))
+        with _stdin_with(blobs) as stdin:
+            output = repo.git.execute(["git", "cat-file", "--batch-check"], istream=stdin)
     except git.GitCommandError as err:
         raise RepositoryError(f"{_where(repo)}: git cat-file failed: {git_failure(err.stderr)}") from None
     sizes = {}
@@ -189,12 +191,14 @@ def blob_sizes(repo: git.Repo, blobs: list[str]) -> dict[str, int]:
     return sizes
 
 
-def _stdin_with(lines: list[str]):
-    """A readable file holding `lines`, for git's --stdin (a pipe could fill before git reads it)."""
-    handle = tempfile.TemporaryFile()
-    handle.write("\n".join(lines).encode() + b"\n")
-    handle.seek(0)
-    return handle
+@contextmanager
+def _stdin_with(lines: list[str]) -> Iterator[BinaryIO]:
+    """A file holding `lines`, for git's standard input (a pipe could fill before git reads it).
+    It may be closed once git has started: the child keeps its own descriptor."""
+    with tempfile.TemporaryFile() as handle:
+        handle.write("\n".join(lines).encode() + b"\n")
+        handle.seek(0)
+        yield handle
 
 
 @contextmanager
@@ -221,7 +225,8 @@ def stream_commits(repo: git.Repo, shas: list[str], options: LogOptions) -> Iter
         "--stdin",
     ]
     # Keep GitPython's wrapper referenced: its __del__ closes the pipes.
-    process = repo.git.execute(command, as_process=True, istream=_stdin_with(shas))
+    with _stdin_with(shas) as stdin:
+        process = repo.git.execute(command, as_process=True, istream=stdin)
     proc = process.proc
     stderr_tail: list[bytes] = []
     drainer = threading.Thread(target=_drain, args=(proc.stderr, stderr_tail), daemon=True)

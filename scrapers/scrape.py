@@ -227,9 +227,9 @@ def _run_shards(tasks: list[ShardTask], total: int, label: str) -> list[ShardRes
     # fork shares the loaded modules with the workers (spawn would re-import torch-free code at 0.3 s each).
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
-    with context.Pool(len(tasks), initializer=_set_worker_progress, initargs=(counter,)) as pool:
-        with _progress_bar(counter, total, label):
-            return pool.map(_scrape_with_progress, tasks)
+    pool = context.Pool(len(tasks), initializer=_set_worker_progress, initargs=(counter,))
+    with pool, _progress_bar(counter, total, label):
+        return pool.map(_scrape_with_progress, tasks)
 
 
 _WORKER_PROGRESS = None

@@ -63,7 +63,8 @@ RULES: tuple[Rule, ...] = (
         re.compile(
             r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
             # Until the END line, or, when the diff cuts it off, through the lines of key material.
-            r"(?:[\s\S]{0,20000}?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|(?:\n[+\- ]?[A-Za-z0-9+/=:,\- ]*)*)"
+            r"(?:[\s\S]{0,20000}?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+            r"|(?:\n[+\- ]?(?:[A-Za-z0-9+/=]+|Proc-Type:[^\n]*|DEK-Info:[^\n]*)?(?=\n|\Z))*)"
         ),
         ("PRIVATE KEY",),
         multiline=True,

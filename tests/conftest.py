@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -22,6 +23,9 @@ GIT_ENV = {
     "GIT_CONFIG_GLOBAL": os.devnull,
     "HOME": "/nonexistent",
 }
+
+
+FIRST_DATE = datetime(2024, 1, 1, 12, tzinfo=UTC)  # commit n is dated n - 1 days later, at noon
 
 
 class GitRepo:
@@ -56,7 +60,7 @@ class GitRepo:
             target.write_bytes(content if isinstance(content, bytes) else content.encode())
             self.git("add", "--", name)
         self._tick += 1
-        date = f"2024-01-{self._tick:02d}T12:00:00+00:00"
+        date = (FIRST_DATE + timedelta(days=self._tick - 1)).isoformat()
         env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
         if author:
             name, email = author.split(" <")

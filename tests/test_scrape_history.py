@@ -1,0 +1,182 @@
+"""Scraping whole histories: skip reasons, the held-out split, shards, ranges, several repositories."""
+
+from __future__ import annotations
+
+import subprocess
+
+import orjson
+import pytest
+
+from pipeline.config import ScrapeConfig
+from scrapers.git import describe_repository, open_repository
+from scrapers.parse import log_format, parse_log
+from scrapers.scrape import eval_count, scrape
+from tests.conftest import GitRepo, module_source, read_json
+
+
+def sequences(path):
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+@pytest.fixture
+def messy_repo(tmp_path) -> GitRepo:
+    """One commit for each thing a real history throws at the scraper."""
+    repo = GitRepo(tmp_path / "messy")
+    repo.commit("Add core module", {"core.py": module_source(1)})
+    repo.commit("Add helpers", {"helpers.py": module_source(2)})
+    repo.commit(
+        "Bump requests from 2.31 to 2.32",
+        {"requirements.txt": "requests==2.32\n"},
+        author="dependabot[bot] <bot@github.com>",
+    )
+    repo.commit("wip", {"core.py": module_source(3)})
+    repo.commit("Pin dependencies", {"poetry.lock": "lock\n" * 50, "pyproject.toml": "[project]\nname='x'\n"})
+    repo.commit("Vendor left-pad", {"vendor/left_pad.py": module_source(4)})
+    repo.commit(
+        "Add generated table", {"table.py": "".join(f"ROW_{i} = {i}\n" for i in range(20000))}
+    )  # > max_file_bytes
+    repo.commit("Add minified bundle", {"static/app.min.js": "var a=1;" * 100})
+    repo.commit("Reformat everything", {f"pkg/m{i}.py": f"X = {i}\n" for i in range(60)})  # too many files
+    repo.commit("Add logo", {"logo.png": b"\x89PNG\r\n\x1a\n\x00\x00data"})
+    repo.git("checkout", "--quiet", "-b", "feature", "HEAD~3")
+    repo.commit("Add parser", {"parser.py": module_source(5)})
+    repo.git("checkout", "--quiet", "main")
+    repo.commit(
+        "Add parser", {"parser.py": module_source(5)}
+    )  # the same change on both branches: a duplicate
+    repo.git("merge", "--quiet", "--no-ff", "-m", "Merge branch 'feature'", "feature")
+    return repo
+
+
+def test_every_skip_reason_is_counted(cli, messy_repo, tmp_path):
+    config = ["--set", "scrape.max_file_bytes=100000"]
+    result = cli("scrape", "--repo", messy_repo.path, "--output-dir", tmp_path / "out", *config)
+    assert result.code == 0, result.err
+    scrape_section = read_json(tmp_path / "out" / "MANIFEST.json")["scrape"]
+    assert scrape_section["commits_seen"] == 13
+    assert scrape_section["skipped"] == {
+        "bot_author": 1,
+        "duplicate": 1,
+        "merge": 1,
+        "no_text_changes": 4,  # vendored code, generated table, minified bundle, logo: nothing left
+        "too_many_files": 1,
+        "trivial_message": 1,
+    }
+    assert scrape_section["files_skipped"] == {"binary_file": 1, "excluded_path": 3, "file_too_large": 1}
+    kept = [record["text"].splitlines()[0] for record in sequences(tmp_path / "out" / "sequences.jsonl")]
+    assert kept == ["Add parser", "Pin dependencies", "Add helpers", "Add core module"]
+    assert "poetry.lock" not in sequences(tmp_path / "out" / "sequences.jsonl")[1]["text"]
+    assert scrape_section["commits_kept"] == 4
+    assert scrape_section["files_kept"] == 4
+
+
+def test_newest_commits_are_held_out_and_never_trained_on(tmp_path):
+    repo = GitRepo(tmp_path / "long")
+    shas = [repo.commit(f"Add compute_{i}", {f"m{i}.py": module_source(i)}) for i in range(1, 41)]
+    out = tmp_path / "out"
+    out.mkdir()
+    result = scrape([repo.path], ScrapeConfig(eval_fraction=0.1, format=["diff", "message"]), out)
+    records = sequences(out / "sequences.jsonl")
+    held_out = {r["commit"] for r in records if r["split"] == "eval"}
+    trained = {r["commit"] for r in records if r["split"] == "train"}
+    assert held_out == set(shas[-4:])  # the newest 10%
+    assert not held_out & trained
+    assert result.sequences == {"train": 72, "eval": 8}  # two formats per commit, in the same split
+    assert [r["format"] for r in records[:2]] == ["diff", "message"]
+
+
+@pytest.mark.parametrize(
+    ("kept", "fraction", "held"),
+    [(19, 0.05, 0), (20, 0.05, 1), (100, 0.05, 5), (1000, 0.05, 50), (500, 0.0, 0)],
+)
+def test_eval_count(kept, fraction, held):
+    assert eval_count(kept, fraction) == held
+
+
+def test_shards_give_the_same_file_as_one_process(messy_repo, tmp_path):
+    outputs = []
+    for workers in (1, 3):
+        out = tmp_path / f"w{workers}"
+        out.mkdir()
+        scrape([messy_repo.path], ScrapeConfig(workers=workers, format=["diff", "rich"]), out)
+        outputs.append((out / "sequences.jsonl").read_bytes())
+    assert outputs[0] == outputs[1]
+
+
+def test_rev_since_until_and_max_commits(cli, tmp_path):
+    repo = GitRepo(tmp_path / "ranged")
+    shas = [repo.commit(f"Add compute_{i}", {f"m{i}.py": module_source(i)}) for i in range(1, 11)]
+    repo.git("tag", "v1.0", shas[3])
+
+    def kept(*options):
+        out = tmp_path / "out"
+        assert cli("scrape", "--repo", repo.path, "--output-dir", out, *options).code == 0
+        return [record["commit"] for record in sequences(out / "sequences.jsonl")]
+
+    assert kept("--rev", "v1.0..main") == shas[:3:-1]
+    assert kept("--max-commits", "2") == shas[:-3:-1]
+    # The fixture dates commit n on 2024-01-n at noon.
+    assert kept("--since", "2024-01-08T00:00:00Z") == shas[:6:-1]
+    assert kept("--until", "2024-01-02T23:00:00Z", "--rev", "main") == shas[1::-1]
+
+
+def test_a_bad_range_is_one_clear_line(cli, sample_repo, tmp_path):
+    result = cli(
+        "scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--rev", "no-such-tag..main"
+    )
+    assert result.code == 2
+    assert result.err.strip().splitlines()[-1].startswith("repotune: error: ")
+    assert "no-such-tag" in result.err
+
+
+def test_several_repositories_are_tagged_and_counted(cli, sample_repo, tmp_path):
+    other = GitRepo(tmp_path / "other" / "sample")  # the same name: tags must stay distinct
+    other.commit("Add tool", {"tool.py": module_source(7)})
+    out = tmp_path / "out"
+    assert cli("scrape", "--repo", sample_repo.path, "--repo", other.path, "--output-dir", out).code == 0
+    tags = {record["repo"] for record in sequences(out / "sequences.jsonl")}
+    assert tags == {"sample", "sample-2"}
+    manifest = read_json(out / "MANIFEST.json")
+    per_repo = {entry["name"]: entry["commits_kept"] for entry in manifest["scrape"]["per_repository"]}
+    assert per_repo == {"sample": 11, "sample-2": 1}
+    assert [entry["path"] for entry in manifest["repositories"]] == [str(sample_repo.path), str(other.path)]
+
+
+def test_shallow_clone_skips_its_boundary_commit(sample_repo, tmp_path):
+    shallow = tmp_path / "shallow"
+    sample_repo.git("clone", "--quiet", "--depth", "3", f"file://{sample_repo.path}", str(shallow))
+    info = describe_repository(open_repository(shallow))
+    assert info.shallow is True
+    out = tmp_path / "out"
+    out.mkdir()
+    result = scrape([shallow], ScrapeConfig(), out)
+    assert result.stats.commits_seen == 3
+    # The boundary's diff would be "the whole tree, added": skipped, and the other two kept.
+    assert result.stats.skipped == {"shallow_boundary": 1, "no_text_changes": 1}
+
+
+def test_detached_head(sample_repo, tmp_path):
+    sample_repo.git("checkout", "--quiet", "--detach", "HEAD~2")
+    info = describe_repository(open_repository(sample_repo.path))
+    assert info.branch is None
+    assert info.head == sample_repo.git("rev-parse", "HEAD")
+
+
+def test_copies_are_parsed(tmp_path):
+    repo = GitRepo(tmp_path / "copies")
+    repo.commit("Add module", {"a.py": module_source(1) * 3})
+    repo.commit("Copy module", {"b.py": module_source(1) * 3, "a.py": module_source(1) * 3 + "# changed\n"})
+    raw = subprocess.run(
+        ["git", "log", "-p", "-C", "-C", f"--format={log_format('N')}", "-1"],
+        cwd=repo.path,
+        capture_output=True,
+        check=True,
+    ).stdout
+    (commit,) = parse_log(iter([raw]), "N", 1 << 20)
+    copied = next(change for change in commit.files if change.status == "C")
+    assert (copied.old_path, copied.path) == ("a.py", "b.py")
+
+
+def test_progress_bar_stays_quiet_when_not_a_terminal(cli, sample_repo, tmp_path):
+    result = cli("scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out")
+    assert "commit/s" not in result.err and "it/s" not in result.err

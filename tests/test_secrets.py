@@ -1,0 +1,117 @@
+"""Secret redaction: every rule on planted values, lookalikes left alone, nothing leaks to any output file."""
+
+from __future__ import annotations
+
+import pytest
+
+from scrapers.secrets import looks_random, redact
+from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+
+# Realistic but fake values, one per rule (these are not real credentials).
+SECRETS = {
+    "aws_access_key_id": "AKIAQ3EGRXZJ5T7K2M4P",
+    "aws_secret_access_key": "h3Kq9vZ2LmN8pR4tW6yB1cD5fG7jK0sX2aQ9wE4r",
+    "github_token": "ghp_7Hk2Lm9Qp4Rs8Tv1Wx3Yz5Ab6Cd0Ef2Gh4Ij",
+    "gitlab_token": "glpat-Zx8Yw7Vu6Ts5Rq4Po3Nm",
+    "slack_token": "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+    "jwt": "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
+    "url_password": "S3cr3tPassw0rdZ9",
+    "secret_assignment": "q8ZxR2vLm9TbW4nKp7Yc",
+    "stripe_key": "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "google_api_key": "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
+}
+PRIVATE_KEY_BODY = "MIIEowIBAAKCAQEA0Zk3VxTq8pL2mN9rS4tU7wX1yZ3aB5cD7eF9gH1iJ3kL5mN7"
+PRIVATE_KEY = f"-----BEGIN RSA PRIVATE KEY-----\n{PRIVATE_KEY_BODY}\nq2W4e6R8t0Y2u4I6o8P0a2S4d6F8g0H2j4K6l8Z0x2C4v6B8n0M2\n-----END RSA PRIVATE KEY-----\n"
+
+CONFIG_WITH_SECRETS = f'''"""Deployment settings."""
+
+AWS_ACCESS_KEY_ID = "{SECRETS["aws_access_key_id"]}"
+aws_secret_access_key = "{SECRETS["aws_secret_access_key"]}"
+GITHUB_TOKEN = "{SECRETS["github_token"]}"
+GITLAB = "{SECRETS["gitlab_token"]}"
+SLACK = "{SECRETS["slack_token"]}"
+SESSION = "{SECRETS["jwt"]}"
+REMOTE = "https://deploy:{SECRETS["url_password"]}@git.example.com/team/app.git"
+API_KEY = "{SECRETS["secret_assignment"]}"
+STRIPE = "{SECRETS["stripe_key"]}"
+MAPS = "{SECRETS["google_api_key"]}"
+'''
+
+
+@pytest.mark.parametrize("rule", sorted(SECRETS))
+def test_each_rule_redacts_its_secret(rule):
+    text, counts = redact(CONFIG_WITH_SECRETS)
+    assert SECRETS[rule] not in text
+    assert f"<REDACTED:{rule}>" in text
+    assert counts[rule] == 1
+
+
+def test_private_key_block_is_redacted_whole_even_inside_a_diff():
+    diff = "".join(f"+{line}\n" for line in PRIVATE_KEY.splitlines())
+    text, counts = redact(f"@@ -0,0 +1,4 @@\n{diff}")
+    assert text == "@@ -0,0 +1,4 @@\n+<REDACTED:private_key>\n"
+    assert counts == {"private_key": 1}
+    cut_off = (
+        "+-----BEGIN PRIVATE KEY-----\n+MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n+Kx7mPq2Rs9Tu\n diff context\n"
+    )
+    text, _ = redact(cut_off)  # no END line in view: the key material is still removed
+    assert "MIIEvQ" not in text and "Kx7mPq2Rs9Tu" not in text and text.endswith(" diff context\n")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'key = "system_type_id"',
+        "token = get_token(request)",
+        'password = os.environ["DB_PASSWORD"]',
+        'SECRET_KEY = "change-me-in-production"',
+        'api_key: str = ""',
+        'url = "postgres://user:${PGPASSWORD}@db/app"',
+        'clone = "https://github.com/org/repo.git"',
+        'token_type = "bearer_token_v2"',
+        "AKIA_PREFIX = 'AKIA'",
+    ],
+)
+def test_lookalikes_are_left_alone(line):
+    assert redact(line) == (line, {})
+
+
+def test_randomness_check():
+    assert looks_random("q8ZxR2vLm9TbW4nKp7Yc")
+    assert not looks_random("system_type_id_2")
+    assert not looks_random("abcdefghijkl")  # no digit
+    assert not looks_random("aaaa1111aaaa")  # low entropy
+
+
+def test_no_secret_reaches_any_output_file(cli, tmp_path):
+    """Secrets committed, then "removed": the history still has them; no output file may."""
+    repo = GitRepo(tmp_path / "leaky")
+    repo.commit("Add package", {"app/__init__.py": "", "app/core.py": module_source(1)})
+    planted = repo.commit(
+        "Add deployment settings", {"app/settings.py": CONFIG_WITH_SECRETS, "deploy/id_rsa": PRIVATE_KEY}
+    )
+    rotated = repo.commit(
+        f"Rotate key {SECRETS['aws_access_key_id']} after the leak", {"app/core.py": module_source(2)}
+    )
+    removed = repo.commit(
+        "Remove credentials from the repository", {"app/settings.py": None, "deploy/id_rsa": None}
+    )
+    for index in range(3, 8):
+        repo.commit(f"Add compute_{index}", {f"app/feature_{index}.py": module_source(index)})
+    out = tmp_path / "out"
+    assert cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING).code == 0
+
+    needles = [value.encode() for value in SECRETS.values()] + [PRIVATE_KEY_BODY.encode()]
+    for path in out.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            leaked = [needle[:12] for needle in needles if needle in data]
+            assert not leaked, f"{path.relative_to(out)} contains {leaked}"
+    manifest = read_json(out / "MANIFEST.json")
+    redactions = manifest["scrape"]["redactions"]
+    # Each secret appears twice in the history: added, then deleted (the AWS id a third time, in a message).
+    assert redactions["private_key"] == 2
+    assert redactions["aws_access_key_id"] == 3
+    assert all(redactions[rule] == 2 for rule in SECRETS if rule != "aws_access_key_id")
+    assert sorted(manifest["scrape"]["redacted_commits"]) == sorted([planted, rotated, removed])
+    assert b"<REDACTED:github_token>" in (out / "sequences.jsonl").read_bytes()
