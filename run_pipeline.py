@@ -13,17 +13,20 @@ import argparse
 import sys
 
 from pipeline import stages
-from pipeline.cli import loaded_config, parse_args, run_command
+from pipeline.cli import Command, hardware_profile_option, loaded_config, parse_args, run_command
 from pipeline.run import open_run
 
 
 def run(args: argparse.Namespace) -> None:
     """Scrape → tokenize → plan → train, then print the manifest path."""
     with open_run(loaded_config(args), "run") as record:
-        scraped = stages.scrape(record, args.repos)
+        scraped = stages.scrape(record, args.repos, reuse=True)
         prepared = stages.prepare(record, scraped)
         plan = stages.plan(record, prepared)
-        stages.train(record, prepared, plan)
+        stages.say(stages.format_plan(plan))
+        loaded = stages.load_for_training(record, prepared, plan)
+        plan = stages.probe_and_replan(record, prepared, plan, loaded)
+        stages.train(record, prepared, plan, loaded)
         record.finish("completed")
     print(record.manifest_path)
 
@@ -36,16 +39,30 @@ def scrape(args: argparse.Namespace) -> None:
     print(record.manifest_path)
 
 
+def plan(args: argparse.Namespace) -> None:
+    """Scrape (or reuse the scrape), plan, print the decisions; train nothing."""
+    with open_run(loaded_config(args), "plan") as record:
+        scraped = stages.scrape(record, args.repos, reuse=True)
+        prepared = stages.prepare(record, scraped)
+        decisions = stages.plan(record, prepared, args.hardware_profile)
+        decisions = stages.probe_and_replan(record, prepared, decisions)
+        record.finish("planned")
+    print(stages.format_plan(decisions))
+    print(record.manifest_path)
+
+
 COMMANDS = {
-    "run": (run, "scrape, plan and train a LoRA adapter (the default command)"),
-    "scrape": (scrape, "turn the repository's history into sequences.jsonl, without training"),
+    "run": Command(run, "scrape, plan and train a LoRA adapter (the default command)"),
+    "scrape": Command(scrape, "turn the repository's history into sequences.jsonl, without training"),
+    "plan": Command(
+        plan, "decide every training parameter and say why, without training", hardware_profile_option
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, COMMANDS)
-    handler, _ = COMMANDS[args.command]
-    return run_command(handler, args)
+    return run_command(COMMANDS[args.command].handler, args)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,15 @@ DEFAULT_COMMAND = "run"
 DESCRIPTION = "Fine-tune a code language model (LoRA) on a git repository's own history."
 
 
-def build_parser(commands: dict[str, tuple[Callable, str]]) -> argparse.ArgumentParser:
+@dataclass(frozen=True)
+class Command:
+    handler: Callable[[argparse.Namespace], int | None]
+    help: str
+    options: Callable[[argparse.ArgumentParser], None] | None = None
+    """Adds the command's own options (beyond the shared ones)."""
+
+
+def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="run_pipeline.py",
         description=DESCRIPTION,
@@ -25,9 +34,11 @@ def build_parser(commands: dict[str, tuple[Callable, str]]) -> argparse.Argument
         "`run_pipeline.py COMMAND --help` shows a command's options.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in commands.items():
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        _add_common_options(command)
+    for name, command in commands.items():
+        command_parser = sub.add_parser(name, help=command.help, description=command.help)
+        _add_common_options(command_parser)
+        if command.options:
+            command.options(command_parser)
     return parser
 
 
@@ -70,7 +81,16 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", metavar="DATE", help="only commits before this date")
 
 
-def parse_args(argv: list[str], commands: dict[str, tuple[Callable, str]]) -> argparse.Namespace:
+def hardware_profile_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--hardware-profile",
+        metavar="FILE",
+        help="plan for a described machine instead of this one: a JSON file, or a shipped profile name "
+        "(cpu-laptop, rtx2060, rtx4090, a100-80gb, h100-80gb, 8xh100)",
+    )
+
+
+def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namespace:
     """Parse argv; a first argument that is an option (not -h) means the default command."""
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = [DEFAULT_COMMAND, *argv]

@@ -140,10 +140,15 @@ class PlanConfig:
     """Most warmup steps (optimizer steps)."""
     override_min_warmup: bool = True
     """Let ratio-based warmup go below warmup_steps_min on small runs (a 66-step run gets 7, not 10)."""
-    gradient_accumulation_steps: int = field(default=2, metadata=POSITIVE)
-    """Micro-batches whose gradients are summed before each optimizer step."""
+    gradient_accumulation_steps: int | Auto = field(default=2, metadata=POSITIVE)
+    """Micro-batches per optimizer step at the tier's micro-batch; with effective_batch_size auto it sets
+    the target (tier batch × this), and the planner re-derives it when the micro-batch differs."""
+    effective_batch_size: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Sequences per optimizer step over all processes; auto = tier micro-batch × gradient_accumulation_steps × processes."""
     batch_size: int | Auto = field(default="auto", metadata=POSITIVE)
-    """Micro-batch size per device (sequences); auto picks it from the tiers below."""
+    """Micro-batch size per device (sequences); auto: the tier below, scaled to the sequence length (or probed)."""
+    batch_reference_tokens: int = field(default=1024, metadata=POSITIVE)
+    """Sequence length (tokens) the tier batch sizes are meant for; shorter blocks get proportionally more."""
     gpu_memory_threshold_large_gb: float = field(default=7.0, metadata=POSITIVE)
     """A GPU with at least this much memory (GB) is in the large tier."""
     gpu_memory_threshold_medium_gb: float = field(default=4.0, metadata=POSITIVE)
@@ -156,6 +161,20 @@ class PlanConfig:
     """Micro-batch size on a GPU under the medium threshold (sequences)."""
     batch_size_cpu: int = field(default=4, metadata=POSITIVE)
     """Micro-batch size when training on the CPU (sequences)."""
+    batch_probe: bool = True
+    """On CUDA, measure the largest micro-batch that fits (forward/backward on the longest blocks)."""
+    probe_headroom: float = field(default=0.1, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    """Fraction of GPU memory the probe leaves free."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """auto: bf16 where the GPU supports it, fp16 on older CUDA GPUs, fp32 on CPU."""
+    tf32: bool | Auto = "auto"
+    """TF32 matmuls for the fp32 parts; auto: on for CUDA compute capability 8.0 and newer."""
+    attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
+    """auto: flash-attention 2 when installed and supported, else PyTorch SDPA, else eager."""
+    gradient_checkpointing: bool | Auto = "auto"
+    """Recompute activations in the backward pass; auto: only when the estimate says memory is tight."""
+    drop_last: bool = False
+    """Drop the last incomplete micro-batch of each epoch."""
     num_workers: int | Auto = field(default="auto", metadata=NON_NEGATIVE)
     """Dataloader worker processes; auto is physical cores // 2, and 0 for a small in-memory dataset."""
     pin_memory: bool = True
@@ -240,9 +259,15 @@ class LoadedConfig:
     """The YAML file read; None when the built-in defaults were used."""
     overrides: dict[str, Any]
     """`section.key` → value for every `--set` (and CLI flag) override, in order."""
+    user_keys: frozenset[str] = frozenset()
+    """`section.key`s set in the user's own --config file (the shipped file holds defaults only)."""
 
     def source_of(self, dotted_key: str) -> str:
         return "cli" if dotted_key in self.overrides else "config"
+
+    def explicit(self, dotted_key: str) -> bool:
+        """The user chose this value (--set, a flag, or their own config file), so it must win."""
+        return dotted_key in self.overrides or dotted_key in self.user_keys
 
     def label(self) -> str:
         return self.path.name if self.path else "defaults"
@@ -265,8 +290,16 @@ def load_config(
         if not isinstance(data[section], dict):
             raise ConfigError(f"{label}: `{section}` must be a mapping of keys to values")
         data[section][key] = value
+    user_keys = frozenset(
+        f"{section}.{key}"
+        for section, values in (data.items() if path and path != SHIPPED_CONFIG_PATH else [])
+        if isinstance(values, dict)
+        for key in values
+    )
     config = _build(data, label, set(parsed_overrides))
-    return LoadedConfig(config=config, path=path, overrides=parsed_overrides)
+    return LoadedConfig(
+        config=config, path=path, overrides=parsed_overrides, user_keys=user_keys - set(parsed_overrides)
+    )
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

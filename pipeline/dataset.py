@@ -24,15 +24,16 @@ class TokenizedData:
     """One list per sequence, EOS appended."""
 
     def stats(self) -> DataStats:
-        return DataStats(token_lengths=tuple(len(ids) for ids in self.token_ids))
+        return DataStats.from_lengths(len(ids) for ids in self.token_ids)
 
     def to_manifest(self) -> dict[str, Any]:
-        lengths = sorted(len(ids) for ids in self.token_ids)
+        stats = self.stats()
         return {
-            "sequences": len(lengths),
-            "tokens": sum(lengths),
-            "token_length_max": lengths[-1] if lengths else None,
-            "token_length_median": lengths[len(lengths) // 2] if lengths else None,
+            "sequences": stats.sequences,
+            "tokens": stats.tokens,
+            "token_length_max": max(stats.length_counts, default=None),
+            "token_length_median": stats.percentile(50) if stats.sequences else None,
+            "token_length_p95": stats.percentile(95) if stats.sequences else None,
         }
 
 

@@ -7,6 +7,7 @@ Detection never fails the run: whatever cannot be read is None, and
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from pipeline.errors import ConfigError
 
 GB = 1024**3
 
@@ -232,3 +235,91 @@ def cgroup_memory_limit(root: Path) -> int | None:
         # v1 reports "unlimited" as a huge page-aligned number.
         return None if value >= 2**60 else value
     return None
+
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+_PROFILE_KEYS = {
+    "name": str,
+    "gpus": list,
+    "cpu_cores": int,
+    "logical_cores": int,
+    "ram_gb": (int, float),
+    "mps": bool,
+}
+_GPU_KEYS = {"name": str, "memory_gb": (int, float), "compute_capability": list, "count": int}
+
+
+def load_hardware_profile(spec: str) -> Hardware:
+    """A described machine to plan for: a JSON file, or the name of a shipped profile (`rtx2060`)."""
+    path = Path(spec)
+    if not path.exists() and (PROFILES_DIR / f"{spec}.json").exists():
+        path = PROFILES_DIR / f"{spec}.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+        raise ConfigError(f"--hardware-profile {spec}: no such file (shipped profiles: {shipped})") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--hardware-profile {spec}: not a readable JSON file ({err})") from None
+    problems = _profile_problems(data)
+    if problems:
+        raise ConfigError(f"{path.name}: " + "; ".join(problems))
+    gpus = []
+    for entry in data.get("gpus", []):
+        capability = tuple(entry.get("compute_capability") or ()) or None
+        for _ in range(entry.get("count", 1)):
+            gpus.append(
+                GpuInfo(
+                    index=len(gpus),
+                    name=entry["name"],
+                    memory_gb=float(entry["memory_gb"]),
+                    compute_capability=capability,
+                    bf16=capability >= (8, 0) if capability else None,
+                )
+            )
+    cores = data.get("cpu_cores", 1)
+    logical = data.get("logical_cores", cores)
+    return Hardware(
+        cpu_physical_cores=cores,
+        cpu_logical_cores=logical,
+        usable_cores=logical,
+        cpu_quota_cores=None,
+        ram_total_gb=float(data["ram_gb"]) if "ram_gb" in data else None,
+        ram_available_gb=None,
+        memory_limit_gb=None,
+        gpus=tuple(gpus),
+        cuda_usable=bool(gpus),  # the described machine is assumed to have a CUDA build of torch
+        mps=data.get("mps", False),
+        source=f"profile {path.name}" + (f" ({data['name']})" if "name" in data else ""),
+        notes={"source": "described by a hardware profile, not detected"},
+    )
+
+
+def _profile_problems(data) -> list[str]:
+    if not isinstance(data, dict):
+        return ['must be a JSON object such as {"gpus": [...], "cpu_cores": 8, "ram_gb": 32}']
+    problems = _key_problems(data, _PROFILE_KEYS, "")
+    for index, gpu in enumerate(data.get("gpus", []) if isinstance(data.get("gpus"), list) else []):
+        if not isinstance(gpu, dict):
+            problems.append(f"`gpus[{index}]` must be an object")
+            continue
+        problems += _key_problems(gpu, _GPU_KEYS, f"gpus[{index}].")
+        for required in ("name", "memory_gb"):
+            if required not in gpu:
+                problems.append(f"`gpus[{index}].{required}` is required")
+        capability = gpu.get("compute_capability")
+        if capability is not None and not (
+            len(capability) == 2 and all(isinstance(v, int) for v in capability)
+        ):
+            problems.append(f"`gpus[{index}].compute_capability` must be [major, minor], got {capability!r}")
+    return problems
+
+
+def _key_problems(data: dict, schema: dict, prefix: str) -> list[str]:
+    problems = []
+    for key, value in data.items():
+        if key not in schema:
+            problems.append(f"unknown key `{prefix}{key}` (known: {', '.join(schema)})")
+        elif (isinstance(value, bool) and schema[key] is not bool) or not isinstance(value, schema[key]):
+            problems.append(f"`{prefix}{key}` has the wrong type: {value!r}")
+    return problems

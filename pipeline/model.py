@@ -37,23 +37,68 @@ class TinyShape:
 
 
 def load_tokenizer(model_name: str, corpus: Iterable[str]):
-    """The tokenizer for `model_name` and the facts the planner needs; `corpus` trains tiny's."""
+    """The tokenizer for `model_name`; `corpus` trains tiny's."""
     if model_name == TINY:
-        return _train_tiny_tokenizer(corpus), ModelFacts(
-            TINY, random_init=True, max_positions=TINY_MAX_POSITIONS
-        )
-    from transformers import AutoConfig, AutoTokenizer
+        return _train_tiny_tokenizer(corpus)
+    from transformers import AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, model_name)
-    config = _from_pretrained(AutoConfig, model_name)
     if tokenizer.eos_token is None:
         raise ModelLoadError(
             f"model '{model_name}': its tokenizer defines no end-of-sequence token to separate commits"
         )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    max_positions = getattr(config, "max_position_embeddings", None)
-    return tokenizer, ModelFacts(model_name, random_init=False, max_positions=max_positions)
+    return tokenizer
+
+
+def model_config(model_name: str, tokenizer):
+    """The architecture config: tiny's, built here, or the pretrained model's (no weights loaded)."""
+    if model_name != TINY:
+        from transformers import AutoConfig
+
+        return _from_pretrained(AutoConfig, model_name)
+    from transformers import LlamaConfig
+
+    shape = TinyShape()
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_attention_heads,
+        max_position_embeddings=TINY_MAX_POSITIONS,
+        tie_word_embeddings=True,
+        initializer_range=shape.initializer_range,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+
+
+def describe_model(model_name: str, config) -> ModelFacts:
+    """What the planner needs to know about the model, from its config on the meta device (no memory)."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return ModelFacts(
+        name=model_name,
+        random_init=model_name == TINY,
+        max_positions=getattr(text_config, "max_position_embeddings", None),
+        parameters=sum(parameter.numel() for parameter in model.parameters()),
+        hidden_size=text_config.hidden_size,
+        num_layers=text_config.num_hidden_layers,
+        vocab_size=text_config.vocab_size,
+        supports_sdpa=bool(getattr(model, "_supports_sdpa", False)),
+        supports_flash_attention=bool(getattr(model, "_supports_flash_attn", False))
+        and importlib.util.find_spec("flash_attn") is not None,
+    )
 
 
 def _train_tiny_tokenizer(corpus: Iterable[str]):
@@ -73,32 +118,15 @@ def _train_tiny_tokenizer(corpus: Iterable[str]):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
 
 
-def build_model(
-    model_name: str, tokenizer, seed: int, dtype: str = "fp32", attn_implementation: str = "sdpa"
-):
+def build_model(model_name: str, config, seed: int, dtype: str = "fp32", attn_implementation: str = "sdpa"):
     """The base model: tiny from its config (seeded), or the pretrained weights."""
     import torch
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     if model_name == TINY:
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import LlamaForCausalLM
 
-        shape = TinyShape()
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=shape.hidden_size,
-            intermediate_size=shape.intermediate_size,
-            num_hidden_layers=shape.num_hidden_layers,
-            num_attention_heads=shape.num_attention_heads,
-            num_key_value_heads=shape.num_attention_heads,
-            max_position_embeddings=TINY_MAX_POSITIONS,
-            tie_word_embeddings=True,
-            initializer_range=shape.initializer_range,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=None,
-            attn_implementation=attn_implementation,
-        )
+        config._attn_implementation = attn_implementation
         torch.manual_seed(seed)
         return LlamaForCausalLM(config)
     from transformers import AutoModelForCausalLM

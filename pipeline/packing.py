@@ -8,64 +8,95 @@ causal mask for SDPA and eager attention and into varlen kernels for
 flash-attention, so no token attends to another sequence. The first label of
 each segment is masked so no token is predicted from another sequence.
 
-Pure Python and deterministic: the planner calls `count_blocks` on token
-lengths to compute exact step counts; the dataset stage calls `pack_blocks`.
+The layout works on a histogram of segment sizes and fills whole classes of
+blocks at once (see `layout`), so the planner counts blocks for exact step
+counts in milliseconds even for 10^6 sequences; the dataset stage places the
+real segments with the same layout.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 IGNORE_INDEX = -100  # label value the loss skips
 
 
-def segment_lengths(lengths: Sequence[int], block_size: int) -> list[int]:
-    """Split every sequence length (EOS included) into pieces of at most block_size tokens."""
-    pieces = []
-    for length in lengths:
+def segment_counts(length_counts: Mapping[int, int], block_size: int) -> Counter:
+    """Segment-size histogram from a sequence-length histogram (EOS included in lengths)."""
+    pieces: Counter = Counter()
+    for length, count in length_counts.items():
         full, rest = divmod(length, block_size)
-        pieces.extend([block_size] * full)
+        if full:
+            pieces[block_size] += full * count
         if rest:
-            pieces.append(rest)
+            pieces[rest] += count
     return pieces
 
 
-def layout(pieces: Sequence[int], block_size: int) -> list[list[int]]:
-    """Assign piece indices to blocks, best fit decreasing; returns the pieces of each block."""
-    order = sorted(range(len(pieces)), key=lambda i: (-pieces[i], i))
-    blocks: list[list[int]] = []
-    # Open blocks grouped by remaining capacity; `capacities` is the sorted set of keys
-    # with at least one block, so each placement is a bisect, not a scan over blocks.
-    open_by_capacity: dict[int, list[int]] = {}
-    capacities: list[int] = []
-    for index in order:
-        size = pieces[index]
-        slot = bisect.bisect_left(capacities, size)
-        if slot < len(capacities):
-            capacity = capacities[slot]
-            block = open_by_capacity[capacity].pop()
-            if not open_by_capacity[capacity]:
-                del open_by_capacity[capacity]
-                capacities.pop(slot)
-        else:
-            capacity = block_size
-            block = len(blocks)
-            blocks.append([])
-        blocks[block].append(index)
-        remaining = capacity - size
-        if remaining:
-            if remaining not in open_by_capacity:
-                open_by_capacity[remaining] = []
-                bisect.insort(capacities, remaining)
-            open_by_capacity[remaining].append(block)
-    return blocks
+@dataclass(frozen=True)
+class Layout:
+    blocks: int
+    """How many blocks the segments fill."""
+    groups: list[tuple[Sequence[int], int, int]]
+    """(block ids, segment size, segments per block): each of those blocks takes that many segments of that size."""
 
 
-def count_blocks(lengths: Sequence[int], block_size: int) -> int:
-    """How many blocks `pack_blocks` will make from sequences of these lengths (EOS included)."""
-    return len(layout(segment_lengths(lengths, block_size), block_size))
+def layout(piece_counts: Mapping[int, int], block_size: int) -> Layout:
+    """Best-fit-decreasing placement of segments (a histogram of sizes) into blocks, in bulk.
+
+    Placed one by one, a segment of size s goes to the block with the least room that still fits
+    it; that block stays the best fit for the next segments of size s until its room drops below s,
+    and every other block with the same room then takes the same number. So whole classes of
+    blocks are filled in one step, with exactly the result of placing segments one at a time.
+    """
+    by_room: dict[int, list[int]] = {}  # remaining room → open blocks with that room
+    rooms: list[int] = []  # the sorted keys of by_room
+    groups: list[tuple[Sequence[int], int, int]] = []
+    opened = 0
+
+    def add(blocks: Sequence[int], room: int) -> None:
+        if not room:
+            return
+        if room not in by_room:
+            by_room[room] = []
+            bisect.insort(rooms, room)
+        by_room[room].extend(blocks)
+
+    for size in sorted(piece_counts, reverse=True):
+        left = piece_counts[size]
+        while left:
+            slot = bisect.bisect_left(rooms, size)
+            room = rooms[slot] if slot < len(rooms) else block_size
+            per_block = room // size
+            full = left // per_block
+            if slot < len(rooms):
+                members = by_room[room]
+                full = min(full, len(members))
+                taken = members[len(members) - max(full, 1) :]
+                del members[len(members) - len(taken) :]
+                if not members:
+                    del by_room[room]
+                    rooms.pop(slot)
+            else:
+                taken = range(opened, opened + max(full, 1))
+                opened += len(taken)
+            if full:
+                groups.append((taken, size, per_block))
+                left -= full * per_block
+                add(taken, room - per_block * size)
+            else:  # fewer segments left than one block takes: they share one block
+                groups.append((taken, size, left))
+                add(taken, room - left * size)
+                left = 0
+    return Layout(opened, groups)
+
+
+def count_blocks(length_counts: Mapping[int, int], block_size: int) -> int:
+    """How many blocks `pack_blocks` makes from sequences with this length histogram."""
+    return layout(segment_counts(length_counts, block_size), block_size).blocks
 
 
 @dataclass(frozen=True)
@@ -85,24 +116,33 @@ class PackedBlocks:
 
 def pack_blocks(sequences: Sequence[Sequence[int]], block_size: int, pad_id: int) -> PackedBlocks:
     """Pack token sequences (EOS already appended) into blocks of exactly block_size tokens."""
-    pieces: list[Sequence[int]] = []
+    by_size: dict[int, list[Sequence[int]]] = {}
     for tokens in sequences:
-        pieces.extend(tokens[start : start + block_size] for start in range(0, len(tokens), block_size))
+        for start in range(0, len(tokens), block_size):
+            piece = tokens[start : start + block_size]
+            by_size.setdefault(len(piece), []).append(piece)
+    for pieces in by_size.values():
+        pieces.reverse()  # taken from the end: keeps the sequences' order within a size
+    placed = layout({size: len(pieces) for size, pieces in by_size.items()}, block_size)
+    blocks: list[list[Sequence[int]]] = [[] for _ in range(placed.blocks)]
+    for block_ids, size, per_block in placed.groups:
+        pieces = by_size[size]
+        for block in block_ids:
+            blocks[block].extend(pieces.pop() for _ in range(per_block))
     input_ids, position_ids, labels = [], [], []
-    for block in layout([len(piece) for piece in pieces], block_size):
+    for block in blocks:
         ids: list[int] = []
         positions: list[int] = []
         targets: list[int] = []
-        for index in block:
-            piece = list(pieces[index])
-            ids += piece
-            positions += range(len(piece))
-            targets += [IGNORE_INDEX, *piece[1:]]
+        for piece in block:
+            ids.extend(piece)
+            positions.extend(range(len(piece)))
+            targets.extend((IGNORE_INDEX, *piece[1:]))
         padding = block_size - len(ids)
-        ids += [pad_id] * padding
-        positions += range(padding)
-        targets += [IGNORE_INDEX] * padding
+        ids.extend([pad_id] * padding)
+        positions.extend(range(padding))
+        targets.extend([IGNORE_INDEX] * padding)
         input_ids.append(ids)
         position_ids.append(positions)
         labels.append(targets)
-    return PackedBlocks(input_ids, position_ids, labels, real_tokens=sum(len(piece) for piece in pieces))
+    return PackedBlocks(input_ids, position_ids, labels, real_tokens=sum(len(p) for b in blocks for p in b))

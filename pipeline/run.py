@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.config import LoadedConfig
 from pipeline.errors import OutputDirError, PipelineError
-from pipeline.manifest import MANIFEST_FILE, new_manifest, utc_now, write_manifest
+from pipeline.manifest import MANIFEST_FILE, new_manifest, read_manifest, utc_now, write_manifest
 
 
 class Run:
@@ -32,6 +32,12 @@ class Run:
             "effective": loaded.config.to_dict(),
         }
         self._started = time.perf_counter()
+        self.previous = _read_previous(self.manifest_path)
+        """The manifest this output directory held before this run (None if none), read before overwriting."""
+        self.hardware = None
+        """The Hardware planned for, once the plan stage ran."""
+        self.launch = None
+        """The Launch (world size) planned for, once the plan stage ran."""
 
     def save(self) -> None:
         self.doc["total_execution_time_seconds"] = round(time.perf_counter() - self._started, 3)
@@ -56,6 +62,13 @@ class Run:
         self.doc["error"] = error
         self.doc["run"]["finished_at"] = utc_now()
         self.save()
+
+
+def _read_previous(path: Path) -> dict[str, Any] | None:
+    try:
+        return read_manifest(path)
+    except (OSError, ValueError):
+        return None
 
 
 def prepare_output_dir(path: str | Path) -> Path:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.packing import IGNORE_INDEX, count_blocks, pack_blocks
+from pipeline.packing import IGNORE_INDEX, count_blocks, layout, pack_blocks
 
 sequences = st.lists(st.lists(st.integers(1, 99), min_size=1, max_size=300), min_size=1, max_size=60)
 
@@ -15,7 +17,7 @@ sequences = st.lists(st.lists(st.integers(1, 99), min_size=1, max_size=300), min
 @given(token_lists=sequences, block_size=st.sampled_from([8, 16, 64, 128]))
 def test_every_token_lands_once_and_positions_restart_per_sequence(token_lists, block_size):
     packed = pack_blocks(token_lists, block_size, pad_id=0)
-    assert len(packed.input_ids) == count_blocks([len(t) for t in token_lists], block_size)
+    assert len(packed.input_ids) == count_blocks(Counter(len(t) for t in token_lists), block_size)
     assert all(len(block) == block_size for block in packed.input_ids)
     assert packed.real_tokens == sum(len(t) for t in token_lists)
     # Rebuild the segments from the position ids: they must be exactly the sequences' pieces.
@@ -71,3 +73,41 @@ def test_no_attention_across_packed_sequences():
     with torch.no_grad():
         leaked = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]  # plain causal attention
     assert not torch.allclose(leaked[start:], alone, atol=1e-3)
+
+
+def best_fit_decreasing_one_by_one(sizes: list[int], block_size: int) -> int:
+    """The textbook algorithm, one segment at a time: the reference the bulk layout must equal."""
+    rooms: list[int] = []
+    for size in sorted(sizes, reverse=True):
+        fitting = [i for i, room in enumerate(rooms) if room >= size]
+        if fitting:
+            best = min(fitting, key=lambda i: rooms[i])
+            rooms[best] -= size
+        else:
+            rooms.append(block_size - size)
+    return len(rooms)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 64), min_size=1, max_size=120), block_size=st.sampled_from([64, 100, 128])
+)
+def test_bulk_layout_equals_one_by_one_best_fit(sizes, block_size):
+    sizes = [min(size, block_size) for size in sizes]
+    placed = layout(Counter(sizes), block_size)
+    assert placed.blocks == best_fit_decreasing_one_by_one(sizes, block_size)
+    filled = Counter()
+    for blocks, size, per_block in placed.groups:
+        for block in blocks:
+            filled[block] += size * per_block
+    assert set(filled) == set(range(placed.blocks))
+    assert all(total <= block_size for total in filled.values())
+
+
+def test_a_million_sequences_are_counted_in_well_under_a_second():
+    import time
+
+    started = time.perf_counter()
+    # 3000 tokens = 2 full blocks + 952; the 17-token sequences all fit in those 952-token rooms.
+    assert count_blocks({1024: 400_000, 3000: 300_000, 17: 300_000}, 1024) == 400_000 + 300_000 * 2 + 300_000
+    assert time.perf_counter() - started < 5  # generous: a regression guard, not a benchmark
