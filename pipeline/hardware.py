@@ -77,20 +77,25 @@ class Hardware:
 
 def usable_cores() -> int:
     """Cores this process may use: the affinity mask and the container's CPU quota applied."""
-    quota = cgroup_cpu_quota(Path("/sys/fs/cgroup"))
+    quota = cgroup_cpu_quota(CGROUP_ROOT, _own_cgroup())
     cores = _affinity_cores() or psutil.cpu_count(logical=True) or 1
     return max(1, min(cores, math.floor(quota) if quota else sys.maxsize))
 
 
 def detect_hardware() -> Hardware:
     notes: dict[str, str] = {}
-    quota = cgroup_cpu_quota(Path("/sys/fs/cgroup"))
+    own = _own_cgroup()
+    quota = cgroup_cpu_quota(CGROUP_ROOT, own)
     logical = psutil.cpu_count(logical=True)
     memory = psutil.virtual_memory()
-    limit = cgroup_memory_limit(Path("/sys/fs/cgroup"))
+    limit = cgroup_memory_limit(CGROUP_ROOT, own)
     physical = psutil.cpu_count(logical=False)
     if physical is None:
         notes["cpu_physical_cores"] = "psutil could not read the physical core count"
+    if quota is None:
+        notes["cpu_quota_cores"] = "no cgroup CPU quota on this process (unlimited, or not Linux)"
+    if limit is None:
+        notes["memory_limit_gb"] = "no cgroup memory limit on this process (unlimited, or not Linux)"
     hardware = Hardware(
         cpu_physical_cores=physical,
         cpu_logical_cores=logical,
@@ -112,7 +117,8 @@ def _with_accelerators(hardware: Hardware) -> Hardware:
         import torch
         import transformers
     except ImportError as err:
-        notes["torch_version"] = f"torch is not importable ({err})"
+        for name in ("torch_version", "cuda_version", "transformers_version", "gpus"):
+            notes[name] = f"torch is not importable ({err})"
         return replace(hardware, notes=notes)
     gpus: list[GpuInfo] = []
     cuda_usable = torch.cuda.is_available()
@@ -122,6 +128,8 @@ def _with_accelerators(hardware: Hardware) -> Hardware:
         gpus = _gpus_from_nvml_if_present(notes)
         if gpus:
             notes["cuda_usable"] = "NVML sees GPUs but this torch build cannot use them (CPU-only torch?)"
+    if torch.version.cuda is None:
+        notes["cuda_version"] = f"this torch build ({torch.__version__}) has no CUDA support"
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     return replace(
         hardware,
@@ -204,24 +212,75 @@ def _affinity_cores() -> int | None:
         return None
 
 
-def cgroup_cpu_quota(root: Path) -> float | None:
-    """CPU quota in cores from cgroup v2 `cpu.max` or v1 `cpu.cfs_quota_us`; None if unlimited."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_cgroup() -> str:
     try:
-        quota, period = (root / "cpu.max").read_text().split()
+        return Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return ""
+
+
+def cgroup_dirs(root: Path, own_cgroup: str, controller: str) -> list[Path]:
+    """The cgroup directories that can limit this process for `controller` (cpu or memory): its own
+    cgroup and every parent, in the v2 tree and in v1's per-controller tree (`cpu,cpuacct/...`)."""
+    dirs: list[Path] = []
+    for line in own_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, own = parts
+        if hierarchy == "0" and not controllers:
+            base = root  # v2: one tree for every controller
+        elif controller in controllers.split(","):
+            base = root / controllers
+        else:
+            continue
+        directory = base / own.lstrip("/")
+        while directory != base and base in directory.parents:
+            dirs.append(directory)
+            directory = directory.parent
+        dirs.append(base)
+    return dirs or [root, root / controller]
+
+
+def cgroup_cpu_quota(root: Path, own_cgroup: str = "") -> float | None:
+    """CPU quota in cores: the smallest `cpu.max` (v2) or `cpu.cfs_quota_us` (v1) on this process's
+    cgroup path; None when unlimited."""
+    quotas = [
+        quota for directory in cgroup_dirs(root, own_cgroup, "cpu") if (quota := _cpu_quota_in(directory))
+    ]
+    return min(quotas, default=None)
+
+
+def _cpu_quota_in(directory: Path) -> float | None:
+    try:
+        quota, period = (directory / "cpu.max").read_text().split()
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         pass
     try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        quota_us = int((directory / "cpu.cfs_quota_us").read_text())
+        period_us = int((directory / "cpu.cfs_period_us").read_text())
         return None if quota_us <= 0 else quota_us / period_us
     except (OSError, ValueError):
         return None
 
 
-def cgroup_memory_limit(root: Path) -> int | None:
-    """Memory limit in bytes from cgroup v2 `memory.max` or v1 `memory.limit_in_bytes`; None if unlimited."""
-    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+def cgroup_memory_limit(root: Path, own_cgroup: str = "") -> int | None:
+    """Memory limit in bytes: the smallest `memory.max` (v2) or `memory.limit_in_bytes` (v1) on this
+    process's cgroup path; None when unlimited."""
+    limits = [
+        limit
+        for directory in cgroup_dirs(root, own_cgroup, "memory")
+        if (limit := _memory_limit_in(directory))
+    ]
+    return min(limits, default=None)
+
+
+def _memory_limit_in(directory: Path) -> int | None:
+    for path in (directory / "memory.max", directory / "memory.limit_in_bytes"):
         try:
             text = path.read_text().strip()
         except OSError:

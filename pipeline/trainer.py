@@ -114,7 +114,7 @@ class TrainingHistory(TrainerCallback):
 
 
 def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> TrainingArguments:
-    workers = plan["num_workers"]
+    """Every planned decision, as the Hugging Face Trainer takes it."""
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
         per_device_train_batch_size=plan["batch_size"],
@@ -133,10 +133,16 @@ def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> Trai
         save_total_limit=config.train.save_total_limit,
         bf16=plan["precision"] == "bf16",
         fp16=plan["precision"] == "fp16",
+        tf32=plan["tf32"] if plan["device"] == "cuda" else None,  # the Trainer rejects tf32 without CUDA
+        activation_checkpointing=plan["gradient_checkpointing"],
+        # Non-reentrant: with frozen embeddings (LoRA) the layer inputs need no grad, which breaks reentrant.
+        activation_checkpointing_kwargs={"use_reentrant": False} if plan["gradient_checkpointing"] else None,
         use_cpu=plan["device"] == "cpu",
-        dataloader_num_workers=workers,
+        dataloader_num_workers=plan["num_workers"],
         dataloader_pin_memory=plan["pin_memory"],
-        dataloader_persistent_workers=workers > 0,
+        dataloader_persistent_workers=plan["persistent_workers"],
+        dataloader_prefetch_factor=plan["prefetch_factor"],
+        dataloader_drop_last=plan["drop_last"],
         seed=plan["seed"],
         data_seed=plan["seed"],
         report_to="none",

@@ -57,6 +57,25 @@ def test_cgroup_v2_and_v1_limits(tmp_path):
     assert cgroup_cpu_quota(tmp_path / "missing") is None
 
 
+def test_nested_cgroup_limits_apply_the_smallest(tmp_path):
+    v2 = tmp_path / "v2"
+    (v2 / "kubepods" / "pod1").mkdir(parents=True)
+    (v2 / "kubepods" / "cpu.max").write_text("200000 100000\n")  # the parent allows 2 cores
+    (v2 / "kubepods" / "pod1" / "cpu.max").write_text("400000 100000\n")  # the pod asks for 4
+    (v2 / "kubepods" / "pod1" / "memory.max").write_text(str(3 * 1024**3))
+    assert cgroup_cpu_quota(v2, "0::/kubepods/pod1\n") == 2.0
+    assert cgroup_memory_limit(v2, "0::/kubepods/pod1\n") == 3 * 1024**3
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "job").mkdir(parents=True)
+    (v1 / "memory" / "job" / "memory.limit_in_bytes").write_text(str(1024**3))
+    (v1 / "cpu,cpuacct" / "job").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "job" / "cpu.cfs_quota_us").write_text("50000")
+    (v1 / "cpu,cpuacct" / "job" / "cpu.cfs_period_us").write_text("100000")
+    own = "4:memory:/job\n3:cpu,cpuacct:/job\n"
+    assert cgroup_memory_limit(v1, own) == 1024**3
+    assert cgroup_cpu_quota(v1, own) == 0.5
+
+
 def test_monitor_samples_cpu_and_gpus_then_summarises():
     nvml = FakeNvml([H100, RTX_2060])
     with HardwareMonitor(interval_s=0.05, nvml=nvml) as monitor:

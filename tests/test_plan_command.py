@@ -36,7 +36,10 @@ def test_plan_for_every_shipped_profile(cli, sample_repo, tmp_path, profile):
     assert manifest["hardware"]["source"].startswith(f"profile {profile}.json")
     params = manifest["training_parameters"]
     assert params["world_size"] == max(1, manifest["hardware"]["gpu_count"])
-    assert params["effective_batch_size"] == params["batch_size"] * params["gradient_accumulation_steps"] * params["world_size"]
+    assert (
+        params["effective_batch_size"]
+        == params["batch_size"] * params["gradient_accumulation_steps"] * params["world_size"]
+    )
     assert 0 <= params["warmup_steps"] < params["total_steps"]
 
 
@@ -47,7 +50,9 @@ def test_a_second_plan_reuses_the_scrape_and_a_changed_config_does_not(cli, samp
     assert "reusing the scrape" in again.err
     manifest = read_json(out / "MANIFEST.json")
     assert manifest["scrape"]["reused"] is True and manifest["training_parameters"]["epochs"] == 5
-    changed = cli("plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "scrape.eval_fraction=0.2")
+    changed = cli(
+        "plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "scrape.eval_fraction=0.2"
+    )
     assert "reusing the scrape" not in changed.err
     sample_repo.commit("Add compute_42", {"pkg/feature_42.py": "X = 42\n"})
     moved = cli("plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "scrape.eval_fraction=0.2")
@@ -65,6 +70,8 @@ def test_overrides_show_up_with_their_source(cli, sample_repo, tmp_path):
 def test_a_broken_profile_is_one_line(cli, sample_repo, tmp_path):
     bad = tmp_path / "gpu.json"
     bad.write_text('{"gpus": [{"name": "X"}]}')
-    result = cli("plan", "--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--hardware-profile", bad)
+    result = cli(
+        "plan", "--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--hardware-profile", bad
+    )
     assert result.code == 2
     assert result.err.strip().splitlines()[-1] == "repotune: error: gpu.json: `gpus[0].memory_gb` is required"
