@@ -13,12 +13,20 @@ import argparse
 import sys
 
 from pipeline import stages
-from pipeline.cli import Command, hardware_profile_option, loaded_config, parse_args, run_command
+from pipeline.cli import (
+    Command,
+    generate_options,
+    hardware_profile_option,
+    loaded_config,
+    parse_args,
+    resume_option,
+    run_command,
+)
 from pipeline.run import open_run
 
 
 def run(args: argparse.Namespace) -> None:
-    """Scrape → tokenize → plan → train, then print the manifest path."""
+    """Scrape → tokenize → plan → train (→ evaluate), then print the manifest path."""
     with open_run(loaded_config(args), "run") as record:
         scraped = stages.scrape(record, args.repos, reuse=True)
         prepared = stages.prepare(record, scraped)
@@ -26,7 +34,7 @@ def run(args: argparse.Namespace) -> None:
         stages.say(stages.format_plan(plan))
         loaded = stages.load_for_training(record, prepared, plan)
         plan = stages.probe_and_replan(record, prepared, plan, loaded)
-        stages.train(record, prepared, plan, loaded)
+        stages.train(record, prepared, plan, loaded, resume=args.resume)
         record.finish("completed")
     print(record.manifest_path)
 
@@ -51,11 +59,24 @@ def plan(args: argparse.Namespace) -> None:
     print(record.manifest_path)
 
 
+def generate(args: argparse.Namespace) -> None:
+    """Load base model + adapter: print a continuation of --prompt, or --merge into a standalone model."""
+    from pipeline import generate as generation
+
+    if args.merge:
+        print(generation.merge(args.adapter, args.merge))
+    else:
+        print(generation.generate(args.adapter, args.prompt, args.max_new_tokens))
+
+
 COMMANDS = {
-    "run": Command(run, "scrape, plan and train a LoRA adapter (the default command)"),
+    "run": Command(run, "scrape, plan and train a LoRA adapter (the default command)", resume_option),
     "scrape": Command(scrape, "turn the repository's history into sequences.jsonl, without training"),
     "plan": Command(
         plan, "decide every training parameter and say why, without training", hardware_profile_option
+    ),
+    "generate": Command(
+        generate, "generate with a trained adapter, or merge it into its base model", generate_options, False
     ),
 }
 

@@ -23,7 +23,9 @@ class Command:
     handler: Callable[[argparse.Namespace], int | None]
     help: str
     options: Callable[[argparse.ArgumentParser], None] | None = None
-    """Adds the command's own options (beyond the shared ones)."""
+    """Adds the command's own options."""
+    shared_options: bool = True
+    """Takes the shared options (--repo, --output-dir, --config, --set, ...)."""
 
 
 def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
@@ -36,7 +38,8 @@ def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in commands.items():
         command_parser = sub.add_parser(name, help=command.help, description=command.help)
-        _add_common_options(command_parser)
+        if command.shared_options:
+            _add_common_options(command_parser)
         if command.options:
             command.options(command_parser)
     return parser
@@ -87,6 +90,31 @@ def hardware_profile_option(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="plan for a described machine instead of this one: a JSON file, or a shipped profile name "
         "(cpu-laptop, rtx2060, rtx4090, a100-80gb, h100-80gb, 8xh100)",
+    )
+
+
+def resume_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in the output directory (same data, batch and total steps)",
+    )
+
+
+def generate_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--adapter", required=True, metavar="DIR", help="a run's output directory, or its adapter/"
+    )
+    parser.add_argument(
+        "--prompt", default="", help="text to continue, e.g. a commit message followed by a blank line"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)"
+    )
+    parser.add_argument(
+        "--merge",
+        metavar="DIR",
+        help="instead of generating, write the base model with the adapter merged in",
     )
 
 

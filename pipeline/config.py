@@ -203,10 +203,18 @@ class TrainConfig:
     """Seed for model initialisation, data order and dropout."""
     logging_steps: int | Auto = field(default="auto", metadata=POSITIVE)
     """Optimizer steps between loss/LR records; auto gives about 50 points per run."""
+    eval_steps: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Optimizer steps between evaluations of the held-out commits; auto gives about 10 per run."""
     save_steps: int | Auto = field(default="auto", metadata=POSITIVE)
     """Optimizer steps between checkpoints; auto gives about 10 per run."""
     save_total_limit: int = field(default=2, metadata=POSITIVE)
     """Checkpoints kept on disk (the newest)."""
+    torch_compile: bool = False
+    """Compile the model with torch.compile (slower start, often faster steps on GPUs)."""
+    generation_samples: int = field(default=3, metadata=NON_NEGATIVE)
+    """Held-out commits whose message prompts a sample generation, before and after training."""
+    generation_tokens: int = field(default=64, metadata=POSITIVE)
+    """Tokens generated per sample."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +243,8 @@ class MonitorConfig:
 class OutputConfig:
     dir: str = "repotune-output"
     """Where sequences, checkpoints, the adapter and MANIFEST.json go (relative to the working directory)."""
+    cache_dir: str | None = None
+    """Token cache (tokenized sequences and packed blocks); null keeps it in <dir>/cache."""
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,27 @@
-"""Sequences → token ids → packed training blocks."""
+"""Tokenized sequences → packed training blocks, cached as arrays and read back memory-mapped.
+
+Packing follows `pipeline.packing.layout` (best fit decreasing; position ids
+restart per sequence so no token attends to another sequence; the first label
+of every segment is masked). The blocks are built with numpy over the whole
+token stream at once and stored per block size in the token cache
+(`blocks-<L>/<split>_{input_ids,position_ids,labels}.npy`, int32), so a
+second run with the same data and sequence length reads them directly.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
-from pipeline.packing import PackedBlocks, pack_blocks
-from pipeline.planner import DataStats
+from pipeline.packing import IGNORE_INDEX, layout
+
+ARRAYS = ("input_ids", "position_ids", "labels")
 
 
 def read_sequences(path: Path) -> list[dict[str, Any]]:
@@ -19,37 +30,130 @@ def read_sequences(path: Path) -> list[dict[str, Any]]:
 
 
 @dataclass(frozen=True)
-class TokenizedData:
-    token_ids: list[list[int]]
-    """One list per sequence, EOS appended."""
+class PackedSplit:
+    directory: Path
+    split: str
+    blocks: int
+    real_tokens: int
+    block_size: int
 
-    def stats(self) -> DataStats:
-        return DataStats.from_lengths(len(ids) for ids in self.token_ids)
+    @property
+    def efficiency(self) -> float:
+        """Real tokens over token slots (1.0 means no padding)."""
+        slots = self.blocks * self.block_size
+        return self.real_tokens / slots if slots else 0.0
 
-    def to_manifest(self) -> dict[str, Any]:
-        stats = self.stats()
-        return {
-            "sequences": stats.sequences,
-            "tokens": stats.tokens,
-            "token_length_max": max(stats.length_counts, default=None),
-            "token_length_median": stats.percentile(50) if stats.sequences else None,
-            "token_length_p95": stats.percentile(95) if stats.sequences else None,
-        }
-
-
-def tokenize(texts: Sequence[str], tokenizer) -> TokenizedData:
-    """Tokenize in one batched call (the fast tokenizer parallelises in Rust) and append EOS."""
-    encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    return TokenizedData(token_ids=[[*ids, eos] for ids in encoded])
+    def dataset(self) -> BlockDataset:
+        return BlockDataset(self.directory, self.split, self.blocks)
 
 
-def training_blocks(data: TokenizedData, block_size: int, pad_id: int) -> tuple[Any, PackedBlocks]:
-    """A `datasets.Dataset` of packed blocks (input_ids, position_ids, labels) and the packing itself."""
-    from datasets import Dataset
+def packed_blocks(
+    cache_directory: Path, split_dataset, split: str, block_size: int, pad_id: int
+) -> PackedSplit:
+    """The split packed into blocks of `block_size`, from the cache or built and stored there."""
+    directory = cache_directory / f"blocks-{block_size}"
+    meta_path = directory / f"{split}_meta.json"
+    if meta_path.exists():
+        meta = orjson.loads(meta_path.read_bytes())
+        return PackedSplit(directory, split, meta["blocks"], meta["real_tokens"], block_size)
+    arrays, real_tokens = pack_arrays(split_dataset, block_size, pad_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, array in arrays.items():
+        staging = directory / f".{split}_{name}.{os.getpid()}.npy"
+        np.save(staging, array)
+        staging.replace(directory / f"{split}_{name}.npy")
+    blocks = len(arrays["input_ids"])
+    staging = directory / f".{split}_meta.{os.getpid()}.json"
+    staging.write_bytes(orjson.dumps({"blocks": blocks, "real_tokens": real_tokens}))
+    staging.replace(meta_path)  # written last: its presence means the arrays are complete
+    return PackedSplit(directory, split, blocks, real_tokens, block_size)
 
-    packed = pack_blocks(data.token_ids, block_size, pad_id)
-    dataset = Dataset.from_dict(
-        {"input_ids": packed.input_ids, "position_ids": packed.position_ids, "labels": packed.labels}
+
+def pack_arrays(split_dataset, block_size: int, pad_id: int) -> tuple[dict[str, np.ndarray], int]:
+    """Pack every sequence of an Arrow split (column input_ids) into [blocks, block_size] int32 arrays."""
+    if len(split_dataset) == 0:
+        empty = np.zeros((0, block_size), dtype=np.int32)
+        return {name: empty for name in ARRAYS}, 0
+    column = split_dataset.data.column("input_ids").combine_chunks()
+    tokens = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    offsets = column.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    # Segments: every sequence cut into pieces of at most block_size tokens.
+    pieces_per_sequence = -(-lengths // block_size)
+    sequence_of_piece = np.repeat(np.arange(len(lengths)), pieces_per_sequence)
+    first_piece = np.cumsum(pieces_per_sequence) - pieces_per_sequence
+    piece_in_sequence = np.arange(len(sequence_of_piece)) - np.repeat(first_piece, pieces_per_sequence)
+    piece_start = offsets[sequence_of_piece] + piece_in_sequence * block_size
+    piece_length = np.minimum(block_size, offsets[sequence_of_piece + 1] - piece_start)
+
+    placed = layout(Counter(piece_length.tolist()), block_size)
+    # Pieces of each size, in sequence order, are handed out to the layout's groups in turn.
+    order = np.argsort(-piece_length, kind="stable")
+    sizes_sorted = piece_length[order]
+    next_of_size = {
+        int(size): int(np.searchsorted(-sizes_sorted, -size, side="left")) for size in np.unique(piece_length)
+    }
+    piece_block = np.empty(len(piece_length), dtype=np.int64)
+    piece_offset = np.empty(len(piece_length), dtype=np.int64)
+    fill = np.zeros(placed.blocks, dtype=np.int64)
+    for block_ids, size, per_block in placed.groups:
+        block_ids = np.asarray(block_ids, dtype=np.int64)
+        for _ in range(per_block):
+            start = next_of_size[size]
+            chosen = order[start : start + len(block_ids)]
+            next_of_size[size] = start + len(block_ids)
+            piece_block[chosen] = block_ids
+            piece_offset[chosen] = fill[block_ids]
+            fill[block_ids] += size
+
+    # Scatter every token to its block and offset in one vectorised copy.
+    within = np.arange(int(piece_length.sum())) - np.repeat(
+        np.cumsum(piece_length) - piece_length, piece_length
     )
-    return dataset.with_format("torch"), packed
+    source = np.repeat(piece_start, piece_length) + within
+    target = np.repeat(piece_block * block_size + piece_offset, piece_length) + within
+    input_ids = np.full(placed.blocks * block_size, pad_id, dtype=np.int32)
+    labels = np.full(placed.blocks * block_size, IGNORE_INDEX, dtype=np.int32)
+    positions = np.empty(placed.blocks * block_size, dtype=np.int32)
+    input_ids[target] = tokens[source]
+    labels[target] = np.where(within == 0, IGNORE_INDEX, tokens[source])  # never predict across sequences
+    # Padding after the last segment is a segment of its own, positions restarting at 0.
+    column_index = np.tile(np.arange(block_size), placed.blocks)
+    positions[:] = column_index - np.repeat(fill, block_size)
+    positions[target] = within
+    shape = (placed.blocks, block_size)
+    arrays = {
+        "input_ids": input_ids.reshape(shape),
+        "position_ids": positions.reshape(shape),
+        "labels": labels.reshape(shape),
+    }
+    return arrays, int(piece_length.sum())
+
+
+class BlockDataset:
+    """Packed blocks as a torch map-style dataset over memory-mapped arrays.
+
+    The arrays are opened lazily in each process: a dataloader worker reopens
+    the files instead of receiving pickled copies of them.
+    """
+
+    def __init__(self, directory: Path, split: str, blocks: int):
+        self.directory = directory
+        self.split = split
+        self.blocks = blocks
+        self._arrays: dict[str, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self.blocks
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        if self._arrays is None:
+            self._arrays = {
+                name: np.load(self.directory / f"{self.split}_{name}.npy", mmap_mode="r") for name in ARRAYS
+            }
+        return {name: torch.from_numpy(self._arrays[name][index].astype(np.int64)) for name in ARRAYS}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrays": None}

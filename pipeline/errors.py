@@ -30,3 +30,11 @@ class TrainingError(PipelineError):
     """Training cannot start or cannot go on (no data, a diverged loss)."""
 
     exit_code = 1
+
+
+class Interrupted(PipelineError):
+    """SIGINT or SIGTERM during training: a checkpoint was saved and the run can be resumed."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM

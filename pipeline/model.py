@@ -8,6 +8,7 @@ the adapter so the adapter can be loaded again.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import urllib.request
 from collections.abc import Iterable
@@ -36,6 +37,24 @@ class TinyShape:
     norm, so a random model could barely sharpen its predictions; 0.05 leaves room."""
 
 
+def quiet_library_output() -> None:
+    """Keep stdout and the log for what matters: no save progress bars, no notice that is not ours to act on."""
+    import logging
+    import warnings
+
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    # peft calls a transformers helper that transformers 5 renamed.
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
+    # Printed at every checkpoint rotation on filesystems with coarse timestamps; the ordering is still right.
+    logging.getLogger("transformers").addFilter(
+        lambda record: "mtime may not be reliable" not in record.getMessage()
+    )
+
+
 def load_tokenizer(model_name: str, corpus: Iterable[str]):
     """The tokenizer for `model_name`; `corpus` trains tiny's."""
     if model_name == TINY:
@@ -50,6 +69,29 @@ def load_tokenizer(model_name: str, corpus: Iterable[str]):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def tokenizer_recipe(model_name: str) -> dict:
+    """What the token cache's key needs to know about the tokenizer, before tokenizing anything."""
+    if model_name == TINY:
+        import tokenizers
+
+        # Trained on the corpus (whose identity is in the scrape part of the key) with this recipe.
+        return {"tiny_vocab_size": TINY_VOCAB_SIZE, "eos": EOS_TOKEN, "tokenizers": tokenizers.__version__}
+    tokenizer = load_tokenizer(model_name, [])
+    vocabulary = sorted(tokenizer.get_vocab().items())
+    return {
+        "vocab_sha256": hashlib.sha256(repr(vocabulary).encode()).hexdigest(),
+        "eos": tokenizer.eos_token,
+        "class": type(tokenizer).__name__,
+    }
+
+
+def load_saved_tokenizer(directory: Path):
+    """A tokenizer saved with save_pretrained (the token cache keeps the one it was built with)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
 
 
 def model_config(model_name: str, tokenizer):

@@ -128,13 +128,17 @@ class HardwareMonitor:
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """mean / p95 / max per metric, per GPU too; null where nothing was measured."""
-    summary: dict[str, Any] = {metric: _stats([s[metric] for s in samples]) for metric in SUMMARY_METRICS}
+    summary: dict[str, Any] = {
+        metric: summarize_values([s[metric] for s in samples]) for metric in SUMMARY_METRICS
+    }
     gpu_indexes = sorted({gpu["index"] for s in samples for gpu in s["gpus"]})
     summary["gpus"] = [
         {
             "index": index,
             **{
-                metric: _stats([gpu[metric] for s in samples for gpu in s["gpus"] if gpu["index"] == index])
+                metric: summarize_values(
+                    [gpu[metric] for s in samples for gpu in s["gpus"] if gpu["index"] == index]
+                )
                 for metric in GPU_METRICS
             },
         }
@@ -143,7 +147,8 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _stats(values: list[float | None]) -> dict[str, float | None]:
+def summarize_values(values: list[float | None]) -> dict[str, float | None]:
+    """mean / p95 / max of a series; null when nothing was measured."""
     present = sorted(v for v in values if v is not None and math.isfinite(v))
     if not present:
         return {"mean": None, "p95": None, "max": None}

@@ -1,4 +1,4 @@
-"""Pack tokenized sequences into fixed-length blocks without cross-sequence attention.
+"""How tokenized sequences are laid out in fixed-length blocks, without cross-sequence attention.
 
 Each sequence (its tokens plus EOS) becomes one or more segments of at most
 `block_size` tokens; segments are placed into blocks best-fit-decreasing.
@@ -10,7 +10,7 @@ each segment is masked so no token is predicted from another sequence.
 
 The layout works on a histogram of segment sizes and fills whole classes of
 blocks at once (see `layout`), so the planner counts blocks for exact step
-counts in milliseconds even for 10^6 sequences; the dataset stage places the
+counts in milliseconds even for 10^6 sequences; `pipeline.dataset` places the
 real segments with the same layout.
 """
 
@@ -97,52 +97,3 @@ def layout(piece_counts: Mapping[int, int], block_size: int) -> Layout:
 def count_blocks(length_counts: Mapping[int, int], block_size: int) -> int:
     """How many blocks `pack_blocks` makes from sequences with this length histogram."""
     return layout(segment_counts(length_counts, block_size), block_size).blocks
-
-
-@dataclass(frozen=True)
-class PackedBlocks:
-    input_ids: list[list[int]]
-    position_ids: list[list[int]]
-    labels: list[list[int]]
-    real_tokens: int
-    """Tokens from sequences (padding excluded)."""
-
-    @property
-    def efficiency(self) -> float:
-        """Real tokens over token slots (1.0 means no padding)."""
-        slots = sum(len(block) for block in self.input_ids)
-        return self.real_tokens / slots if slots else 0.0
-
-
-def pack_blocks(sequences: Sequence[Sequence[int]], block_size: int, pad_id: int) -> PackedBlocks:
-    """Pack token sequences (EOS already appended) into blocks of exactly block_size tokens."""
-    by_size: dict[int, list[Sequence[int]]] = {}
-    for tokens in sequences:
-        for start in range(0, len(tokens), block_size):
-            piece = tokens[start : start + block_size]
-            by_size.setdefault(len(piece), []).append(piece)
-    for pieces in by_size.values():
-        pieces.reverse()  # taken from the end: keeps the sequences' order within a size
-    placed = layout({size: len(pieces) for size, pieces in by_size.items()}, block_size)
-    blocks: list[list[Sequence[int]]] = [[] for _ in range(placed.blocks)]
-    for block_ids, size, per_block in placed.groups:
-        pieces = by_size[size]
-        for block in block_ids:
-            blocks[block].extend(pieces.pop() for _ in range(per_block))
-    input_ids, position_ids, labels = [], [], []
-    for block in blocks:
-        ids: list[int] = []
-        positions: list[int] = []
-        targets: list[int] = []
-        for piece in block:
-            ids.extend(piece)
-            positions.extend(range(len(piece)))
-            targets.extend((IGNORE_INDEX, *piece[1:]))
-        padding = block_size - len(ids)
-        ids.extend([pad_id] * padding)
-        positions.extend(range(padding))
-        targets.extend([IGNORE_INDEX] * padding)
-        input_ids.append(ids)
-        position_ids.append(positions)
-        labels.append(targets)
-    return PackedBlocks(input_ids, position_ids, labels, real_tokens=sum(len(p) for b in blocks for p in b))

@@ -34,6 +34,7 @@ SMALL_DATASET_BLOCKS = (
 )
 LOG_POINTS = 50  # aim for this many loss/LR records per run
 CHECKPOINTS = 10  # aim for this many checkpoints per run
+EVALUATIONS = 10  # aim for this many held-out evaluations per run
 # Activation memory per token per layer is about 34 × hidden bytes in 16-bit training (Korthikanti et al.,
 # "Reducing Activation Recomputation in Large Transformer Models", with memory-efficient attention).
 ACTIVATION_BYTES_PER_HIDDEN = 34
@@ -170,7 +171,11 @@ def make_plan(
     loaded: LoadedConfig,
     launch: Launch = Launch(),
     probe: tuple[ProbeRow, ...] = (),
+    oom_cap: int | None = None,
+    has_eval: bool = False,
 ) -> Plan:
+    """`probe`: measured micro-batch fits (CUDA); `oom_cap`: the largest micro-batch after a CUDA
+    out-of-memory in training; `has_eval`: there are held-out commits to evaluate on."""
     config = loaded.config
     p = _Planner(loaded)
 
@@ -217,7 +222,7 @@ def make_plan(
         f"({data.tokens / max(1, blocks * sequence_length):.0%} filled)",
     )
 
-    micro, accumulation = _batching(p, device, hardware, gpu, model, precision, sequence_length, world, probe)
+    micro, accumulation = _batching(p, device, gpu, model, precision, sequence_length, world, probe, oom_cap)
     p.planned(
         "effective_batch_size",
         micro * accumulation * world,
@@ -266,7 +271,8 @@ def make_plan(
         p.planned("base_modules_trained", [], "pretrained base: only the LoRA adapters train")
 
     _dataloader(p, device, blocks, hardware)
-    _cadence(p, total_steps)
+    _cadence(p, total_steps, has_eval)
+    p.from_config("torch_compile", "train.torch_compile")
     p.from_config("seed", "train.seed")
     return Plan(dict(p.decisions), probe)
 
@@ -316,14 +322,19 @@ def _attention(p: _Planner, device: str, gpu, model: ModelFacts, precision: str)
         p.planned("attention", "eager", f"{model.name} has no SDPA implementation")
 
 
-def _batching(p, device, hardware, gpu, model, precision, sequence_length, world, probe) -> tuple[int, int]:
-    """Micro-batch and accumulation for a fixed effective-batch target; records both and the target."""
+def _batching(p, device, gpu, model, precision, sequence_length, world, probe, oom_cap) -> tuple[int, int]:
+    """Micro-batch and accumulation for a fixed effective-batch target; records both."""
     plan = p.loaded.config.plan
     tier, tier_reason = _batch_tier(device, gpu, p.loaded)
+    explicit_micro = p.explicit("plan.batch_size")
+    explicit_accumulation = p.explicit("plan.gradient_accumulation_steps")
 
     if p.explicit("plan.effective_batch_size"):
         target = p.value("plan.effective_batch_size")
         target_reason = f"effective_batch_size {target} as configured"
+    elif explicit_micro and explicit_accumulation:
+        target = p.value("plan.batch_size") * p.value("plan.gradient_accumulation_steps") * world
+        target_reason = "batch_size × gradient_accumulation_steps as configured"
     else:
         accumulation_default = (
             1
@@ -333,7 +344,7 @@ def _batching(p, device, hardware, gpu, model, precision, sequence_length, world
         target = tier * accumulation_default * world
         target_reason = f"tier batch {tier} × accumulation {accumulation_default} × {world} process(es)"
 
-    if p.explicit("plan.batch_size"):
+    if explicit_micro:
         micro = p.from_config("batch_size", "plan.batch_size")
         _checkpointing_for(p, device, gpu, model, precision, sequence_length, micro)
     else:
@@ -353,7 +364,7 @@ def _batching(p, device, hardware, gpu, model, precision, sequence_length, world
         micro_limit, memory_reason = _fit_memory(
             p, device, gpu, model, precision, sequence_length, micro_limit
         )
-        if p.explicit("plan.gradient_accumulation_steps"):
+        if explicit_accumulation:
             micro = p.planned("batch_size", micro_limit, f"{limit_reason}{memory_reason}")
         else:
             # The fewest micro-batches that reach the target, each no larger than memory allows.
@@ -363,12 +374,19 @@ def _batching(p, device, hardware, gpu, model, precision, sequence_length, world
                 math.ceil(target / (world * accumulation)),
                 f"{limit_reason}{memory_reason}; target effective batch {target} = {target_reason}",
             )
-    if p.explicit("plan.gradient_accumulation_steps"):
-        return micro, p.from_config("gradient_accumulation_steps", "plan.gradient_accumulation_steps")
-    accumulation = max(1, math.ceil(target / (world * micro)))
-    if not p.is_auto("plan.gradient_accumulation_steps") and accumulation == p.value(
-        "plan.gradient_accumulation_steps"
-    ):
+    if explicit_accumulation:
+        accumulation = p.value("plan.gradient_accumulation_steps")
+    else:
+        accumulation = max(1, math.ceil(target / (world * micro)))
+    if oom_cap is not None and micro > oom_cap:
+        # Out of memory in training: smaller micro-batches, more of them, the same effective batch.
+        target = micro * accumulation * world
+        p.planned("batch_size", oom_cap, f"halved from {micro} after CUDA ran out of memory")
+        micro, accumulation = oom_cap, math.ceil(target / (world * oom_cap))
+        p.planned(
+            "gradient_accumulation_steps", accumulation, f"raised to keep the effective batch at {target}"
+        )
+    elif explicit_accumulation or accumulation == p.value("plan.gradient_accumulation_steps"):
         p.from_config("gradient_accumulation_steps", "plan.gradient_accumulation_steps")
     else:
         p.planned(
@@ -490,7 +508,7 @@ def _workers(blocks: int, hardware: Hardware) -> tuple[int, str]:
     return workers, f"{physical} physical cores // 2, at most {hardware.usable_cores} usable cores - 1"
 
 
-def _cadence(p: _Planner, total_steps: int) -> None:
+def _cadence(p: _Planner, total_steps: int, has_eval: bool) -> None:
     if p.value("monitor.track_per_step_metrics"):
         p.because_of(
             "logging_steps", 1, "monitor.track_per_step_metrics", "track_per_step_metrics: record every step"
@@ -500,6 +518,19 @@ def _cadence(p: _Planner, total_steps: int) -> None:
         p.planned("logging_steps", every, f"about {LOG_POINTS} loss/LR points over {total_steps} steps")
     else:
         p.from_config("logging_steps", "train.logging_steps")
+    if not has_eval:
+        p.planned(
+            "eval_steps", None, "no held-out commits to evaluate (fewer than 20 kept, or eval_fraction 0)"
+        )
+    elif p.is_auto("train.eval_steps"):
+        every = max(1, math.ceil(total_steps / EVALUATIONS))
+        p.planned(
+            "eval_steps",
+            every,
+            f"about {EVALUATIONS} evaluations of the held-out commits over {total_steps} steps",
+        )
+    else:
+        p.from_config("eval_steps", "train.eval_steps")
     if p.is_auto("train.save_steps"):
         every = max(1, math.ceil(total_steps / CHECKPOINTS))
         p.planned("save_steps", every, f"about {CHECKPOINTS} checkpoints over {total_steps} steps")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import LoadedConfig
-from pipeline.errors import OutputDirError, PipelineError
+from pipeline.errors import Interrupted, OutputDirError, PipelineError
 from pipeline.manifest import MANIFEST_FILE, new_manifest, read_manifest, utc_now, write_manifest
 
 
@@ -94,6 +94,9 @@ def open_run(loaded: LoadedConfig, command: str, argv: list[str] | None = None) 
     run.save()
     try:
         yield run
+    except Interrupted as err:
+        run.finish("interrupted", str(err))
+        raise
     except PipelineError as err:
         run.finish("failed", str(err))
         raise

@@ -14,13 +14,14 @@ from typing import Any
 
 import orjson
 
-from pipeline.dataset import TokenizedData, read_sequences, tokenize
+from pipeline.dataset import PackedSplit, read_sequences
 from pipeline.distributed import launch_for_profile, launch_from_environment
-from pipeline.errors import RepositoryError
+from pipeline.errors import PipelineError, RepositoryError
 from pipeline.hardware import detect_hardware, load_hardware_profile
 from pipeline.manifest import tool_info
-from pipeline.planner import ModelFacts, Plan, make_plan
+from pipeline.planner import DataStats, ModelFacts, Plan, make_plan
 from pipeline.run import Run
+from pipeline.token_cache import TokenCache
 from scrapers.git import open_repository
 from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_repositories
@@ -97,25 +98,54 @@ class Prepared:
     tokenizer: Any
     model_config: Any
     facts: ModelFacts
-    data: TokenizedData
+    cache: TokenCache
+    stats: DataStats
+    """Token-length histogram of the training split."""
+    has_eval: bool
+
+
+def cache_root(run: Run) -> Path:
+    return (
+        Path(run.config.output.cache_dir).expanduser()
+        if run.config.output.cache_dir
+        else run.output_dir / "cache"
+    )
 
 
 def prepare(run: Run, scraped: Scraped) -> Prepared:
-    """Tokenizer (trained, for tiny), the model's architecture facts, and the tokenized training split."""
-    from pipeline.model import describe_model, load_tokenizer, model_config
+    """Tokenize into the provenance-keyed cache (or load it), and describe the model for the planner."""
+    from pipeline.model import (
+        describe_model,
+        load_saved_tokenizer,
+        load_tokenizer,
+        model_config,
+        quiet_library_output,
+        tokenizer_recipe,
+    )
+    from pipeline.token_cache import cache_key, open_or_build, tokenize_sequences
 
-    texts = [
-        record["text"] for record in read_sequences(scraped.sequences_path) if record["split"] == "train"
-    ]
-    if not texts:
+    quiet_library_output()
+    model_name = run.config.train.model
+    records = read_sequences(scraped.sequences_path)
+    train_texts = [record["text"] for record in records if record["split"] == "train"]
+    if not train_texts:
         raise RepositoryError(
             f"{scraped.where}: no commit survived the filters (skipped: {scraped.skipped}); nothing to train on"
         )
+
+    def build(staging: Path) -> None:
+        tokenizer = load_tokenizer(model_name, train_texts)
+        tokenizer.save_pretrained(staging / "tokenizer")
+        tokenize_sequences(records, tokenizer, staging)
+
     with run.stage("tokenize"):
-        tokenizer = load_tokenizer(run.config.train.model, texts)
-        config = model_config(run.config.train.model, tokenizer)
-        facts = describe_model(run.config.train.model, config)
-        data = tokenize(texts, tokenizer)
+        key = cache_key(run.doc["scrape"]["provenance_key"], model_name, tokenizer_recipe(model_name))
+        cache = open_or_build(cache_root(run), key, build)
+        tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
+        config = model_config(model_name, tokenizer)
+        facts = describe_model(model_name, config)
+        stats = cache.stats()
+    meta = cache.meta()
     run.record(
         model={
             "name": facts.name,
@@ -131,9 +161,19 @@ def prepare(run: Run, scraped: Scraped) -> Prepared:
             "vocab_size": len(tokenizer),
             "max_positions": facts.max_positions,
         },
-        dataset=data.to_manifest(),
+        dataset={
+            "cache": cache.to_manifest(),
+            "train_sequences": meta["train_sequences"],
+            "eval_sequences": meta["eval_sequences"],
+            "train_tokens": meta["train_tokens"],
+            "eval_tokens": meta["eval_tokens"],
+            "token_length_median": stats.percentile(50),
+            "token_length_p95": stats.percentile(95),
+            "token_length_max": max(stats.length_counts),
+        },
     )
-    return Prepared(tokenizer, config, facts, data)
+    say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
+    return Prepared(tokenizer, config, facts, cache, stats, has_eval=meta["eval_sequences"] > 0)
 
 
 def plan(run: Run, prepared: Prepared, hardware_profile: str | None = None) -> Plan:
@@ -145,7 +185,9 @@ def plan(run: Run, prepared: Prepared, hardware_profile: str | None = None) -> P
         else:
             hardware = detect_hardware()
             launch = launch_from_environment()
-        result = make_plan(prepared.data.stats(), hardware, prepared.facts, run.loaded, launch)
+        result = make_plan(
+            prepared.stats, hardware, prepared.facts, run.loaded, launch, has_eval=prepared.has_eval
+        )
     run.hardware, run.launch = hardware, launch
     run.record(hardware=hardware.to_manifest(), training_parameters=result.to_manifest())
     return result
@@ -170,28 +212,35 @@ def _show(value: Any) -> str:
 
 @dataclass
 class Loaded:
-    """The model ready to train and the packed training blocks."""
+    """The model ready to train, and the packed blocks of each split."""
 
     model: Any
-    dataset: Any
-    packed: Any
+    train: PackedSplit
+    eval: PackedSplit | None
     base_dir: Path | None
 
 
 def load_for_training(run: Run, prepared: Prepared, plan: Plan) -> Loaded:
-    from pipeline.dataset import training_blocks
+    from pipeline.dataset import packed_blocks
     from pipeline.model import attach_lora, build_model
 
-    tokenizer = prepared.tokenizer
+    tokenizer, cache, length = prepared.tokenizer, prepared.cache, plan["sequence_length"]
     with run.stage("pack"):
-        dataset, packed = training_blocks(prepared.data, plan["sequence_length"], tokenizer.pad_token_id)
+        train = packed_blocks(cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id)
+        held_out = (
+            packed_blocks(cache.directory, cache.split("eval"), "eval", length, tokenizer.pad_token_id)
+            if prepared.has_eval
+            else None
+        )
     run.doc["dataset"].update(
         {
-            "train_blocks": len(packed.input_ids),
-            "block_size": plan["sequence_length"],
-            "real_tokens": packed.real_tokens,
-            "packing_efficiency": round(packed.efficiency, 4),
-            "packing_method": "position_ids restart per sequence (block-diagonal causal attention)",
+            "block_size": length,
+            "train_blocks": train.blocks,
+            "eval_blocks": held_out.blocks if held_out else 0,
+            "real_tokens": train.real_tokens,
+            "packing_efficiency": round(train.efficiency, 4),
+            "packing_method": "best-fit-decreasing blocks; position_ids restart per sequence "
+            f"(block-diagonal causal attention with {plan['attention']}); first label of each sequence masked",
         }
     )
     with run.stage("load_model"):
@@ -206,9 +255,8 @@ def load_for_training(run: Run, prepared: Prepared, plan: Plan) -> Loaded:
             tokenizer.save_pretrained(base_dir)
             model.name_or_path = str(base_dir.resolve())
         model = attach_lora(model, run.config.lora, plan["base_modules_trained"])
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    run.doc["model"]["parameters_trainable"] = trainable
-    return Loaded(model, dataset, packed, base_dir)
+    run.doc["model"]["parameters_trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return Loaded(model, train, held_out, base_dir)
 
 
 def probe_and_replan(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded | None = None) -> Plan:
@@ -226,9 +274,11 @@ def probe_and_replan(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded | 
     gpu = min(run.hardware.gpus, key=lambda g: g.memory_gb)
     loaded.model.cuda()
     with run.stage("batch_probe"):
-        step = cuda_step(loaded.model, loaded.dataset, plan["precision"], largest)
+        step = cuda_step(loaded.model, loaded.train.dataset(), plan["precision"], largest)
         rows = probe_batch_sizes(step, largest, gpu.memory_gb, run.config.plan.probe_headroom)
-    replanned = make_plan(prepared.data.stats(), run.hardware, prepared.facts, run.loaded, run.launch, rows)
+    replanned = make_plan(
+        prepared.stats, run.hardware, prepared.facts, run.loaded, run.launch, rows, has_eval=prepared.has_eval
+    )
     run.record(training_parameters={**replanned.to_manifest(), "batch_probe_note": None})
     say(
         f"batch probe: {[(row.batch_size, row.peak_memory_gb, row.fits) for row in rows]} → micro-batch {replanned['batch_size']}"
@@ -248,13 +298,16 @@ def _probe_skipped(run: Run, plan: Plan) -> str | None:
     return None
 
 
-def train(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded) -> None:
+def train(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded, resume: bool = False) -> None:
+    """Evaluate, train (resuming, retrying out-of-memory), evaluate again, save the adapter."""
+    from pipeline.evaluation import evaluate_loss, evaluation_report, generation_prompts, sample_generations
+    from pipeline.hardware import usable_cores
     from pipeline.monitor import HardwareMonitor, import_nvml
-    from pipeline.trainer import TrainingHistory, quiet_library_output
+    from pipeline.performance import throughput_report
+    from pipeline.trainer import Job, TrainingHistory, build_trainer
     from pipeline.trainer import train as run_trainer
 
-    quiet_library_output()
-    config = run.config
+    config, tokenizer = run.config, prepared.tokenizer
     monitor = HardwareMonitor(config.monitor.collection_interval_seconds, import_nvml())
     shown_step = 0
 
@@ -262,30 +315,114 @@ def train(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded) -> None:
         nonlocal shown_step
         report = history.report()
         report["hardware"] = monitor.report()
+        report["evaluation"] = {**run.doc["training_report"]["evaluation"], "history": history.eval_history}
         last = history.loss_history[-1] if history.loss_history else {}
         run.doc["run"].update(current_step=last.get("step"), latest_loss=last.get("loss"))
-        run.record(training_report=report)
+        run.record(training_report={**run.doc["training_report"], **report})
         if last and last["step"] != shown_step:
             shown_step = last["step"]
             loss = "not finite" if last["loss"] is None else f"{last['loss']:.4f}"
             say(
-                f"  step {shown_step}/{plan['total_steps']}  loss {loss}  lr {history.lr_history[-1]['learning_rate']:.2e}"
+                f"  step {shown_step}/{job.plan['total_steps']}  loss {loss}  lr {history.lr_history[-1]['learning_rate']:.2e}"
             )
 
-    history = TrainingHistory(
-        loaded.packed.real_tokens, config.monitor.include_epoch_summary, record_progress
-    )
+    history = TrainingHistory(loaded.train.real_tokens, config.monitor.include_epoch_summary, record_progress)
+    held_out = loaded.eval.dataset() if loaded.eval else None
+    stamp = {
+        "dataset_fingerprint": f"{prepared.cache.key}:{plan['sequence_length']}:{loaded.train.blocks}",
+        "effective_batch_size": plan["effective_batch_size"],
+        "total_steps": plan["total_steps"],
+    }
+    checkpoints = run.output_dir / CHECKPOINT_DIR
+    job = Job(loaded.model, loaded.train.dataset(), held_out, plan, config, checkpoints, history, stamp)
+    if resume:
+        job.resume_from = resumable_checkpoint(checkpoints, stamp)
+        history.resume_from(
+            orjson.loads((job.resume_from / "trainer_state.json").read_bytes())["log_history"]
+        )
+        run.doc["run"]["resumed_from"] = job.resume_from.name
+        say(f"resuming from {job.resume_from}")
+    prompts = generation_prompts(run.output_dir / SEQUENCES_FILE, config.train.generation_samples)
+    note = None if held_out else "no held-out commits: fewer than 20 were kept, or scrape.eval_fraction is 0"
+
+    with run.stage("evaluate_before"):
+        before = evaluate_loss(build_trainer(job), held_out)
+        samples_before = sample_generations(loaded.model, tokenizer, prompts, config.train.generation_tokens)
+    run.record(training_report={"evaluation": evaluation_report(before, None, samples_before, [], [], note)})
+
+    oom_retries: list[dict[str, Any]] = []
+
+    def after_oom(retry: dict[str, Any]) -> None:
+        oom_retries.append(retry)
+        say(
+            f"CUDA out of memory at micro-batch {retry['batch_size']}: retrying with {retry['batch_size'] // 2}"
+        )
+
+    def replan(cap: int) -> Plan:
+        smaller = make_plan(
+            prepared.stats,
+            run.hardware,
+            prepared.facts,
+            run.loaded,
+            run.launch,
+            plan.probe,
+            cap,
+            prepared.has_eval,
+        )
+        run.record(training_parameters={**smaller.to_manifest(), "oom_retries": oom_retries})
+        return smaller
+
     trainable = run.doc["model"]["parameters_trainable"]
     say(f"training {plan['total_steps']} steps on {plan['device']} ({trainable:,} trainable parameters)")
     with run.stage("train"), monitor:
-        run_trainer(loaded.model, loaded.dataset, plan, config, run.output_dir / CHECKPOINT_DIR, history)
+        trainer, final_plan = run_trainer(job, replan, after_oom)
+    run.doc["training_parameters"]["oom_retries"] = oom_retries
+
+    with run.stage("evaluate_after"):
+        after = evaluate_loss(trainer, held_out)
+        samples_after = sample_generations(loaded.model, tokenizer, prompts, config.train.generation_tokens)
     record_progress()
+    run.doc["training_report"]["evaluation"] = evaluation_report(
+        before, after, samples_before, samples_after, history.eval_history, note
+    )
+    run.doc["training_report"]["throughput"] = throughput_report(
+        history, final_plan, monitor.report(), usable_cores()
+    )
+    if before and after:
+        say(
+            f"held-out loss {before['loss']:.4f} → {after['loss']:.4f} ({(after['loss'] / before['loss'] - 1):+.1%})"
+        )
 
     with run.stage("save"):
         adapter_dir = run.output_dir / ADAPTER_DIR
         loaded.model.save_pretrained(adapter_dir)
-        prepared.tokenizer.save_pretrained(adapter_dir)
+        tokenizer.save_pretrained(adapter_dir)
     run.record(outputs=_outputs(run, adapter_dir, loaded.base_dir))
+
+
+def resumable_checkpoint(checkpoints: Path, stamp: dict[str, Any]) -> Path:
+    """The newest complete checkpoint, if it was trained on the same data with the same batch."""
+    from pipeline.trainer import STAMP_FILE
+
+    complete = [path for path in checkpoints.glob("checkpoint-*") if (path / "trainer_state.json").exists()]
+    if not complete:
+        raise PipelineError(f"--resume: no checkpoint in {checkpoints}; run without --resume to start afresh")
+    latest = max(complete, key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    try:
+        saved = orjson.loads((latest / STAMP_FILE).read_bytes())
+    except (OSError, ValueError):
+        raise PipelineError(f"--resume: {latest} was not written by repotune (no {STAMP_FILE})") from None
+    for key, what in (
+        ("dataset_fingerprint", "the training data"),
+        ("effective_batch_size", "the effective batch"),
+        ("total_steps", "the total steps"),
+    ):
+        if saved.get(key) != stamp[key]:
+            raise PipelineError(
+                f"--resume: {what} changed since {latest.name} ({saved.get(key)} → {stamp[key]}); "
+                "resume with the same repository, config and hardware, or start afresh without --resume"
+            )
+    return latest
 
 
 def _outputs(run: Run, adapter_dir: Path, base_dir: Path | None) -> dict[str, Any]:

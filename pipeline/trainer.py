@@ -1,73 +1,142 @@
-"""Run the Hugging Face Trainer on packed blocks and record what happened.
+"""Run the Hugging Face Trainer on packed blocks, and record what happened.
 
-`TrainingHistory` is a Trainer callback that keeps the loss and learning-rate
-history of every logged step and a summary of every epoch, and hands the
-report to `on_update` after each log so the manifest is current mid-run.
+- `RepotuneTrainer` times how long each optimizer step waits for its batches
+  (the data-loader wait that tells data-bound from compute-bound runs) and
+  counts the tokens that carry a loss.
+- `TrainingHistory` keeps loss, learning rate, evaluations, step times and
+  epoch summaries, and hands them to `on_update` after every log so the
+  manifest is current mid-run.
+- `GracefulStop` turns SIGINT/SIGTERM into "save a checkpoint, then stop".
+- `CheckpointStamp` writes what a checkpoint was trained on next to it, so
+  `--resume` can refuse a checkpoint from other data or another batch.
+- `train` retries a CUDA out-of-memory with half the micro-batch (same
+  effective batch), and turns a non-finite loss into a clear failure.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import time
-import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import transformers
+import orjson
+import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import Config
-from pipeline.errors import TrainingError
+from pipeline.errors import Interrupted, TrainingError
 from pipeline.manifest import finite
 from pipeline.planner import Plan
 
+STAMP_FILE = "repotune_state.json"
 
+
+class RepotuneTrainer(Trainer):
+    """The Hugging Face Trainer, measuring data waits and trained tokens per optimizer step."""
+
+    def __init__(self, *args, history: TrainingHistory, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.history = history
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        started = time.perf_counter()
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self.history.data_wait_s.append(time.perf_counter() - started)
+        self.history.trained_tokens += sum(int(batch["labels"].ne(-100).sum()) for batch in batches)
+        self.history.blocks += sum(len(batch["labels"]) for batch in batches)
+        return batches, items
+
+
+@dataclass
 class TrainingHistory(TrainerCallback):
-    def __init__(self, tokens_per_epoch: int, include_epoch_summary: bool, on_update: Callable[[], None]):
-        self.tokens_per_epoch = tokens_per_epoch
-        self.include_epoch_summary = include_epoch_summary
-        self.on_update = on_update
-        self.loss_history: list[dict[str, Any]] = []
-        self.lr_history: list[dict[str, Any]] = []
-        self.epoch_summaries: list[dict[str, Any]] = []
-        self.diverged: dict[str, Any] | None = None
-        """Step and value of a non-finite loss, which stops training."""
-        self.global_step = 0
-        self._epoch_started = 0.0
-        self._epoch_losses: list[float] = []
-        self._train_started = 0.0
-        self.train_runtime_s: float | None = None
+    tokens_per_epoch: int
+    include_epoch_summary: bool
+    on_update: Callable[[], None]
+    loss_history: list[dict[str, Any]] = field(default_factory=list)
+    lr_history: list[dict[str, Any]] = field(default_factory=list)
+    eval_history: list[dict[str, Any]] = field(default_factory=list)
+    epoch_summaries: list[dict[str, Any]] = field(default_factory=list)
+    step_time_s: list[float] = field(default_factory=list)
+    data_wait_s: list[float] = field(default_factory=list)
+    trained_tokens: int = 0
+    """Tokens that carried a loss (padding and sequence starts excluded)."""
+    blocks: int = 0
+    diverged: dict[str, Any] | None = None
+    """Step and value of a non-finite loss, which stops training."""
+    global_step: int = 0
+    train_runtime_s: float | None = None
+    _epoch_started: float = 0.0
+    _epoch_losses: list[float] = field(default_factory=list)
+    _last_step_end: float = 0.0
+    _train_started: float = 0.0
+
+    def reset(self) -> None:
+        """Forget an attempt that ran out of memory: the retry starts from step 0."""
+        for name in (
+            "loss_history",
+            "lr_history",
+            "eval_history",
+            "epoch_summaries",
+            "step_time_s",
+            "data_wait_s",
+        ):
+            getattr(self, name).clear()
+        self.trained_tokens = self.blocks = 0
+
+    def resume_from(self, log_history: list[dict[str, Any]]) -> None:
+        """Take the history logged before a checkpoint (trainer_state.json) as this run's start."""
+        for entry in log_history:
+            if "loss" in entry:
+                self._record_log(entry["step"], entry)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._train_started = time.perf_counter()
+        self._train_started = self._last_step_end = time.perf_counter()
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_started = time.perf_counter()
         self._epoch_losses = []
 
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        self.step_time_s.append(now - self._last_step_end)
+        self._last_step_end = now
+        # Always record the final step, so the history (and summary.last) ends where training did.
+        if state.global_step == state.max_steps:
+            control.should_log = True
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         if "loss" not in logs:
             return
-        step, epoch, loss = state.global_step, round(logs.get("epoch", 0.0), 4), logs["loss"]
-        self.global_step = step
-        if not math.isfinite(loss):
-            self.diverged = {"step": step, "loss": str(loss)}
+        self.global_step = state.global_step
+        if not math.isfinite(logs["loss"]):
+            self.diverged = {"step": state.global_step, "loss": str(logs["loss"])}
             control.should_training_stop = True
+        self._record_log(state.global_step, logs)
+        self.on_update()
+
+    def _record_log(self, step: int, logs: dict[str, Any]) -> None:
+        epoch = round(logs.get("epoch", 0.0), 4)
+        loss = logs["loss"]
         self.loss_history.append(
             {"step": step, "epoch": epoch, "loss": finite(loss), "grad_norm": finite(logs.get("grad_norm"))}
         )
         self.lr_history.append({"step": step, "epoch": epoch, "learning_rate": logs.get("learning_rate")})
         if math.isfinite(loss):
             self._epoch_losses.append(loss)
-        self.on_update()
 
-    def on_step_end(self, args, state, control, **kwargs):
-        # Always record the final step, so the history (and summary.last) ends where training did.
-        if state.global_step == state.max_steps:
-            control.should_log = True
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        loss = (metrics or {}).get("eval_loss")
+        if loss is not None and state.global_step:
+            self.eval_history.append(
+                {"step": state.global_step, "loss": finite(loss), "perplexity": perplexity(loss)}
+            )
+            self.on_update()
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if not self.include_epoch_summary:
@@ -113,11 +182,58 @@ class TrainingHistory(TrainerCallback):
         }
 
 
+class GracefulStop(TrainerCallback):
+    """SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> GracefulStop:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.received is not None:
+            control.should_save = True
+            control.should_training_stop = True
+
+
+class CheckpointStamp(TrainerCallback):
+    """Writes what each checkpoint was trained on (data fingerprint, effective batch, total steps)."""
+
+    def __init__(self, stamp: dict[str, Any]):
+        self.stamp = stamp
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if checkpoint.is_dir():
+            (checkpoint / STAMP_FILE).write_bytes(orjson.dumps({**self.stamp, "step": state.global_step}))
+
+
+def perplexity(loss: float | None) -> float | None:
+    if loss is None or not math.isfinite(loss) or loss > 700:  # exp() overflows a double past ~709
+        return None
+    return round(math.exp(loss), 4)
+
+
 def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> TrainingArguments:
     """Every planned decision, as the Hugging Face Trainer takes it."""
+    evaluating = plan["eval_steps"] is not None
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
         per_device_train_batch_size=plan["batch_size"],
+        per_device_eval_batch_size=plan["batch_size"],
         gradient_accumulation_steps=plan["gradient_accumulation_steps"],
         num_train_epochs=plan["epochs"],
         learning_rate=plan["learning_rate"],
@@ -128,6 +244,9 @@ def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> Trai
         logging_steps=plan["logging_steps"],
         logging_first_step=True,
         logging_nan_inf_filter=False,  # the default hides a NaN loss behind the running mean
+        eval_strategy="steps" if evaluating else "no",
+        eval_steps=plan["eval_steps"],
+        prediction_loss_only=True,
         save_strategy="steps",
         save_steps=plan["save_steps"],
         save_total_limit=config.train.save_total_limit,
@@ -137,6 +256,7 @@ def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> Trai
         activation_checkpointing=plan["gradient_checkpointing"],
         # Non-reentrant: with frozen embeddings (LoRA) the layer inputs need no grad, which breaks reentrant.
         activation_checkpointing_kwargs={"use_reentrant": False} if plan["gradient_checkpointing"] else None,
+        torch_compile=plan["torch_compile"],
         use_cpu=plan["device"] == "cpu",
         dataloader_num_workers=plan["num_workers"],
         dataloader_pin_memory=plan["pin_memory"],
@@ -150,29 +270,83 @@ def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> Trai
     )
 
 
-def quiet_library_output() -> None:
-    """Keep stdout for results: no save progress bars, no warning that is not ours to fix."""
-    transformers.utils.logging.disable_progress_bar()
-    # peft calls a transformers helper that transformers 5 renamed.
-    warnings.filterwarnings(
-        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
-    )
+@dataclass
+class Job:
+    """Everything one training run needs."""
+
+    model: Any
+    train_dataset: Any
+    eval_dataset: Any | None
+    plan: Plan
+    config: Config
+    checkpoint_dir: Path
+    history: TrainingHistory
+    stamp: dict[str, Any]
+    resume_from: Path | None = None
+    callbacks: list[TrainerCallback] = field(default_factory=list)
+    """Extra callbacks (evaluation hooks, the monitor's progress writer)."""
 
 
-def train(model, dataset, plan: Plan, config: Config, checkpoint_dir: Path, history: TrainingHistory) -> None:
-    trainer = Trainer(
-        model=model,
-        args=training_arguments(plan, config, checkpoint_dir),
-        train_dataset=dataset,
+def build_trainer(job: Job) -> RepotuneTrainer:
+    trainer = RepotuneTrainer(
+        model=job.model,
+        args=training_arguments(job.plan, job.config, job.checkpoint_dir),
+        train_dataset=job.train_dataset,
+        eval_dataset=job.eval_dataset,
         data_collator=default_data_collator,
-        callbacks=[history],
+        callbacks=[job.history, CheckpointStamp(job.stamp), *job.callbacks],
+        history=job.history,
     )
     # Both print raw log dicts to stdout; TrainingHistory reports progress on stderr instead.
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    trainer.train()
-    if history.diverged:
+    return trainer
+
+
+def train(
+    job: Job, replan_after_oom: Callable[[int], Plan], on_oom: Callable[[dict[str, Any]], None]
+) -> tuple[RepotuneTrainer, Plan]:
+    """Train to the end; returns the trainer and the plan it ran with (a smaller micro-batch after OOM)."""
+    initial = {
+        name: tensor.detach().clone()
+        for name, tensor in job.model.state_dict().items()
+        if "lora_" in name or "modules_to_save" in name
+    }
+    while True:
+        trainer = build_trainer(job)
+        stop = GracefulStop()
+        trainer.add_callback(stop)
+        try:
+            with stop:
+                trainer.train(resume_from_checkpoint=str(job.resume_from) if job.resume_from else None)
+            break
+        except torch.OutOfMemoryError as err:
+            micro = job.plan["batch_size"]
+            if micro == 1:
+                raise TrainingError(
+                    "CUDA ran out of memory even at micro-batch 1; set plan.gradient_checkpointing=true, "
+                    "a shorter train.max_sequence_length, or a smaller model"
+                ) from None
+            on_oom(
+                {"batch_size": micro, "step": trainer.state.global_step, "error": str(err).splitlines()[0]}
+            )
+            # Start again from the initial adapter weights, with half the micro-batch and the same effective batch.
+            job.model.load_state_dict(initial, strict=False)
+            job.history.reset()
+            del trainer
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            job.plan = replan_after_oom(micro // 2)
+    if job.history.diverged:
         raise TrainingError(
-            f"the loss became {history.diverged['loss']} at step {history.diverged['step']}; "
-            f"lower train.learning_rate (it was {plan['learning_rate']:g})"
+            f"the loss became {job.history.diverged['loss']} at step {job.history.diverged['step']}; "
+            f"lower train.learning_rate (it was {job.plan['learning_rate']:g})"
         )
+    if stop.received is not None:
+        name = signal.Signals(stop.received).name
+        raise Interrupted(
+            f"interrupted by {name} at step {trainer.state.global_step}; a checkpoint was saved: "
+            "run the same command with --resume to continue",
+            signum=stop.received,
+        )
+    return trainer, job.plan

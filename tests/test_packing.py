@@ -8,7 +8,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.packing import IGNORE_INDEX, count_blocks, layout, pack_blocks
+from pipeline.dataset import pack_arrays
+from pipeline.packing import IGNORE_INDEX, count_blocks, layout
+
+
+def pack(token_lists, block_size, pad_id=0):
+    """The real packer, fed an Arrow split as the token cache stores it."""
+    from datasets import Dataset
+
+    arrays, real_tokens = pack_arrays(Dataset.from_dict({"input_ids": token_lists}), block_size, pad_id)
+    return {name: array.tolist() for name, array in arrays.items()}, real_tokens
+
 
 sequences = st.lists(st.lists(st.integers(1, 99), min_size=1, max_size=300), min_size=1, max_size=60)
 
@@ -16,13 +26,13 @@ sequences = st.lists(st.lists(st.integers(1, 99), min_size=1, max_size=300), min
 @settings(max_examples=200, deadline=None)
 @given(token_lists=sequences, block_size=st.sampled_from([8, 16, 64, 128]))
 def test_every_token_lands_once_and_positions_restart_per_sequence(token_lists, block_size):
-    packed = pack_blocks(token_lists, block_size, pad_id=0)
-    assert len(packed.input_ids) == count_blocks(Counter(len(t) for t in token_lists), block_size)
-    assert all(len(block) == block_size for block in packed.input_ids)
-    assert packed.real_tokens == sum(len(t) for t in token_lists)
+    packed, real_tokens = pack(token_lists, block_size)
+    assert len(packed["input_ids"]) == count_blocks(Counter(len(t) for t in token_lists), block_size)
+    assert all(len(block) == block_size for block in packed["input_ids"])
+    assert real_tokens == sum(len(t) for t in token_lists)
     # Rebuild the segments from the position ids: they must be exactly the sequences' pieces.
     segments = []
-    for ids, positions in zip(packed.input_ids, packed.position_ids, strict=True):
+    for ids, positions in zip(packed["input_ids"], packed["position_ids"], strict=True):
         for token, position in zip(ids, positions, strict=True):
             if position == 0:
                 segments.append([])
@@ -31,16 +41,16 @@ def test_every_token_lands_once_and_positions_restart_per_sequence(token_lists, 
     real = sorted(tuple(s) for s in segments if any(s))
     assert real == pieces
     # The first token of every segment is never a training target (it would be predicted from another sequence).
-    for positions, labels in zip(packed.position_ids, packed.labels, strict=True):
+    for positions, labels in zip(packed["position_ids"], packed["labels"], strict=True):
         assert all(
             label == IGNORE_INDEX for position, label in zip(positions, labels, strict=True) if position == 0
         )
 
 
 def test_best_fit_fills_blocks():
-    packed = pack_blocks([[1] * 60, [2] * 4, [3] * 30, [4] * 34], block_size=64, pad_id=0)
-    assert len(packed.input_ids) == 2
-    assert packed.efficiency == 1.0
+    packed, real_tokens = pack([[1] * 60, [2] * 4, [3] * 30, [4] * 34], block_size=64)
+    assert len(packed["input_ids"]) == 2
+    assert real_tokens == 2 * 64  # no padding at all
 
 
 def test_no_attention_across_packed_sequences():
@@ -59,8 +69,8 @@ def test_no_attention_across_packed_sequences():
         )
     ).eval()
     first, second = [5, 6, 7, 8, 9], [11, 12, 13]
-    packed = pack_blocks([first, second], block_size=8, pad_id=0)
-    (ids,), (positions,) = packed.input_ids, packed.position_ids
+    packed, _ = pack([first, second], block_size=8)
+    (ids,), (positions,) = packed["input_ids"], packed["position_ids"]
     start = positions.index(0, 1)  # where the second sequence begins inside the block
     with torch.no_grad():
         # use_cache=False as in training (the Trainer sets it): with a KV cache transformers skips

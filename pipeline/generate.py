@@ -1,0 +1,60 @@
+"""Use a trained adapter: generate from a prompt, or merge it into its base model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import ModelLoadError
+from pipeline.stages import ADAPTER_DIR
+
+
+def adapter_directory(path: str | Path) -> Path:
+    """An adapter directory, or a run's output directory holding one."""
+    directory = Path(path).expanduser()
+    if (directory / ADAPTER_DIR / "adapter_config.json").exists():
+        return directory / ADAPTER_DIR
+    if (directory / "adapter_config.json").exists():
+        return directory
+    raise ModelLoadError(
+        f"--adapter {path}: no adapter_config.json there (pass a run's output directory or its adapter/)"
+    )
+
+
+def load_adapter(path: str | Path):
+    """The base model (from the adapter's config; tiny's saved base for tiny runs) with the adapter, and its tokenizer."""
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.model import _from_pretrained, load_saved_tokenizer
+
+    directory = adapter_directory(path)
+    base_name = PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
+    base = _from_pretrained(AutoModelForCausalLM, base_name)
+    model = PeftModel.from_pretrained(base, str(directory))
+    return model.eval(), load_saved_tokenizer(directory)
+
+
+def generate(path: str | Path, prompt: str, max_new_tokens: int) -> str:
+    import torch
+
+    model, tokenizer = load_adapter(path)
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        output = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(output[0][ids.shape[1] :], skip_special_tokens=True)
+
+
+def merge(path: str | Path, destination: str | Path) -> Path:
+    """Fold the adapter into the base weights and save a standalone model (plus tokenizer)."""
+    model, tokenizer = load_adapter(path)
+    destination = Path(destination).expanduser()
+    model.merge_and_unload().save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+    return destination

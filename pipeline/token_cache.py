@@ -1,0 +1,150 @@
+"""The token cache: tokenized sequences (Arrow, via `datasets`) keyed by everything they depend on.
+
+The key hashes the scrape's provenance (this tool's version, the
+repositories at their HEADs, the range and the scrape config, so the
+formats), the base model and the tokenizer recipe. A second run on
+unchanged input loads the cache instead of tokenizing again; any change to
+those inputs gives another key, so a stale cache is never read. Entries are
+built in a temporary directory and renamed into place, so a killed build
+leaves nothing a later run would trust.
+
+Layout of one entry (`cache_dir/tokens-<key>/`):
+
+    tokenizer/          the tokenizer (tiny's is trained on the corpus, so it is part of the cache)
+    train/, eval/       Arrow datasets: input_ids (EOS appended), length, commit
+    blocks-<L>/         packed blocks for block size L (see pipeline.dataset)
+    meta.json           the key's inputs and counts
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.hardware import usable_cores
+from pipeline.planner import DataStats
+
+CACHE_FORMAT = 1  # bump when the layout or the tokenization changes
+TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    directory: Path
+    key: str
+    hit: bool
+    seconds: float
+    """Time to load (hit) or build (miss) the entry."""
+
+    def split(self, name: str):
+        """The split's Arrow dataset, or None when it has no sequences (they are not stored)."""
+        from datasets import load_from_disk
+
+        path = self.directory / name
+        return load_from_disk(str(path)) if path.exists() else None
+
+    def stats(self) -> DataStats:
+        """Token-length histogram of the training split, for the planner."""
+        import numpy as np
+
+        lengths = self.split("train").data.column("length").to_numpy()
+        values, counts = np.unique(lengths, return_counts=True)
+        return DataStats(dict(zip(values.tolist(), counts.tolist(), strict=True)))
+
+    def meta(self) -> dict[str, Any]:
+        return orjson.loads((self.directory / "meta.json").read_bytes())
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "dir": str(self.directory),
+            "hit": self.hit,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def cache_key(scrape_provenance: str, model_name: str, tokenizer_recipe: dict[str, Any]) -> str:
+    payload = {
+        "format": CACHE_FORMAT,
+        "scrape": scrape_provenance,
+        "model": model_name,
+        "tokenizer": tokenizer_recipe,
+    }
+    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()[:20]
+
+
+def open_or_build(cache_root: Path, key: str, build) -> TokenCache:
+    """The cache entry for `key`: loaded if complete, else made by `build(directory)` and renamed into place."""
+    started = time.perf_counter()
+    directory = cache_root / f"tokens-{key}"
+    if (directory / "meta.json").exists():
+        return TokenCache(directory, key, True, time.perf_counter() - started)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    # Not a dot-name: datasets skips files under hidden directories when it reads a split back.
+    staging = cache_root / f"tokens-{key}.{os.getpid()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        build(staging)
+        (staging / "meta.json").write_bytes(
+            orjson.dumps({"key": key, **_meta_of(staging)}, option=orjson.OPT_INDENT_2)
+        )
+        try:
+            staging.rename(directory)
+        except OSError:  # another process finished the same entry first: theirs is as good as ours
+            if not (directory / "meta.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return TokenCache(directory, key, False, time.perf_counter() - started)
+
+
+def _meta_of(staging: Path) -> dict[str, Any]:
+    from datasets import load_from_disk
+
+    meta = {}
+    for split in ("train", "eval"):
+        dataset = load_from_disk(str(staging / split)) if (staging / split).exists() else None
+        meta[f"{split}_sequences"] = len(dataset) if dataset else 0
+        meta[f"{split}_tokens"] = int(sum(dataset.data.column("length").to_pylist())) if dataset else 0
+    return meta
+
+
+def tokenize_sequences(records: list[dict[str, Any]], tokenizer, directory: Path) -> None:
+    """Tokenize each split with `datasets.map(batched=True, num_proc=...)` and save it as Arrow.
+    An empty split is not stored (datasets cannot read back a split saved with no rows)."""
+    import datasets
+    from datasets import Dataset
+
+    if not sys.stderr.isatty():
+        datasets.disable_progress_bars()
+    eos = tokenizer.eos_token_id
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [[*row, eos] for row in ids], "length": [len(row) + 1 for row in ids]}
+
+    for split in ("train", "eval"):
+        rows = [record for record in records if record["split"] == split]
+        if not rows:
+            continue
+        dataset = Dataset.from_dict(
+            {"text": [r["text"] for r in rows], "commit": [r["commit"] for r in rows]}
+        )
+        processes = max(1, min(usable_cores(), len(rows) // TOKENIZE_ROWS_PER_PROCESS))
+        dataset = dataset.map(
+            encode,
+            batched=True,
+            batch_size=256,
+            num_proc=processes if processes > 1 else None,
+            remove_columns=["text"],
+            desc=f"tokenizing {split}",
+        )
+        dataset.save_to_disk(str(directory / split))
