@@ -381,7 +381,11 @@ def _batching(p, device, gpu, model, precision, sequence_length, world, probe, o
     if oom_cap is not None and micro > oom_cap:
         # Out of memory in training: smaller micro-batches, more of them, the same effective batch.
         target = micro * accumulation * world
-        p.planned("batch_size", oom_cap, f"halved from {micro} after CUDA ran out of memory")
+        p.planned(
+            "batch_size",
+            oom_cap,
+            f"capped at {oom_cap}: CUDA ran out of memory at larger micro-batches (planned {micro})",
+        )
         micro, accumulation = oom_cap, math.ceil(target / (world * oom_cap))
         p.planned(
             "gradient_accumulation_steps", accumulation, f"raised to keep the effective batch at {target}"

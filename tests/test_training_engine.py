@@ -1,0 +1,294 @@
+"""The training engine: token cache, evaluation, interruption and faults, using the result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def history_repo(path: Path, commits: int = 30) -> GitRepo:
+    """Enough commits for a held-out split (20 or more kept commits hold out at least one)."""
+    repo = GitRepo(path)
+    for index in range(1, commits + 1):
+        repo.commit(
+            f"Add compute_{index} and describe_{index}", {f"pkg/feature_{index}.py": module_source(index)}
+        )
+    return repo
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    import run_pipeline
+
+    base = tmp_path_factory.mktemp("engine")
+    repo = history_repo(base / "repo")
+    out = base / "out"
+    assert run_pipeline.main(["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING]) == 0
+    return repo, out, read_json(out / "MANIFEST.json")
+
+
+def test_held_out_loss_falls_and_samples_are_recorded(trained_run):
+    _, _, manifest = trained_run
+    evaluation = manifest["training_report"]["evaluation"]
+    assert evaluation["note"] is None
+    before, after = evaluation["before"], evaluation["after"]
+    assert after["loss"] < before["loss"] - 0.5
+    assert evaluation["relative_change"] == pytest.approx(
+        (after["loss"] - before["loss"]) / before["loss"], abs=1e-5
+    )
+    assert after["perplexity"] < before["perplexity"]
+    assert before["blocks"] == after["blocks"] >= 1
+    assert evaluation["history"] and all(entry["step"] >= 1 for entry in evaluation["history"])
+    samples = evaluation["samples"]
+    assert len(samples["before"]) == len(samples["after"]) == 1  # one held-out commit
+    assert samples["after"][0]["prompt"] == "Add compute_30 and describe_30\n\n"
+    assert samples["after"][0]["reference"].startswith("diff --git a/pkg/feature_30.py")
+
+
+def test_packing_throughput_and_bottleneck_are_reported(trained_run):
+    _, _, manifest = trained_run
+    dataset = manifest["dataset"]
+    assert 0.5 < dataset["packing_efficiency"] <= 1
+    assert "position_ids restart per sequence" in dataset["packing_method"]
+    assert dataset["cache"]["hit"] is False and len(dataset["cache"]["key"]) == 20
+    throughput = manifest["training_report"]["throughput"]
+    assert throughput["tokens_per_s"] > 0 and throughput["samples_per_s"] > 0
+    assert throughput["bottleneck"] in ("data-bound", "compute-bound")
+    assert throughput["suggestion"]
+    assert 0 <= throughput["data_wait_share_pct"] <= 100
+    assert throughput["monitor_overhead_pct"] < 5
+    assert throughput["step_time_s"]["mean"] > 0
+
+
+def test_generate_and_merge_use_the_saved_adapter(cli, trained_run, tmp_path):
+    _, out, _ = trained_run
+    result = cli(
+        "generate",
+        "--adapter",
+        out,
+        "--prompt",
+        "Add compute_31 and describe_31\n\n",
+        "--max-new-tokens",
+        "12",
+    )
+    assert result.code == 0, result.err
+    assert result.out.strip()
+    merged = tmp_path / "merged"
+    assert cli("generate", "--adapter", out / "adapter", "--merge", merged).code == 0
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(merged)
+    assert not any("lora" in name for name, _ in model.named_parameters())
+
+
+def test_generate_without_an_adapter_is_one_line(cli, tmp_path):
+    result = cli("generate", "--adapter", tmp_path, "--prompt", "x")
+    assert result.code == 2
+    assert "no adapter_config.json there" in result.err.strip().splitlines()[-1]
+
+
+def test_second_run_hits_the_token_cache_and_a_change_misses_it(cli, tmp_path):
+    repo = history_repo(tmp_path / "repo", commits=8)
+    out = tmp_path / "out"
+    assert cli("plan", "--repo", repo.path, "--output-dir", out).code == 0
+    first = read_json(out / "MANIFEST.json")["dataset"]["cache"]
+    assert cli("plan", "--repo", repo.path, "--output-dir", out).code == 0
+    second = read_json(out / "MANIFEST.json")["dataset"]["cache"]
+    assert (first["hit"], second["hit"], second["key"]) == (False, True, first["key"])
+    assert (
+        cli("plan", "--repo", repo.path, "--output-dir", out, "--set", "scrape.format=[diff, message]").code
+        == 0
+    )
+    third = read_json(out / "MANIFEST.json")["dataset"]["cache"]
+    assert third["hit"] is False and third["key"] != first["key"]
+
+
+def test_nan_loss_stops_the_run_with_its_step(cli, tmp_path):
+    repo = history_repo(tmp_path / "repo", commits=6)
+    out = tmp_path / "out"
+    result = cli(
+        "--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.learning_rate=1e30"
+    )
+    assert result.code == 1
+    line = result.err.strip().splitlines()[-1]
+    assert (
+        line.startswith("repotune: error: the loss became nan at step ")
+        and "lower train.learning_rate" in line
+    )
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["status"] == "failed"
+    assert manifest["training_report"]["training"]["diverged"]["step"] >= 1
+
+
+def test_cuda_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(cli, tmp_path, monkeypatch):
+    """No GPU here: the seam is the training step, which runs out of memory above micro-batch 1."""
+    from pipeline.trainer import RepotuneTrainer
+
+    real_step = RepotuneTrainer.training_step
+
+    def step(self, model, inputs, *args, **kwargs):
+        if len(inputs["input_ids"]) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_step(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(RepotuneTrainer, "training_step", step)
+    repo = history_repo(tmp_path / "repo", commits=6)
+    out = tmp_path / "out"
+    options = [
+        "--set",
+        "plan.batch_size=4",
+        "--set",
+        "plan.gradient_accumulation_steps=1",
+        "--set",
+        "train.max_sequence_length=128",
+    ]
+    result = cli("--repo", repo.path, "--output-dir", out, *options)
+    assert result.code == 0, result.err
+    params = read_json(out / "MANIFEST.json")["training_parameters"]
+    assert [retry["batch_size"] for retry in params["oom_retries"]] == [4, 2]
+    assert (params["batch_size"], params["gradient_accumulation_steps"], params["effective_batch_size"]) == (
+        1,
+        4,
+        4,
+    )
+    assert (
+        params["decisions"]["batch_size"]["reason"]
+        == "capped at 1: CUDA ran out of memory at larger micro-batches (planned 4)"
+    )
+    assert (
+        read_json(out / "MANIFEST.json")["training_report"]["training"]["global_step"]
+        == params["total_steps"]
+    )
+
+
+def test_out_of_memory_at_micro_batch_1_gives_up_clearly(cli, tmp_path, monkeypatch):
+    from pipeline.trainer import RepotuneTrainer
+
+    def step(self, model, inputs, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(RepotuneTrainer, "training_step", step)
+    repo = history_repo(tmp_path / "repo", commits=4)
+    result = cli("--repo", repo.path, "--output-dir", tmp_path / "out", *FAST_TRAINING)
+    assert result.code == 1
+    assert "out of memory even at micro-batch 1" in result.err.strip().splitlines()[-1]
+
+
+# Interruption: the real CLI in a subprocess, killed or signalled mid-training.
+SLOW_TRAINING = [
+    *FAST_TRAINING,
+    "--set", "train.epochs=15",
+    "--set", "train.save_steps=5",
+    "--set", "train.save_total_limit=3",
+]  # fmt: skip
+
+
+def start_run(repo: GitRepo, out: Path, *extra: str) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        str(ROOT / "run_pipeline.py"),
+        "--repo",
+        str(repo.path),
+        "--output-dir",
+        str(out),
+    ]
+    return subprocess.Popen(
+        [*command, *SLOW_TRAINING, *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def wait_for_checkpoint(out: Path, process: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any((path / "trainer_state.json").exists() for path in (out / "checkpoints").glob("checkpoint-*")):
+            return
+        assert process.poll() is None, process.stderr.read().decode()
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint appeared")
+
+
+def test_kill_9_then_resume_completes_the_same_run(tmp_path):
+    repo = history_repo(tmp_path / "repo", commits=8)
+    out = tmp_path / "out"
+    process = start_run(repo, out)
+    wait_for_checkpoint(out, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed = read_json(out / "MANIFEST.json")  # still parses: every write was atomic
+    assert killed["status"] == "running"
+    total = killed["training_parameters"]["total_steps"]
+    saved = max(int(path.name.split("-")[1]) for path in (out / "checkpoints").glob("checkpoint-*"))
+    assert saved < total
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "run_pipeline.py"),
+            "--repo",
+            str(repo.path),
+            "--output-dir",
+            str(out),
+            *SLOW_TRAINING,
+            "--resume",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {out / 'checkpoints'}" in resumed.stderr
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["status"] == "completed"
+    assert manifest["training_report"]["training"]["global_step"] == total
+    assert manifest["run"]["resumed_from"].startswith("checkpoint-")
+    steps = [entry["step"] for entry in manifest["training_report"]["learning_rate"]["history"]]
+    assert steps[0] == 1 and steps[-1] == total  # the history before the kill is kept
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_saves_a_checkpoint_and_marks_the_run_interrupted(tmp_path, signum, code):
+    repo = history_repo(tmp_path / "repo", commits=8)
+    out = tmp_path / "out"
+    process = start_run(repo, out)
+    wait_for_checkpoint(out, process)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr.decode()
+    last = stderr.decode().strip().splitlines()[-1]
+    assert last.startswith(f"repotune: error: interrupted by {signal.Signals(signum).name} at step ")
+    assert "--resume" in last
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["status"] == "interrupted"
+    step = int(last.split(" at step ")[1].split(";")[0])
+    assert (out / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").exists()
+
+
+def test_resume_refuses_a_checkpoint_from_other_data(cli, tmp_path):
+    repo = history_repo(tmp_path / "repo", commits=6)
+    out = tmp_path / "out"
+    assert cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING).code == 0
+    repo.commit("Add compute_99", {"pkg/feature_99.py": module_source(99)})
+    result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--resume")
+    assert result.code == 2
+    assert "--resume: the training data changed since checkpoint-" in result.err.strip().splitlines()[-1]
+
+
+def test_resume_without_a_checkpoint_is_one_line(cli, tmp_path):
+    repo = history_repo(tmp_path / "repo", commits=4)
+    result = cli("--repo", repo.path, "--output-dir", tmp_path / "out", *FAST_TRAINING, "--resume")
+    assert result.code == 2
+    assert "--resume: no checkpoint in" in result.err.strip().splitlines()[-1]
