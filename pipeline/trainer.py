@@ -238,6 +238,7 @@ def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> Trai
         num_train_epochs=plan["epochs"],
         learning_rate=plan["learning_rate"],
         lr_scheduler_type=plan["lr_scheduler"],
+        optim=plan["optimizer"],
         warmup_steps=plan["warmup_steps"],
         weight_decay=config.train.weight_decay,
         max_grad_norm=config.train.max_grad_norm,
