@@ -27,7 +27,7 @@ from pipeline.run import open_run
 
 def run(args: argparse.Namespace) -> None:
     """Scrape → tokenize → plan → train (→ evaluate), then print the manifest path."""
-    with open_run(loaded_config(args), "run") as record:
+    with open_run(loaded_config(args), "run", args.argv) as record:
         scraped = stages.scrape(record, args.repos, reuse=True)
         prepared = stages.prepare(record, scraped)
         plan = stages.plan(record, prepared)
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> None:
 
 def scrape(args: argparse.Namespace) -> None:
     """Scrape only: sequences.jsonl and the scrape sections of the manifest."""
-    with open_run(loaded_config(args), "scrape") as record:
+    with open_run(loaded_config(args), "scrape", args.argv) as record:
         stages.scrape(record, args.repos)
         record.finish("scraped")
     print(record.manifest_path)
@@ -49,7 +49,7 @@ def scrape(args: argparse.Namespace) -> None:
 
 def plan(args: argparse.Namespace) -> None:
     """Scrape (or reuse the scrape), plan, print the decisions; train nothing."""
-    with open_run(loaded_config(args), "plan") as record:
+    with open_run(loaded_config(args), "plan", args.argv) as record:
         scraped = stages.scrape(record, args.repos, reuse=True)
         prepared = stages.prepare(record, scraped)
         decisions = stages.plan(record, prepared, args.hardware_profile)

@@ -126,7 +126,9 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
     if not argv:
         parser.print_help(sys.stderr)
         raise SystemExit(2)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.argv = argv  # recorded in the manifest as the command line
+    return args
 
 
 def loaded_config(args: argparse.Namespace) -> LoadedConfig:

@@ -20,7 +20,10 @@ from typing import Any
 import orjson
 
 MANIFEST_FILE = "MANIFEST.json"
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_PATH = Path(__file__).resolve().parent / "manifest.schema.json"
+SCHEMA = orjson.loads(SCHEMA_PATH.read_bytes())
+SCHEMA_ID = SCHEMA["$id"]
+SCHEMA_VERSION = "1.0.0"  # semver: the major changes only when a path users read changes meaning or goes
 _DUMP_OPTIONS = (
     orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
 )
@@ -31,32 +34,59 @@ def utc_now() -> str:
 
 
 def new_manifest(command: str, argv: list[str]) -> dict[str, Any]:
-    """A manifest for a run that is starting: every section present, null until measured."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "status": "running",
-        "error": None,
-        "tool": tool_info(),
-        "run": {
-            "id": uuid.uuid4().hex[:12],
-            "command": command,
-            "argv": argv,
-            "started_at": utc_now(),
-            "finished_at": None,
-            "current_step": None,
-            "latest_loss": None,
-        },
-        "config": None,
-        "repository": None,
-        "scrape": None,
-        "dataset": None,
-        "hardware": None,
-        "training_parameters": None,
-        "training_report": None,
-        "outputs": None,
-        "timings": {},
-        "total_execution_time_seconds": None,
-    }
+    """A manifest for a run that is starting: every key the schema defines, null until measured."""
+    return conform(
+        {
+            "$schema": SCHEMA_ID,
+            "schema_version": SCHEMA_VERSION,
+            "status": "running",
+            "tool": tool_info(),
+            "run": {
+                "id": uuid.uuid4().hex[:12],
+                "command": command,
+                "argv": argv,
+                "started_at": utc_now(),
+                "status": "running",
+            },
+        }
+    )
+
+
+def conform(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` with every key the schema defines present (missing ones null, [] or {})."""
+    return _conform(SCHEMA, document)
+
+
+def _conform(node: dict[str, Any], value: Any) -> Any:
+    node = _resolve(node)
+    if value is None:
+        return _skeleton(node)
+    if "properties" in node and isinstance(value, dict):
+        return {
+            **value,
+            **{key: _conform(child, value.get(key)) for key, child in node["properties"].items()},
+        }
+    return value
+
+
+def _skeleton(node: dict[str, Any]) -> Any:
+    node = _resolve(node)
+    types = node.get("type", [])
+    types = types if isinstance(types, list) else [types]
+    if "null" in types or not types:
+        return None  # a value that can be "not measured"
+    if "properties" in node:
+        return {key: _skeleton(child) for key, child in node["properties"].items()}
+    if "array" in types:
+        return []
+    if "object" in types:
+        return {}  # a map (reasons, decisions, timings): empty until something is counted
+    return None
+
+
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    reference = node.get("$ref")
+    return SCHEMA["$defs"][reference.rsplit("/", 1)[1]] if reference else node
 
 
 def tool_info() -> dict[str, Any]:

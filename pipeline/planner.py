@@ -261,7 +261,11 @@ def make_plan(
     else:
         p.from_config("learning_rate", "train.learning_rate")
     p.from_config("lr_scheduler", "train.lr_scheduler")
-    p.planned("optimizer", "adamw_torch_fused", "AdamW with PyTorch's fused kernel: one launch per step for all parameters")
+    p.planned(
+        "optimizer",
+        "adamw_torch_fused",
+        "AdamW with PyTorch's fused kernel: one launch per step for all parameters",
+    )
     if model.random_init:
         p.planned(
             "base_modules_trained",

@@ -7,7 +7,6 @@ PipelineError, Ctrl-C, a bug) the manifest on disk says so.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from typing import Any
 
 from pipeline.config import LoadedConfig
 from pipeline.errors import Interrupted, OutputDirError, PipelineError
-from pipeline.manifest import MANIFEST_FILE, new_manifest, read_manifest, utc_now, write_manifest
+from pipeline.manifest import MANIFEST_FILE, conform, new_manifest, read_manifest, utc_now, write_manifest
 
 
 class Run:
@@ -41,6 +40,8 @@ class Run:
 
     def save(self) -> None:
         self.doc["total_execution_time_seconds"] = round(time.perf_counter() - self._started, 3)
+        # Whole sections are replaced by stages; conforming puts back every key the schema defines.
+        self.doc = conform(self.doc)
         write_manifest(self.manifest_path, self.doc)
 
     def record(self, **sections: Any) -> None:
@@ -58,8 +59,9 @@ class Run:
             self.doc["timings"][f"{name}_s"] = round(time.perf_counter() - started, 3)
 
     def finish(self, status: str, error: str | None = None) -> None:
-        self.doc["status"] = status
-        self.doc["error"] = error
+        # Top level for the one-word question (`jq .status`); in `run` with the rest of the run's record.
+        self.doc["status"] = self.doc["run"]["status"] = status
+        self.doc["error"] = self.doc["run"]["error"] = error
         self.doc["run"]["finished_at"] = utc_now()
         self.save()
 
@@ -87,10 +89,10 @@ def prepare_output_dir(path: str | Path) -> Path:
 
 
 @contextmanager
-def open_run(loaded: LoadedConfig, command: str, argv: list[str] | None = None) -> Iterator[Run]:
+def open_run(loaded: LoadedConfig, command: str, argv: list[str]) -> Iterator[Run]:
     """Start a run in `loaded.config.output.dir`; on any failure leave a manifest that says why."""
     output_dir = prepare_output_dir(loaded.config.output.dir)
-    run = Run(output_dir, loaded, command, argv if argv is not None else sys.argv[1:])
+    run = Run(output_dir, loaded, command, argv)
     run.save()
     try:
         yield run

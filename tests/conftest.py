@@ -122,7 +122,24 @@ def cli(capsys):
 
 
 def read_json(path: Path):
-    return orjson.loads(path.read_bytes())
+    """A JSON file; a MANIFEST.json is also validated against the shipped schema (every test does this)."""
+    document = orjson.loads(path.read_bytes())
+    if path.name == "MANIFEST.json":
+        assert_valid_manifest(document)
+    return document
+
+
+def assert_valid_manifest(document) -> None:
+    from jsonschema import Draft202012Validator
+
+    from pipeline.manifest import SCHEMA
+
+    validator = Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    problems = [
+        f"{'.'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
+        for error in validator.iter_errors(document)
+    ]
+    assert not problems, "MANIFEST.json does not match the schema:\n" + "\n".join(problems[:20])
 
 
 FAST_TRAINING = (

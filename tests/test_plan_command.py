@@ -19,7 +19,11 @@ def test_plan_prints_the_table_and_writes_a_planned_manifest(cli, sample_repo, t
     names = [line.split()[0] for line in lines[1:-1]]
     assert sorted(names) == sorted(manifest["training_parameters"]["decisions"])  # the manifest sorts keys
     assert manifest["status"] == "planned"
-    assert manifest["training_report"] is None
+    training = manifest["training_report"]["training"]
+    assert (training["global_step"], training["loss_history"]) == (
+        None,
+        [],
+    )  # every key present, not measured
     assert not (out / "adapter").exists() and not (out / "checkpoints").exists()
     params = manifest["training_parameters"]
     assert params["device"] == "cpu"
