@@ -15,10 +15,12 @@ import sys
 from pipeline import stages
 from pipeline.cli import (
     Command,
+    diff_options,
     generate_options,
     hardware_profile_option,
     loaded_config,
     parse_args,
+    report_options,
     resume_option,
     run_command,
 )
@@ -69,6 +71,27 @@ def generate(args: argparse.Namespace) -> None:
         print(generation.generate(args.adapter, args.prompt, args.max_new_tokens))
 
 
+def diff(args: argparse.Namespace) -> int:
+    """What changed between two runs; exit 0 identical, 1 different, 2 a tripped --fail-if."""
+    from pipeline.diff import run_diff
+
+    text, messages, code = run_diff(args.before, args.after, args)
+    print(text)
+    for message in messages:
+        print(message, file=sys.stderr)
+    return code
+
+
+def report(args: argparse.Namespace) -> None:
+    """One HTML page (plots embedded) for a manifest; prints its path."""
+    from pathlib import Path
+
+    from pipeline.report import write_report
+
+    manifest = Path(args.manifest)
+    print(write_report(manifest, Path(args.output) if args.output else manifest.with_name("report.html")))
+
+
 COMMANDS = {
     "run": Command(run, "scrape, plan and train a LoRA adapter (the default command)", resume_option),
     "scrape": Command(scrape, "turn the repository's history into sequences.jsonl, without training"),
@@ -78,6 +101,8 @@ COMMANDS = {
     "generate": Command(
         generate, "generate with a trained adapter, or merge it into its base model", generate_options, False
     ),
+    "diff": Command(diff, "compare two manifests: what changed, by how much", diff_options, False),
+    "report": Command(report, "write one self-contained HTML page about a run", report_options, False),
 }
 
 

@@ -118,6 +118,46 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def diff_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("before", metavar="BEFORE.json")
+    parser.add_argument("after", metavar="AFTER.json")
+    parser.add_argument("--all", action="store_true", help="show unchanged values too")
+    parser.add_argument("--md", action="store_true", help="print Markdown tables (for a pull request)")
+    parser.add_argument("--json", action="store_true", help="print {changes: [...], counts: {...}} as JSON")
+    parser.add_argument(
+        "--include-volatile",
+        action="store_true",
+        help="also compare run ids, timestamps, absolute paths and raw series",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="only paths matching, e.g. 'training_parameters.*'",
+    )
+    parser.add_argument(
+        "--ignore", action="append", default=[], metavar="GLOB", help="leave out paths matching"
+    )
+    parser.add_argument(
+        "--fail-if",
+        action="append",
+        default=[],
+        metavar="COND",
+        help="exit 2 if the condition holds: 'PATH>+5%%' (relative change), 'PATH>+0.1' (change), 'PATH>0.5' (new value)",
+    )
+
+
+def report_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", metavar="MANIFEST.json")
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="where to write the page (default: report.html beside the manifest)",
+    )
+
+
 def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namespace:
     """Parse argv; a first argument that is an option (not -h) means the default command."""
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):

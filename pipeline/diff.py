@@ -1,0 +1,380 @@
+"""Compare two manifests: what changed, by how much, grouped by section.
+
+Records in arrays are matched by identity (an epoch by its number, a GPU by
+its index, a repository by its name), never by position. Per-sample series
+(loss and learning-rate history, hardware samples) are compared through the
+summaries the manifest already holds, and volatile fields (run id,
+timestamps, absolute paths) are left out unless asked for.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+
+# Arrays of records and the field that identifies a record across two runs.
+IDENTITY = {
+    "training_report.training.epoch_summaries": "epoch",
+    "training_report.evaluation.samples.before": "commit",
+    "training_report.evaluation.samples.after": "commit",
+    "training_report.hardware.summary.gpus": "index",
+    "hardware.gpus": "index",
+    "repositories": "path",
+    "scrape.per_repository": "name",
+    "outputs.adapter_files": "path",
+    "training_parameters.batch_probe": "batch_size",
+    "training_parameters.oom_retries": "batch_size",
+}
+# Series: compared through their summaries (training.summary, hardware.summary, throughput, ...).
+SERIES = (
+    "training_report.training.loss_history",
+    "training_report.learning_rate.history",
+    "training_report.evaluation.history",
+    "training_report.evaluation.samples.*",
+    "training_report.hardware.samples",
+)
+VOLATILE = (
+    "run.id",
+    "run.argv",
+    "*_at",
+    "*.timestamp",
+    "repository.path",
+    "repositories",
+    "scrape.per_repository[*].path",
+    "scrape.sequences_path",
+    "config.source",
+    "config.effective.output.*",
+    "config.overrides.output.*",
+    "dataset.cache.dir",
+    "hardware.ram_available_gb",  # the machine's state when the run started, not a property of the run
+    "outputs.*_dir",
+    "outputs.*_path",
+)
+KINDS = ("changed", "added", "removed", "type_changed", "became_null", "became_non_null", "unchanged")
+
+
+@dataclass(frozen=True)
+class Change:
+    path_array: tuple[Any, ...]
+    kind: str
+    old: Any = None
+    new: Any = None
+
+    @property
+    def path(self) -> str:
+        parts = []
+        for part in self.path_array:
+            if isinstance(part, dict):
+                ((key, value),) = part.items()
+                parts[-1] += f"[{key}={value}]"
+            else:
+                parts.append(str(part))
+        return ".".join(parts)
+
+    @property
+    def pattern_path(self) -> str:
+        """The path with record identities as [*], for matching against VOLATILE and SERIES."""
+        return re.sub(r"\[[^\]]*\]", "[*]", self.path)
+
+    @property
+    def section(self) -> str:
+        return str(self.path_array[0])
+
+    @property
+    def delta(self) -> float | None:
+        if _number(self.old) and _number(self.new):
+            return _round(self.new - self.old)
+        return None
+
+    @property
+    def rel_delta(self) -> float | None:
+        delta = self.delta
+        if delta is None or self.old == 0:
+            return None
+        return _round(delta / abs(self.old))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "path_array": list(self.path_array),
+            "kind": self.kind,
+            "old": self.old,
+            "new": self.new,
+            "delta": self.delta,
+            "rel_delta": self.rel_delta,
+        }
+
+
+def compare(before: dict[str, Any], after: dict[str, Any], include_volatile: bool = False) -> list[Change]:
+    """Every leaf that differs between two manifests (and, as `unchanged`, every one that does not)."""
+    changes: list[Change] = []
+    _walk(before, after, (), changes, include_volatile)
+    return changes
+
+
+def _walk(old: Any, new: Any, path: tuple[Any, ...], changes: list[Change], include_volatile: bool) -> None:
+    probe = Change(path, "unchanged")
+    dotted = probe.pattern_path
+    if path and not include_volatile and (_matches(dotted, VOLATILE) or _matches(dotted, SERIES)):
+        return
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(old.keys() | new.keys()):
+            if key not in new:
+                changes.append(Change((*path, key), "removed", old=old[key]))
+            elif key not in old:
+                changes.append(Change((*path, key), "added", new=new[key]))
+            else:
+                _walk(old[key], new[key], (*path, key), changes, include_volatile)
+        return
+    identity = IDENTITY.get(dotted)
+    if identity and isinstance(old, list) and isinstance(new, list):
+        old_records = {record.get(identity): record for record in old if isinstance(record, dict)}
+        new_records = {record.get(identity): record for record in new if isinstance(record, dict)}
+        for key in sorted(old_records.keys() | new_records.keys(), key=str):
+            element = (*path, {identity: key})
+            if key not in new_records:
+                changes.append(Change(element, "removed", old=old_records[key]))
+            elif key not in old_records:
+                changes.append(Change(element, "added", new=new_records[key]))
+            else:
+                _walk(old_records[key], new_records[key], element, changes, include_volatile)
+        return
+    changes.append(Change(path, _kind(old, new), old, new))
+
+
+def _kind(old: Any, new: Any) -> str:
+    if old == new and type(old) is type(new):
+        return "unchanged"
+    if old is None:
+        return "became_non_null"
+    if new is None:
+        return "became_null"
+    if _number(old) and _number(new):
+        return "changed" if old != new else "unchanged"
+    if type(old) is not type(new):
+        return "type_changed"
+    return "changed"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _round(value: float) -> float:
+    return round(value, 10) if isinstance(value, float) else value
+
+
+def _matches(path: str, patterns) -> bool:
+    return any(
+        fnmatch.fnmatchcase(path, pattern) or path.startswith(pattern + ".") or path.startswith(pattern + "[")
+        for pattern in patterns
+    )
+
+
+def select(changes: list[Change], only: list[str], ignore: list[str], show_unchanged: bool) -> list[Change]:
+    return [
+        change
+        for change in changes
+        if (show_unchanged or change.kind != "unchanged")
+        and (not only or _matches(change.path, only))
+        and not _matches(change.path, ignore)
+    ]
+
+
+def counts(changes: list[Change]) -> dict[str, int]:
+    found = Counter(change.kind for change in changes)
+    return {kind: found.get(kind, 0) for kind in KINDS}
+
+
+_CONDITION = re.compile(
+    r"^\s*(?P<path>[^<>=\s]+)\s*(?P<op>>=|<=|>|<)\s*(?P<threshold>[+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?%?)\s*$",
+    re.I,
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A --fail-if gate: `PATH>+5%` (relative change), `PATH>+0.1` (signed: absolute change), `PATH>0.5` (new value)."""
+
+    text: str
+    path: str
+    op: str
+    threshold: float
+    measure: str  # "relative", "delta" or "value"
+
+    @classmethod
+    def parse(cls, text: str) -> Condition:
+        match = _CONDITION.match(text)
+        if not match:
+            raise PipelineError(
+                f"--fail-if {text!r}: expected PATH, an operator (> < >= <=) and a threshold, "
+                "e.g. 'training_report.training.summary.last>+5%'"
+            )
+        raw = match["threshold"]
+        if raw.endswith("%"):
+            return cls(text, match["path"], match["op"], float(raw[:-1]) / 100, "relative")
+        return cls(text, match["path"], match["op"], float(raw), "delta" if raw[0] in "+-" else "value")
+
+    def tripped(self, before: dict[str, Any], after: dict[str, Any]) -> str | None:
+        """Why the gate trips, or None."""
+        old, new = _lookup(before, self.path), _lookup(after, self.path)
+        if not _number(new) or (self.measure != "value" and not _number(old)):
+            raise PipelineError(
+                f"--fail-if {self.text!r}: {self.path} is not a number in both manifests ({old!r} → {new!r})"
+            )
+        if self.measure == "value":
+            measured = new
+        elif self.measure == "delta":
+            measured = new - old
+        elif old == 0:
+            raise PipelineError(
+                f"--fail-if {self.text!r}: {self.path} was 0, so a relative change is undefined"
+            )
+        else:
+            measured = (new - old) / abs(old)
+        holds = {
+            ">": measured > self.threshold,
+            "<": measured < self.threshold,
+            ">=": measured >= self.threshold,
+            "<=": measured <= self.threshold,
+        }
+        if not holds[self.op]:
+            return None
+        shown = (
+            f"{measured:+.2%}"
+            if self.measure == "relative"
+            else f"{measured:+g}"
+            if self.measure == "delta"
+            else f"{measured:g}"
+        )
+        return f"{self.text}: {self.path} {old!r} → {new!r} ({shown})"
+
+
+def _lookup(document: dict[str, Any], path: str) -> Any:
+    value: Any = document
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise PipelineError(f"--fail-if: no path {path!r} in the manifest (stopped at {key!r})")
+        value = value[key]
+    return value
+
+
+def schema_warning(before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    from pipeline.manifest import SCHEMA_VERSION
+
+    def major(version: Any) -> str:
+        return str(version).split(".")[0]
+
+    odd = [
+        f"{name} has schema {document.get('schema_version')}"
+        for name, document in (("BEFORE", before), ("AFTER", after))
+        if major(document.get("schema_version")) != major(SCHEMA_VERSION)
+    ]
+    if odd:
+        return f"warning: this repotune reads manifest schema {SCHEMA_VERSION}; {', '.join(odd)}: paths may differ in meaning"
+    return None
+
+
+def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
+    """(report text, stderr lines, exit code): 0 identical, 1 different, 2 a tripped --fail-if."""
+    import orjson
+
+    from pipeline.manifest import read_manifest
+
+    documents = []
+    for path in (before_path, after_path):
+        try:
+            documents.append(read_manifest(Path(path)))
+        except OSError as err:
+            raise PipelineError(f"cannot read {path}: {err.strerror or err}") from None
+        except orjson.JSONDecodeError as err:
+            raise PipelineError(f"{path} is not JSON ({err})") from None
+    before, after = documents
+    conditions = [Condition.parse(text) for text in options.fail_if]
+    messages = [warning] if (warning := schema_warning(before, after)) else []
+    changes = select(
+        compare(before, after, options.include_volatile), options.only, options.ignore, options.all
+    )
+    if options.json:
+        text = orjson.dumps(
+            {"changes": [c.to_json() for c in changes], "counts": counts(changes)}, option=orjson.OPT_INDENT_2
+        ).decode()
+    else:
+        text = render_table(changes, markdown=options.md)
+    tripped = [reason for condition in conditions if (reason := condition.tripped(before, after))]
+    messages += [f"repotune: fail-if tripped: {reason}" for reason in tripped]
+    if tripped:
+        return text, messages, 2
+    return text, messages, 1 if any(change.kind != "unchanged" for change in changes) else 0
+
+
+def render_table(changes: list[Change], markdown: bool) -> str:
+    """Changes grouped by section: path, old, new, Δ, Δ%."""
+    if not changes:
+        return "no differences"
+    lines: list[str] = []
+    for section in dict.fromkeys(change.section for change in changes):
+        rows = [
+            (
+                change.path.removeprefix(f"{section}.") or section,
+                _show(change.old),
+                _show(change.new),
+                _show_delta(change),
+                _show_relative(change),
+                change.kind,
+            )
+            for change in changes
+            if change.section == section
+        ]
+        if markdown:
+            lines += [
+                f"### {section}",
+                "",
+                "| path | old | new | Δ | Δ% | kind |",
+                "|---|---|---|---|---|---|",
+            ]
+            lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        else:
+            header = ("path", "old", "new", "Δ", "Δ%", "kind")
+            widths = [max(len(row[i]) for row in [header, *rows]) for i in range(6)]
+            lines.append(f"== {section} ==")
+            lines += [
+                "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+                for row in [header, *rows]
+            ]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def _show(value: Any, width: int = 48) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, dict | list):
+        import orjson
+
+        text = orjson.dumps(value).decode()
+    else:
+        text = str(value)
+    text = text.replace("\n", "⏎")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _show_delta(change: Change) -> str:
+    delta = change.delta
+    return "" if delta is None else f"{delta:+.6g}"
+
+
+def _show_relative(change: Change) -> str:
+    relative = change.rel_delta
+    if relative is None or not math.isfinite(relative):
+        return ""
+    return f"{relative:+.1%}"

@@ -1,0 +1,281 @@
+"""`diff` and `report` on manifests from real runs: every kind, flag and exit code; every image decodes."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+from html.parser import HTMLParser
+
+import orjson
+import pytest
+
+from pipeline.diff import compare
+from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """The same repository trained twice: micro-batch 1, then 2."""
+    import run_pipeline
+
+    base = tmp_path_factory.mktemp("runs")
+    repo = GitRepo(base / "repo")
+    for index in range(1, 23):
+        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    manifests = []
+    for name, batch in (("before", "1"), ("after", "2")):
+        out = base / name
+        code = run_pipeline.main(
+            [
+                "--repo",
+                str(repo.path),
+                "--output-dir",
+                str(out),
+                *FAST_TRAINING,
+                "--set",
+                f"plan.batch_size={batch}",
+            ]
+        )
+        assert code == 0
+        manifests.append(out / "MANIFEST.json")
+    return manifests
+
+
+def write(path, document):
+    path.write_bytes(orjson.dumps(document))
+    return path
+
+
+def test_identical_manifests_exit_0(cli, two_runs):
+    result = cli("diff", two_runs[0], two_runs[0])
+    assert (result.code, result.out.strip()) == (0, "no differences")
+
+
+def test_differences_are_grouped_by_section_with_deltas(cli, two_runs):
+    result = cli("diff", *two_runs)
+    assert result.code == 1
+    assert "== training_parameters ==" in result.out
+    row = next(line.split() for line in result.out.splitlines() if line.split()[:1] == ["batch_size"])
+    assert row == ["batch_size", "1", "2", "+1", "+100.0%", "changed"]
+    assert "run.id" not in result.out and "started_at" not in result.out  # volatile: left out
+    assert "loss_history" not in result.out  # series: compared through their summaries
+    assert "training.summary.last" in result.out
+
+
+def test_json_output_lists_every_change_with_its_kind(cli, two_runs):
+    result = cli("diff", *two_runs, "--json")
+    report = orjson.loads(result.out)
+    change = next(c for c in report["changes"] if c["path"] == "training_parameters.batch_size")
+    assert change == {
+        "path": "training_parameters.batch_size",
+        "path_array": ["training_parameters", "batch_size"],
+        "kind": "changed",
+        "old": 1,
+        "new": 2,
+        "delta": 1,
+        "rel_delta": 1.0,
+    }
+    assert set(report["counts"]) == {
+        "changed",
+        "added",
+        "removed",
+        "type_changed",
+        "became_null",
+        "became_non_null",
+        "unchanged",
+    }
+    assert report["counts"]["changed"] == sum(c["kind"] == "changed" for c in report["changes"])
+
+
+def test_every_kind_of_change(two_runs):
+    before = read_json(two_runs[0])
+    after = copy.deepcopy(before)
+    after["training_parameters"]["seed"] = 7  # changed
+    after["scrape"]["skipped"]["merge"] = 3  # added
+    del after["hardware"]["notes"]["cuda_version"]  # removed
+    after["training_parameters"]["lr_scheduler"] = 5  # type_changed
+    after["training_report"]["evaluation"]["after"] = None  # became_null
+    after["error"] = "boom"  # became_non_null
+    kinds = {c.path: c.kind for c in compare(before, after) if c.kind != "unchanged"}
+    assert kinds == {
+        "training_parameters.seed": "changed",
+        "scrape.skipped.merge": "added",
+        "hardware.notes.cuda_version": "removed",
+        "training_parameters.lr_scheduler": "type_changed",
+        "training_report.evaluation.after": "became_null",
+        "error": "became_non_null",
+    }
+
+
+def test_records_are_matched_by_identity_not_position(two_runs):
+    before = read_json(two_runs[0])
+    after = copy.deepcopy(before)
+    after["training_report"]["training"]["epoch_summaries"].reverse()
+    after["training_report"]["training"]["epoch_summaries"][0]["loss_mean"] += (
+        1  # the last epoch, now listed first
+    )
+    changes = [c for c in compare(before, after) if c.kind != "unchanged"]
+    last = len(before["training_report"]["training"]["epoch_summaries"])
+    assert [c.path for c in changes] == [f"training_report.training.epoch_summaries[epoch={last}].loss_mean"]
+    assert changes[0].path_array[-2] == {"epoch": last}
+
+
+def test_flags_all_md_only_ignore_and_volatile(cli, two_runs):
+    everything = cli("diff", *two_runs, "--all").out
+    assert (
+        "unchanged" in everything and "training_parameters.seed" not in everything and "  seed " in everything
+    )
+    markdown = cli("diff", *two_runs, "--md").out
+    assert "### training_parameters" in markdown and "| path | old | new | Δ | Δ% | kind |" in markdown
+    only = cli("diff", *two_runs, "--only", "training_parameters.*").out
+    assert only.startswith("== training_parameters ==") and "== timings ==" not in only
+    ignored = cli("diff", *two_runs, "--ignore", "timings.*", "--ignore", "training_report.*").out
+    assert (
+        "== timings ==" not in ignored
+        and "== training_report ==" not in ignored
+        and "== training_parameters ==" in ignored
+    )
+    volatile = cli("diff", *two_runs, "--include-volatile", "--only", "run.*").out
+    assert "id" in volatile and "started_at" in volatile
+
+
+def test_fail_if_gates(cli, two_runs):
+    steps = ["--only", "training_parameters.*"]
+    tripped = cli("diff", *two_runs, *steps, "--fail-if", "training_parameters.total_steps<-10%")
+    assert tripped.code == 2
+    assert (
+        "repotune: fail-if tripped: training_parameters.total_steps<-10%: training_parameters.total_steps"
+        in tripped.err
+    )
+    assert cli("diff", *two_runs, *steps, "--fail-if", "training_parameters.total_steps>+10%").code == 1
+    assert (
+        cli("diff", *two_runs, *steps, "--fail-if", "training_parameters.batch_size>=+1").code == 2
+    )  # a change of +1
+    assert (
+        cli("diff", *two_runs, *steps, "--fail-if", "training_parameters.batch_size>5").code == 1
+    )  # the new value
+    identical = cli(
+        "diff", two_runs[0], two_runs[0], "--fail-if", "training_report.training.summary.last>+5%"
+    )
+    assert identical.code == 0
+
+
+@pytest.mark.parametrize(
+    ("condition", "message"),
+    [
+        ("summary.last ~ 5", "expected PATH, an operator"),
+        ("training_report.nope>1", "no path 'training_report.nope'"),
+        ("run.command>1", "is not a number in both manifests"),
+    ],
+)
+def test_bad_fail_if_is_one_line_exit_2(cli, two_runs, condition, message):
+    result = cli("diff", *two_runs, "--fail-if", condition)
+    assert result.code == 2
+    assert message in result.err.strip().splitlines()[-1]
+
+
+def test_unreadable_manifest_and_other_major_version(cli, two_runs, tmp_path):
+    missing = cli("diff", tmp_path / "nope.json", two_runs[0])
+    assert missing.code == 2 and "cannot read" in missing.err
+    (tmp_path / "bad.json").write_text("{not json")
+    broken = cli("diff", tmp_path / "bad.json", two_runs[0])
+    assert broken.code == 2 and "is not JSON" in broken.err.strip().splitlines()[-1]
+    future = read_json(two_runs[1])
+    future["schema_version"] = "2.0.0"
+    result = cli("diff", two_runs[0], write(tmp_path / "future.json", future))
+    assert result.code == 1
+    assert "warning: this repotune reads manifest schema 1.0.0; AFTER has schema 2.0.0" in result.err
+
+
+class Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+        self.headings: list[str] = []
+        self._in_heading = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.sources.append(dict(attrs)["src"])
+        self._in_heading = tag == "h2"
+
+    def handle_data(self, data):
+        if self._in_heading:
+            self.headings.append(data.split(" (")[0])
+            self._in_heading = False
+
+
+def test_report_is_one_page_whose_images_all_decode(cli, two_runs, tmp_path):
+    from PIL import Image
+
+    page = tmp_path / "report.html"
+    result = cli("report", two_runs[1], "-o", page)
+    assert result.code == 0 and result.out.strip() == str(page)
+    parser = Images()
+    parser.feed(page.read_text())
+    assert parser.headings == ["Plan", "Training", "Evaluation", "Hardware", "Epochs", "Scrape"]
+    assert len(parser.sources) >= 2
+    for source in parser.sources:
+        assert source.startswith("data:image/png;base64,")  # embedded: the page opens offline
+        image = Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1])))
+        image.verify()
+        assert image.size[0] > 300 and image.size[1] > 100
+    assert "http://" not in page.read_text() and "https://" not in page.read_text()
+
+
+def test_report_of_a_scrape_says_what_was_not_measured(cli, sample_repo, tmp_path):
+    out = tmp_path / "out"
+    assert cli("scrape", "--repo", sample_repo.path, "--output-dir", out).code == 0
+    assert cli("report", out / "MANIFEST.json").code == 0
+    text = (out / "report.html").read_text()
+    assert "no training steps recorded" in text and "not planned" in text
+
+
+def test_report_escapes_what_the_repository_wrote(two_runs, tmp_path):
+    from pipeline.report import render_report
+
+    manifest = read_json(two_runs[0])
+    manifest["training_report"]["evaluation"]["samples"]["after"][0]["output"] = "<script>alert(1)</script>"
+    page = render_report(manifest)
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
+
+
+def cookbook_queries() -> list[str]:
+    """Every jq filter in the README's cookbook, as a user would copy it."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("### jq cookbook", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    queries = []
+    for line in block.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["jq"]:
+            assert words[-1] == "MANIFEST.json", line
+            queries.append(next(word for word in words[1:] if not word.startswith("-")))
+    return queries
+
+
+def test_the_readme_cookbook_runs_against_a_real_manifest(two_runs):
+    import jq
+
+    manifest = read_json(two_runs[1])
+    results = {query: jq.compile(query).input(manifest).all() for query in cookbook_queries()}
+    assert len(results) >= 18
+    rates = [
+        entry["learning_rate"] for entry in results[".training_report.learning_rate.history | .[0:5]"][0]
+    ]
+    assert len(rates) == 5 and rates == sorted(rates) and rates[0] < rates[-1]  # rising during warmup
+    assert results[".training_parameters.batch_size"] == [2]
+    epochs = results[".training_report.training.epoch_summaries"][0]
+    assert [summary["epoch"] for summary in epochs] == list(
+        range(1, manifest["training_parameters"]["epochs"] + 1)
+    )
+    assert results[".training_report.hardware.collection_interval_seconds"] == [0.5]
+    steps = results[".training_parameters | {total_steps, warmup_steps}"][0]
+    assert 0 <= steps["warmup_steps"] < steps["total_steps"]
+    assert results[".total_execution_time_seconds"][0] > 0
+    assert results["{status, error}"] == [{"status": "completed", "error": None}]
+    assert results[".training_report.evaluation.samples.after[0].output"][0]
+    assert all(values != [None] for query, values in results.items() if "gpus" not in query), results
