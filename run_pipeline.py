@@ -28,17 +28,15 @@ from pipeline.run import open_run
 
 
 def run(args: argparse.Namespace) -> None:
-    """Scrape → tokenize → plan → train (→ evaluate), then print the manifest path."""
-    with open_run(loaded_config(args), "run", args.argv) as record:
-        scraped = stages.scrape(record, args.repos, reuse=True)
-        prepared = stages.prepare(record, scraped)
-        plan = stages.plan(record, prepared)
-        stages.say(stages.format_plan(plan))
-        loaded = stages.load_for_training(record, prepared, plan)
-        plan = stages.probe_and_replan(record, prepared, plan, loaded)
-        stages.train(record, prepared, plan, loaded, resume=args.resume)
+    """Scrape → tokenize → plan → train (→ evaluate), then print the manifest path.
+    Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
+    with open_run(loaded_config(args), "run", args.argv, distributed=True) as record:
+        setup = stages.prepare_training(record, args.repos)
+        loaded = stages.load_model(record, setup)
+        plan = stages.probe_and_replan(record, setup, loaded)
+        stages.train(record, setup, plan, loaded, resume=args.resume)
         record.finish("completed")
-    print(record.manifest_path)
+    record.announce()
 
 
 def scrape(args: argparse.Namespace) -> None:
@@ -46,19 +44,18 @@ def scrape(args: argparse.Namespace) -> None:
     with open_run(loaded_config(args), "scrape", args.argv) as record:
         stages.scrape(record, args.repos)
         record.finish("scraped")
-    print(record.manifest_path)
+    record.announce()
 
 
 def plan(args: argparse.Namespace) -> None:
     """Scrape (or reuse the scrape), plan, print the decisions; train nothing."""
     with open_run(loaded_config(args), "plan", args.argv) as record:
-        scraped = stages.scrape(record, args.repos, reuse=True)
-        prepared = stages.prepare(record, scraped)
+        prepared = stages.prepare(record, stages.scrape(record, args.repos, reuse=True))
         decisions = stages.plan(record, prepared, args.hardware_profile)
-        decisions = stages.probe_and_replan(record, prepared, decisions)
+        decisions = stages.probe_and_replan(record, stages.Setup(prepared, decisions, None, None))
         record.finish("planned")
     print(stages.format_plan(decisions))
-    print(record.manifest_path)
+    record.announce()
 
 
 def generate(args: argparse.Namespace) -> None:

@@ -50,9 +50,15 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
         "--repo",
         dest="repos",
         action="append",
-        required=True,
+        default=[],
         metavar="PATH",
         help="a git repository to learn from (repeat for several; sequences are tagged by repository)",
+    )
+    parser.add_argument(
+        "--repos-file",
+        type=Path,
+        metavar="FILE",
+        help="a file listing repositories, one path per line (# comments)",
     )
     parser.add_argument(
         "--output-dir",
@@ -168,7 +174,20 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
         raise SystemExit(2)
     args = parser.parse_args(argv)
     args.argv = argv  # recorded in the manifest as the command line
+    if hasattr(args, "repos"):
+        args.repos = [*args.repos, *_repos_from_file(args.repos_file)] if args.repos_file else args.repos
+        if not args.repos:
+            parser.error("give --repo PATH (repeatable) or --repos-file FILE")
     return args
+
+
+def _repos_from_file(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        print(f"repotune: error: --repos-file {path}: {err.strerror or err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
 def loaded_config(args: argparse.Namespace) -> LoadedConfig:
@@ -188,19 +207,24 @@ def loaded_config(args: argparse.Namespace) -> LoadedConfig:
 
 def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     """Run a command; a PipelineError becomes one line on stderr and its exit code."""
+    # Under torchrun every rank fails alike; only rank 0 says so, so the user reads one line.
+    speaks = os.environ.get("RANK", "0") == "0"
     try:
         return handler(args) or 0
     except PipelineError as err:
-        print(f"repotune: error: {err}", file=sys.stderr)
+        if speaks:
+            print(f"repotune: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print("repotune: interrupted", file=sys.stderr)
+        if speaks:
+            print("repotune: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
         if os.environ.get("REPOTUNE_DEBUG"):
             traceback.print_exc()
-        print(
-            f"repotune: internal error: {type(err).__name__}: {err} (a bug; REPOTUNE_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
-        )
+        if speaks:
+            print(
+                f"repotune: internal error: {type(err).__name__}: {err} (a bug; REPOTUNE_DEBUG=1 shows the traceback)",
+                file=sys.stderr,
+            )
         return 1

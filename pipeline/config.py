@@ -240,6 +240,20 @@ class MonitorConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Process-group backend under torchrun / accelerate launch; auto: nccl with CUDA, gloo on CPU."""
+    setup_wait_hours: float = field(default=24.0, metadata=POSITIVE)
+    """How long the other ranks wait for rank 0 to scrape, tokenize and pack (hours)."""
+    fsdp: str = ""
+    """Passed to the Trainer's `fsdp`, e.g. "full_shard auto_wrap"; empty: plain DDP."""
+    fsdp_config: dict | None = None
+    """Passed to the Trainer's `fsdp_config` (a mapping), e.g. {"use_orig_params": true}."""
+    deepspeed: str | None = None
+    """Path of a DeepSpeed JSON config, passed to the Trainer's `deepspeed`."""
+
+
+@dataclass(frozen=True)
 class OutputConfig:
     dir: str = "repotune-output"
     """Where sequences, checkpoints, the adapter and MANIFEST.json go (relative to the working directory)."""
@@ -254,6 +268,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -458,6 +473,8 @@ def _coerce(value: Any, annotation: Any) -> tuple[bool, Any]:
         return False, value
     if annotation is str:
         return isinstance(value, str), value
+    if annotation is dict:
+        return isinstance(value, dict), value
     raise TypeError(f"unsupported config annotation {annotation!r}")
 
 
@@ -472,7 +489,14 @@ def _type_name(annotation: Any) -> str:
     if origin is list:
         plurals = {str: "strings", int: "integers", float: "numbers"}
         return f"a list of {plurals[typing.get_args(annotation)[0]]}"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    names = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "a mapping",
+        type(None): "null",
+    }
     return names[annotation]
 
 

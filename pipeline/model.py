@@ -39,7 +39,6 @@ class TinyShape:
 
 def quiet_library_output() -> None:
     """Keep stdout and the log for what matters: no save progress bars, no notice that is not ours to act on."""
-    import logging
     import warnings
 
     import transformers
@@ -50,9 +49,9 @@ def quiet_library_output() -> None:
         "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
     )
     # Printed at every checkpoint rotation on filesystems with coarse timestamps; the ordering is still right.
-    logging.getLogger("transformers").addFilter(
-        lambda record: "mtime may not be reliable" not in record.getMessage()
-    )
+    # On the handler: a logger's own filters never see the records its child loggers propagate to it.
+    for handler in transformers.utils.logging._get_library_root_logger().handlers:
+        handler.addFilter(lambda record: "mtime may not be reliable" not in record.getMessage())
 
 
 def load_tokenizer(model_name: str, corpus: Iterable[str]):

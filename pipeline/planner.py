@@ -98,10 +98,24 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class Launch:
-    """How many processes train together, and how we know."""
+    """How many processes train together, which one this is, and how we know."""
 
     world_size: int = 1
     reason: str = "one process"
+    rank: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+    launcher: str | None = None
+    """`torchrun` or `accelerate`; None for a plain process (or a plan for a described machine)."""
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def writes(self) -> bool:
+        """Only rank 0 writes the manifest, the sequences, the cache and the adapter."""
+        return self.rank == 0
 
 
 @dataclass(frozen=True)

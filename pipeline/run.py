@@ -14,15 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import LoadedConfig
+from pipeline.distributed import Coordinator, launch_from_environment
 from pipeline.errors import Interrupted, OutputDirError, PipelineError
 from pipeline.manifest import MANIFEST_FILE, conform, new_manifest, read_manifest, utc_now, write_manifest
 
 
 class Run:
-    def __init__(self, output_dir: Path, loaded: LoadedConfig, command: str, argv: list[str]):
+    def __init__(
+        self, output_dir: Path, loaded: LoadedConfig, command: str, argv: list[str], coordinator: Coordinator
+    ):
         self.output_dir = output_dir
         self.loaded = loaded
         self.config = loaded.config
+        self.coordinator = coordinator
+        self.launch = coordinator.launch
+        """This process's place in the launch: only rank 0 writes."""
         self.manifest_path = output_dir / MANIFEST_FILE
         self.doc = new_manifest(command, argv)
         self.doc["config"] = {
@@ -33,12 +39,15 @@ class Run:
         self._started = time.perf_counter()
         self.previous = _read_previous(self.manifest_path)
         """The manifest this output directory held before this run (None if none), read before overwriting."""
+        self.doc["distributed"] = coordinator.to_manifest()
         self.hardware = None
         """The Hardware planned for, once the plan stage ran."""
-        self.launch = None
-        """The Launch (world size) planned for, once the plan stage ran."""
+        self.planned_launch = None
+        """The Launch planned for (this one, or a hardware profile's), once the plan stage ran."""
 
     def save(self) -> None:
+        if not self.launch.writes:
+            return
         self.doc["total_execution_time_seconds"] = round(time.perf_counter() - self._started, 3)
         # Whole sections are replaced by stages; conforming puts back every key the schema defines.
         self.doc = conform(self.doc)
@@ -65,6 +74,11 @@ class Run:
         self.doc["run"]["finished_at"] = utc_now()
         self.save()
 
+    def announce(self) -> None:
+        """The result's path, last on stdout (rank 0 only)."""
+        if self.launch.writes:
+            print(self.manifest_path)
+
 
 def _read_previous(path: Path) -> dict[str, Any] | None:
     try:
@@ -89,13 +103,22 @@ def prepare_output_dir(path: str | Path) -> Path:
 
 
 @contextmanager
-def open_run(loaded: LoadedConfig, command: str, argv: list[str]) -> Iterator[Run]:
-    """Start a run in `loaded.config.output.dir`; on any failure leave a manifest that says why."""
-    output_dir = prepare_output_dir(loaded.config.output.dir)
-    run = Run(output_dir, loaded, command, argv)
+def open_run(loaded: LoadedConfig, command: str, argv: list[str], distributed: bool = False) -> Iterator[Run]:
+    """Start a run in `loaded.config.output.dir`; on any failure leave a manifest that says why.
+    `distributed`: the command can run as several ranks (torchrun / accelerate launch)."""
+    launch = launch_from_environment()
+    if launch.world_size > 1 and not distributed:
+        raise PipelineError(f"`{command}` runs in one process: start it without torchrun / accelerate launch")
+    coordinator = Coordinator(launch, loaded.config.distributed).start()
+    output_dir = (
+        prepare_output_dir(loaded.config.output.dir) if launch.writes else Path(loaded.config.output.dir)
+    )
+    run = Run(output_dir, loaded, command, argv, coordinator)
     run.save()
+    finished = False
     try:
         yield run
+        finished = True
     except Interrupted as err:
         run.finish("interrupted", str(err))
         raise
@@ -108,3 +131,5 @@ def open_run(loaded: LoadedConfig, command: str, argv: list[str]) -> Iterator[Ru
     except Exception as err:
         run.finish("failed", f"internal error: {type(err).__name__}: {err}")
         raise
+    finally:
+        coordinator.close(finished)

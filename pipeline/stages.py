@@ -7,6 +7,7 @@ CLI (and `--help`) stays fast.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import orjson
 
 from pipeline.dataset import PackedSplit, read_sequences
-from pipeline.distributed import launch_for_profile, launch_from_environment
+from pipeline.distributed import launch_for_profile
 from pipeline.errors import PipelineError, RepositoryError
 from pipeline.hardware import detect_hardware, load_hardware_profile
 from pipeline.manifest import tool_info
@@ -32,8 +33,9 @@ CHECKPOINT_DIR = "checkpoints"
 
 
 def say(message: str) -> None:
-    """Progress for the person at the terminal; stdout is kept for results."""
-    print(message, file=sys.stderr, flush=True)
+    """Progress for the person at the terminal (rank 0 only, under torchrun); stdout is kept for results."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,11 @@ def scrape_provenance(repos: list[str], run: Run) -> str:
     """What a scrape's output depends on: this tool, the repositories at their HEADs, the scrape config."""
     heads = []
     for repo in repos:
-        opened = open_repository(repo)
-        heads.append([str(Path(opened.git_dir).resolve()), opened.head.commit.hexsha])
+        try:
+            opened = open_repository(repo)
+            heads.append([str(Path(opened.git_dir).resolve()), opened.head.commit.hexsha])
+        except RepositoryError:  # the scrape reports it (and skips it, if others can be scraped)
+            heads.append([str(repo), None])
     tool = tool_info()
     payload = {
         "tool": [tool["version"], tool["git_sha"]],
@@ -184,11 +189,11 @@ def plan(run: Run, prepared: Prepared, hardware_profile: str | None = None) -> P
             launch = launch_for_profile(hardware)
         else:
             hardware = detect_hardware()
-            launch = launch_from_environment()
+            launch = run.launch
         result = make_plan(
             prepared.stats, hardware, prepared.facts, run.loaded, launch, has_eval=prepared.has_eval
         )
-    run.hardware, run.launch = hardware, launch
+    run.hardware, run.planned_launch = hardware, launch
     run.record(hardware=hardware.to_manifest(), training_parameters=result.to_manifest())
     return result
 
@@ -210,28 +215,39 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-@dataclass
-class Loaded:
-    """The model ready to train, and the packed blocks of each split."""
+@dataclass(frozen=True)
+class Setup:
+    """What every rank needs before training: the prepared data, the plan, the packed blocks."""
 
-    model: Any
-    train: PackedSplit
+    prepared: Prepared
+    plan: Plan
+    train: PackedSplit | None
     eval: PackedSplit | None
-    base_dir: Path | None
 
 
-def load_for_training(run: Run, prepared: Prepared, plan: Plan) -> Loaded:
+def prepare_training(run: Run, repos: list[str]) -> Setup:
+    """Rank 0 scrapes, tokenizes, plans and packs; the other ranks wait for it and receive the result."""
+
+    def on_rank_zero() -> Setup:
+        prepared = prepare(run, scrape(run, repos, reuse=True))
+        decisions = plan(run, prepared)
+        say(format_plan(decisions))
+        return Setup(prepared, decisions, *pack(run, prepared, decisions))
+
+    return run.coordinator.share(on_rank_zero)
+
+
+def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, PackedSplit | None]:
     from pipeline.dataset import packed_blocks
-    from pipeline.model import attach_lora, build_model
 
     tokenizer, cache, length = prepared.tokenizer, prepared.cache, plan["sequence_length"]
     with run.stage("pack"):
         train = packed_blocks(cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id)
-        held_out = (
-            packed_blocks(cache.directory, cache.split("eval"), "eval", length, tokenizer.pad_token_id)
-            if prepared.has_eval
-            else None
-        )
+        held_out = None
+        if prepared.has_eval:
+            held_out = packed_blocks(
+                cache.directory, cache.split("eval"), "eval", length, tokenizer.pad_token_id
+            )
     run.doc["dataset"].update(
         {
             "block_size": length,
@@ -243,6 +259,21 @@ def load_for_training(run: Run, prepared: Prepared, plan: Plan) -> Loaded:
             f"(block-diagonal causal attention with {plan['attention']}); first label of each sequence masked",
         }
     )
+    return train, held_out
+
+
+@dataclass
+class Loaded:
+    model: Any
+    base_dir: Path | None
+
+
+def load_model(run: Run, setup: Setup) -> Loaded:
+    """The base model with LoRA attached (every rank builds its own copy)."""
+    from pipeline.model import attach_lora, build_model, quiet_library_output
+
+    quiet_library_output()  # on every rank: the others skip `prepare`, where rank 0 did this
+    prepared, plan = setup.prepared, setup.plan
     with run.stage("load_model"):
         model = build_model(
             run.config.train.model, prepared.model_config, plan["seed"], plan["precision"], plan["attention"]
@@ -251,17 +282,19 @@ def load_for_training(run: Run, prepared: Prepared, plan: Plan) -> Loaded:
         if prepared.facts.random_init:
             # A random base cannot be downloaded again: keep it beside the adapter.
             base_dir = run.output_dir / BASE_MODEL_DIR
-            model.save_pretrained(base_dir)
-            tokenizer.save_pretrained(base_dir)
+            if run.launch.writes:
+                model.save_pretrained(base_dir)
+                prepared.tokenizer.save_pretrained(base_dir)
             model.name_or_path = str(base_dir.resolve())
         model = attach_lora(model, run.config.lora, plan["base_modules_trained"])
     run.doc["model"]["parameters_trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return Loaded(model, train, held_out, base_dir)
+    return Loaded(model, base_dir)
 
 
-def probe_and_replan(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded | None = None) -> Plan:
+def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None) -> Plan:
     """On CUDA, measure the largest micro-batch that fits and plan again with it (same effective batch).
-    Loads the model when `loaded` is not given (the `plan` command)."""
+    Packs and loads the model itself when not given them (the `plan` command)."""
+    plan = setup.plan
     reason = _probe_skipped(run, plan)
     if reason:
         run.doc["training_parameters"]["batch_probe_note"] = reason
@@ -269,15 +302,23 @@ def probe_and_replan(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded | 
         return plan
     from pipeline.probe import cuda_step, probe_batch_sizes
 
-    loaded = loaded or load_for_training(run, prepared, plan)
+    prepared = setup.prepared
+    train = setup.train or pack(run, prepared, plan)[0]
+    loaded = loaded or load_model(run, Setup(prepared, plan, train, None))
     largest = plan["effective_batch_size"] // plan["world_size"]
     gpu = min(run.hardware.gpus, key=lambda g: g.memory_gb)
     loaded.model.cuda()
     with run.stage("batch_probe"):
-        step = cuda_step(loaded.model, loaded.train.dataset(), plan["precision"], largest)
+        step = cuda_step(loaded.model, train.dataset(), plan["precision"], largest)
         rows = probe_batch_sizes(step, largest, gpu.memory_gb, run.config.plan.probe_headroom)
     replanned = make_plan(
-        prepared.stats, run.hardware, prepared.facts, run.loaded, run.launch, rows, has_eval=prepared.has_eval
+        prepared.stats,
+        run.hardware,
+        prepared.facts,
+        run.loaded,
+        run.planned_launch,
+        rows,
+        has_eval=prepared.has_eval,
     )
     run.record(training_parameters={**replanned.to_manifest(), "batch_probe_note": None})
     say(
@@ -289,60 +330,57 @@ def probe_and_replan(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded | 
 def _probe_skipped(run: Run, plan: Plan) -> str | None:
     if not run.config.plan.batch_probe:
         return "plan.batch_probe is off"
+    if run.launch.world_size > 1:
+        return "skipped with several processes: probe once on one GPU (the `plan` command) or set plan.batch_size"
     if run.hardware.source != "detected":
         return f"skipped: planning for {run.hardware.source}, which is not this machine"
     if plan["device"] != "cuda":
         return f"skipped: the probe measures GPU memory and the device is {plan['device']}"
     if run.loaded.explicit("plan.batch_size"):
         return "skipped: plan.batch_size was set explicitly"
+    if run.config.distributed.fsdp or run.config.distributed.deepspeed:
+        return "skipped: FSDP/DeepSpeed shard the model; set plan.batch_size"
     return None
 
 
-def train(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded, resume: bool = False) -> None:
-    """Evaluate, train (resuming, retrying out-of-memory), evaluate again, save the adapter."""
+def train(run: Run, setup: Setup, plan: Plan, loaded: Loaded, resume: bool = False) -> None:
+    """Evaluate, train (resuming, retrying out-of-memory), evaluate again, save the adapter (rank 0)."""
     from pipeline.evaluation import evaluate_loss, evaluation_report, generation_prompts, sample_generations
-    from pipeline.hardware import usable_cores
     from pipeline.monitor import HardwareMonitor, import_nvml
-    from pipeline.performance import throughput_report
     from pipeline.trainer import Job, TrainingHistory, build_trainer
     from pipeline.trainer import train as run_trainer
 
-    config, tokenizer = run.config, prepared.tokenizer
-    monitor = HardwareMonitor(config.monitor.collection_interval_seconds, import_nvml())
-    shown_step = 0
-
-    def record_progress() -> None:
-        nonlocal shown_step
-        report = history.report()
-        report["hardware"] = monitor.report()
-        report["evaluation"] = {**run.doc["training_report"]["evaluation"], "history": history.eval_history}
-        last = history.loss_history[-1] if history.loss_history else {}
-        run.doc["run"].update(current_step=last.get("step"), latest_loss=last.get("loss"))
-        run.record(training_report={**run.doc["training_report"], **report})
-        if last and last["step"] != shown_step:
-            shown_step = last["step"]
-            loss = "not finite" if last["loss"] is None else f"{last['loss']:.4f}"
-            say(
-                f"  step {shown_step}/{job.plan['total_steps']}  loss {loss}  lr {history.lr_history[-1]['learning_rate']:.2e}"
-            )
-
-    history = TrainingHistory(loaded.train.real_tokens, config.monitor.include_epoch_summary, record_progress)
-    held_out = loaded.eval.dataset() if loaded.eval else None
+    config, tokenizer = run.config, setup.prepared.tokenizer
+    # One sampler per node: the local rank 0 of each.
+    monitor = HardwareMonitor(
+        config.monitor.collection_interval_seconds, import_nvml() if run.launch.local_rank == 0 else None
+    )
+    progress = _Progress(run, monitor)
+    history = TrainingHistory(setup.train.real_tokens, config.monitor.include_epoch_summary, progress)
+    held_out = setup.eval.dataset() if setup.eval else None
     stamp = {
-        "dataset_fingerprint": f"{prepared.cache.key}:{plan['sequence_length']}:{loaded.train.blocks}",
+        "dataset_fingerprint": f"{setup.prepared.cache.key}:{plan['sequence_length']}:{setup.train.blocks}",
         "effective_batch_size": plan["effective_batch_size"],
         "total_steps": plan["total_steps"],
     }
-    checkpoints = run.output_dir / CHECKPOINT_DIR
-    job = Job(loaded.model, loaded.train.dataset(), held_out, plan, config, checkpoints, history, stamp)
+    job = Job(
+        loaded.model,
+        setup.train.dataset(),
+        held_out,
+        plan,
+        config,
+        run.output_dir / CHECKPOINT_DIR,
+        history,
+        stamp,
+    )
+    job.agree = run.coordinator.any
+    progress.job = job
     if resume:
-        job.resume_from = resumable_checkpoint(checkpoints, stamp)
-        history.resume_from(
-            orjson.loads((job.resume_from / "trainer_state.json").read_bytes())["log_history"]
-        )
-        run.doc["run"]["resumed_from"] = job.resume_from.name
-        say(f"resuming from {job.resume_from}")
-    prompts = generation_prompts(run.output_dir / SEQUENCES_FILE, config.train.generation_samples)
+        _resume(run, job)
+    writes = run.launch.writes
+    prompts = (
+        generation_prompts(run.output_dir / SEQUENCES_FILE, config.train.generation_samples) if writes else []
+    )
     note = None if held_out else "no held-out commits: fewer than 20 were kept, or scrape.eval_fraction is 0"
 
     with run.stage("evaluate_before"):
@@ -350,54 +388,119 @@ def train(run: Run, prepared: Prepared, plan: Plan, loaded: Loaded, resume: bool
         samples_before = sample_generations(loaded.model, tokenizer, prompts, config.train.generation_tokens)
     run.record(training_report={"evaluation": evaluation_report(before, None, samples_before, [], [], note)})
 
-    oom_retries: list[dict[str, Any]] = []
-
-    def after_oom(retry: dict[str, Any]) -> None:
-        oom_retries.append(retry)
-        say(
-            f"CUDA out of memory at micro-batch {retry['batch_size']}: retrying with {retry['batch_size'] // 2}"
-        )
-
-    def replan(cap: int) -> Plan:
-        smaller = make_plan(
-            prepared.stats,
-            run.hardware,
-            prepared.facts,
-            run.loaded,
-            run.launch,
-            plan.probe,
-            cap,
-            prepared.has_eval,
-        )
-        run.record(training_parameters={**smaller.to_manifest(), "oom_retries": oom_retries})
-        return smaller
-
     trainable = run.doc["model"]["parameters_trainable"]
-    say(f"training {plan['total_steps']} steps on {plan['device']} ({trainable:,} trainable parameters)")
+    say(
+        f"training {plan['total_steps']} steps on {plan['device']} × {plan['world_size']} ({trainable:,} trainable parameters)"
+    )
     with run.stage("train"), monitor:
-        trainer, final_plan = run_trainer(job, replan, after_oom)
-    run.doc["training_parameters"]["oom_retries"] = oom_retries
+        trainer, final_plan = run_trainer(job, *_out_of_memory_handlers(run, setup))
 
     with run.stage("evaluate_after"):
         after = evaluate_loss(trainer, held_out)
         samples_after = sample_generations(loaded.model, tokenizer, prompts, config.train.generation_tokens)
-    record_progress()
-    run.doc["training_report"]["evaluation"] = evaluation_report(
+    report = run.doc["training_report"]
+    report["evaluation"] = evaluation_report(
         before, after, samples_before, samples_after, history.eval_history, note
     )
-    run.doc["training_report"]["throughput"] = throughput_report(
-        history, final_plan, monitor.report(), usable_cores()
-    )
+    progress()
+    _record_throughput(run, history, final_plan, monitor)
     if before and after:
         say(
             f"held-out loss {before['loss']:.4f} → {after['loss']:.4f} ({(after['loss'] / before['loss'] - 1):+.1%})"
         )
 
-    with run.stage("save"):
-        adapter_dir = run.output_dir / ADAPTER_DIR
-        loaded.model.save_pretrained(adapter_dir)
-        tokenizer.save_pretrained(adapter_dir)
-    run.record(outputs=_outputs(run, adapter_dir, loaded.base_dir))
+    if writes:
+        with run.stage("save"):
+            adapter_dir = run.output_dir / ADAPTER_DIR
+            loaded.model.save_pretrained(adapter_dir)
+            tokenizer.save_pretrained(adapter_dir)
+        run.record(outputs=_outputs(run, adapter_dir, loaded.base_dir))
+
+
+class _Progress:
+    """After every log: the live manifest (history so far, this node's hardware, step, loss) and,
+    for each new step, one progress line."""
+
+    def __init__(self, run: Run, monitor):
+        self.run, self.monitor = run, monitor
+        self.job = None
+        self.shown_step: int | None = None
+
+    def __call__(self) -> None:
+        run, history = self.run, self.job.history
+        report = {**history.report(), "hardware": self.monitor.report()}
+        report["evaluation"] = {**run.doc["training_report"]["evaluation"], "history": history.eval_history}
+        last = history.loss_history[-1] if history.loss_history else {}
+        run.doc["run"].update(current_step=last.get("step"), latest_loss=last.get("loss"))
+        run.record(training_report={**run.doc["training_report"], **report})
+        if last and last["step"] != self.shown_step:
+            self.shown_step = last["step"]
+            loss = "not finite" if last["loss"] is None else f"{last['loss']:.4f}"
+            rate = history.lr_history[-1]["learning_rate"]
+            say(f"  step {last['step']}/{self.job.plan['total_steps']}  loss {loss}  lr {rate:.2e}")
+
+
+def _record_throughput(run: Run, history, plan: Plan, monitor) -> None:
+    """Throughput over every rank, and each node's hardware (gathered from the nodes' local rank 0)."""
+    import socket
+
+    from pipeline.hardware import usable_cores
+    from pipeline.performance import throughput_report
+
+    node = run.launch.rank // max(1, run.launch.local_world_size)
+    mine = {"tokens": history.trained_tokens, "blocks": history.blocks}
+    if run.launch.local_rank == 0:
+        mine["hardware"] = {"node": node, "hostname": socket.gethostname(), **monitor.report()}
+    gathered = run.coordinator.gather(mine)
+    if not run.launch.writes:
+        return
+    history.trained_tokens = sum(part["tokens"] for part in gathered)
+    history.blocks = sum(part["blocks"] for part in gathered)
+    report = run.doc["training_report"]
+    report["hardware"]["nodes"] = [part["hardware"] for part in gathered if "hardware" in part]
+    report["throughput"] = throughput_report(history, plan, monitor.report(), usable_cores())
+    run.save()
+
+
+def _out_of_memory_handlers(run: Run, setup: Setup):
+    """What to do after a CUDA out-of-memory: record it, and plan again with half the micro-batch."""
+    retries: list[dict[str, Any]] = run.doc["training_parameters"]["oom_retries"]
+
+    def record(retry: dict[str, Any]) -> None:
+        if run.launch.world_size > 1:
+            raise PipelineError(
+                f"CUDA ran out of memory at micro-batch {retry['batch_size']} on one of {run.launch.world_size} "
+                "processes; set plan.batch_size lower (or plan.gradient_checkpointing=true) and run again"
+            )
+        retries.append(retry)
+        say(
+            f"CUDA out of memory at micro-batch {retry['batch_size']}: retrying with {retry['batch_size'] // 2}"
+        )
+
+    def replan(cap: int) -> Plan:
+        prepared = setup.prepared
+        smaller = make_plan(
+            prepared.stats,
+            run.hardware,
+            prepared.facts,
+            run.loaded,
+            run.planned_launch,
+            setup.plan.probe,
+            cap,
+            prepared.has_eval,
+        )
+        run.record(training_parameters={**smaller.to_manifest(), "oom_retries": retries})
+        return smaller
+
+    return replan, record
+
+
+def _resume(run: Run, job) -> None:
+    job.resume_from = resumable_checkpoint(job.checkpoint_dir, job.stamp)
+    log_history = orjson.loads((job.resume_from / "trainer_state.json").read_bytes())["log_history"]
+    job.history.resume_from(log_history)
+    run.doc["run"]["resumed_from"] = job.resume_from.name
+    say(f"resuming from {job.resume_from}")
 
 
 def resumable_checkpoint(checkpoints: Path, stamp: dict[str, Any]) -> Path:

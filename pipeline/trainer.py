@@ -183,10 +183,14 @@ class TrainingHistory(TrainerCallback):
 
 
 class GracefulStop(TrainerCallback):
-    """SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once."""
+    """SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once.
 
-    def __init__(self) -> None:
+    With several processes, `agree` makes every rank stop at the same step (a rank that stopped
+    alone would leave the others waiting in a collective)."""
+
+    def __init__(self, agree: Callable[[bool], bool] = bool) -> None:
         self.received: int | None = None
+        self.agree = agree
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -204,7 +208,8 @@ class GracefulStop(TrainerCallback):
         self.received = signum
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.received is not None:
+        if self.agree(self.received is not None):
+            self.received = self.received or signal.SIGTERM
             control.should_save = True
             control.should_training_stop = True
 
@@ -217,7 +222,7 @@ class CheckpointStamp(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if checkpoint.is_dir():
+        if state.is_world_process_zero and checkpoint.is_dir():
             (checkpoint / STAMP_FILE).write_bytes(orjson.dumps({**self.stamp, "step": state.global_step}))
 
 
@@ -268,6 +273,10 @@ def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> Trai
         data_seed=plan["seed"],
         report_to="none",
         remove_unused_columns=False,  # position_ids carry the packing boundaries
+        ddp_find_unused_parameters=False,  # every LoRA parameter is used: skip DDP's search each step
+        fsdp=config.distributed.fsdp,
+        fsdp_config=config.distributed.fsdp_config,
+        deepspeed=config.distributed.deepspeed,
     )
 
 
@@ -284,8 +293,8 @@ class Job:
     history: TrainingHistory
     stamp: dict[str, Any]
     resume_from: Path | None = None
-    callbacks: list[TrainerCallback] = field(default_factory=list)
-    """Extra callbacks (evaluation hooks, the monitor's progress writer)."""
+    agree: Callable[[bool], bool] = bool
+    """Whether any rank wants to stop (identity for a single process)."""
 
 
 def build_trainer(job: Job) -> RepotuneTrainer:
@@ -295,7 +304,7 @@ def build_trainer(job: Job) -> RepotuneTrainer:
         train_dataset=job.train_dataset,
         eval_dataset=job.eval_dataset,
         data_collator=default_data_collator,
-        callbacks=[job.history, CheckpointStamp(job.stamp), *job.callbacks],
+        callbacks=[job.history, CheckpointStamp(job.stamp)],
         history=job.history,
     )
     # Both print raw log dicts to stdout; TrainingHistory reports progress on stderr instead.
@@ -315,7 +324,7 @@ def train(
     }
     while True:
         trainer = build_trainer(job)
-        stop = GracefulStop()
+        stop = GracefulStop(job.agree)
         trainer.add_callback(stop)
         try:
             with stop:

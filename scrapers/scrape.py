@@ -24,6 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from pipeline.config import ScrapeConfig
+from pipeline.errors import RepositoryError
 from pipeline.hardware import usable_cores
 from scrapers.git import RepositoryInfo, describe_repository, open_repository, rev_list, shallow_boundaries
 from scrapers.shard import ScrapeStats, ShardResult, ShardTask, scrape_shard
@@ -69,6 +70,8 @@ class ScrapeResult:
     sequences: dict[str, int]
     """Sequences written per split (`train`, `eval`)."""
     duration_s: float
+    failed: list[dict[str, str]]
+    """Repositories that could not be scraped (path and error), skipped."""
 
     def to_manifest(self) -> dict[str, Any]:
         commits = self.stats.commits_seen
@@ -87,35 +90,71 @@ class ScrapeResult:
             "workers": max((r.workers for r in self.repositories), default=0),
             "sequences_path": str(self.sequences_path),
             "per_repository": [r.to_manifest() for r in self.repositories],
+            "failed_repositories": self.failed,
         }
 
 
+@dataclass(frozen=True)
+class _Listed:
+    """A repository opened and its commits listed, ready to be sharded."""
+
+    path: str
+    git_dir: str
+    info: RepositoryInfo
+    name: str
+    shas: list[str]
+    tasks: list[ShardTask]
+
+
 def scrape(repo_paths: list[str | Path], config: ScrapeConfig, output_dir: Path) -> ScrapeResult:
-    """Scrape every repository into `output_dir/sequences.jsonl`, written atomically."""
+    """Scrape every repository into `output_dir/sequences.jsonl`, written atomically.
+
+    The shards of all repositories share one pool of worker processes, bounded by the usable
+    cores. With several repositories, one that cannot be scraped is reported and skipped; it
+    is an error only when none can be (or when it is the only one).
+    """
     started = time.perf_counter()
+    failed: list[dict[str, str]] = []
+    listed: list[_Listed] = []
+    for index, repo_path in enumerate(repo_paths):
+        try:
+            listed.append(_list(repo_path, config, output_dir / f".scrape-{index}", [r.name for r in listed]))
+        except RepositoryError as err:
+            failed.append({"path": str(repo_path), "error": str(err)})
+    tasks = [task for repository in listed for task in repository.tasks]
+    label = listed[0].name if len(listed) == 1 else f"{len(listed)} repositories"
+    outcomes = iter(_run_shards(tasks, total=sum(len(r.shas) for r in listed), label=label))
+
     path = output_dir / SEQUENCES_FILE
     partial = path.with_name(path.name + ".partial")
     seen_keys: set[bytes] = set()
     written = {"train": 0, "eval": 0}
     repositories: list[RepositoryScrape] = []
-    with partial.open("wb") as out:
-        for index, repo_path in enumerate(repo_paths):
-            part_prefix = output_dir / f".scrape-{index}"
-            scraped = _scrape_repository(
-                repo_path, [r.name for r in repositories], config, part_prefix, seen_keys, out, written
-            )
-            repositories.append(scraped)
+    try:
+        with partial.open("wb") as out:
+            for repository in listed:
+                results = [next(outcomes) for _ in repository.tasks]
+                errors = [result for result in results if isinstance(result, str)]
+                if errors:
+                    failed.append({"path": repository.path, "error": errors[0]})
+                    continue
+                repositories.append(_merge(repository, results, config, seen_keys, out, written))
+    finally:
+        for task in tasks:
+            task.part_path.unlink(missing_ok=True)
+    if not repositories:
+        partial.unlink(missing_ok=True)
+        raise RepositoryError("; ".join(failure["error"] for failure in failed) or "no repository given")
     os.replace(partial, path)
     total = ScrapeStats()
     for scraped in repositories:
         total.add(scraped.stats)
-    return ScrapeResult(path, repositories, total, config.formats, written, time.perf_counter() - started)
+    return ScrapeResult(
+        path, repositories, total, config.formats, written, time.perf_counter() - started, failed
+    )
 
 
-def _scrape_repository(
-    repo_path, taken_names, config, part_prefix: Path, seen_keys, out, written
-) -> RepositoryScrape:
-    started = time.perf_counter()
+def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[str]) -> _Listed:
     repo = open_repository(repo_path)
     shas = rev_list(repo, config.rev, config.max_commits, config.since, config.until)
     whole_history = config.rev == "HEAD" and not (config.max_commits or config.since or config.until)
@@ -129,25 +168,28 @@ def _scrape_repository(
         )
         for shard in range(workers)
     ]
-    try:
-        results = _run_shards(tasks, total=len(shas), label=name)
-        stats = ScrapeStats()
-        for result in results:
-            stats.add(result.stats)
-        split = _assign_splits(shas, results, config.eval_fraction, seen_keys, stats)
-        _write_sequences(shas, tasks, results, split, len(config.formats), out, written)
-    finally:
-        for task in tasks:
-            task.part_path.unlink(missing_ok=True)
+    return _Listed(str(repo_path), repo.git_dir, info, name, shas, tasks)
+
+
+def _merge(
+    repository: _Listed, results: list[ShardResult], config, seen_keys, out, written
+) -> RepositoryScrape:
+    """One repository's shards → its sequences in log order, deduplicated and split."""
+    stats = ScrapeStats()
+    for result in results:
+        stats.add(result.stats)
+    shas = repository.shas
+    split = _assign_splits(shas, results, config.eval_fraction, seen_keys, stats)
+    _write_sequences(shas, repository.tasks, results, split, len(config.formats), out, written)
     eval_commits = sum(1 for value in split.values() if value == "eval")
     return RepositoryScrape(
-        name=name,
-        info=info,
+        name=repository.name,
+        info=repository.info,
         stats=stats,
         train_commits=len(split) - eval_commits,
         eval_commits=eval_commits,
-        workers=workers,
-        duration_s=time.perf_counter() - started,
+        workers=len(repository.tasks),
+        duration_s=sum(result.seconds for result in results),
     )
 
 
@@ -218,16 +260,19 @@ def _write_sequences(
             reader.close()
 
 
-def _run_shards(tasks: list[ShardTask], total: int, label: str) -> list[ShardResult]:
-    """Run the shards (in worker processes when more than one) with a progress bar on a terminal."""
+def _run_shards(tasks: list[ShardTask], total: int, label: str) -> list[ShardResult | str]:
+    """Run the shards (in worker processes when more than one), in order, with a progress bar on a
+    terminal. A shard that fails gives its error message in place of a result."""
     counter = multiprocessing.Value("q", 0)
-    if len(tasks) == 1:
+    if len(tasks) <= 1:
         with _progress_bar(counter, total, label):
-            return [scrape_shard(tasks[0], counter)]
+            return [_scrape_or_error(task, counter) for task in tasks]
     # fork shares the loaded modules with the workers (spawn would re-import torch-free code at 0.3 s each).
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
-    pool = context.Pool(len(tasks), initializer=_set_worker_progress, initargs=(counter,))
+    pool = context.Pool(
+        min(len(tasks), usable_cores()), initializer=_set_worker_progress, initargs=(counter,)
+    )
     with pool, _progress_bar(counter, total, label):
         return pool.map(_scrape_with_progress, tasks)
 
@@ -240,8 +285,15 @@ def _set_worker_progress(counter) -> None:
     _WORKER_PROGRESS = counter
 
 
-def _scrape_with_progress(task: ShardTask) -> ShardResult:
-    return scrape_shard(task, _WORKER_PROGRESS)
+def _scrape_with_progress(task: ShardTask) -> ShardResult | str:
+    return _scrape_or_error(task, _WORKER_PROGRESS)
+
+
+def _scrape_or_error(task: ShardTask, progress) -> ShardResult | str:
+    try:
+        return scrape_shard(task, progress)
+    except RepositoryError as err:
+        return str(err)
 
 
 @contextmanager

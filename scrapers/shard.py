@@ -8,6 +8,7 @@ needs: the sha, the date and a content key for deduplication.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,8 @@ class KeptRecord:
 class ShardResult:
     stats: ScrapeStats
     kept: list[KeptRecord]
+    seconds: float
+    """Time this shard's worker took."""
 
 
 def log_options(config: ScrapeConfig) -> LogOptions:
@@ -107,6 +110,7 @@ def log_options(config: ScrapeConfig) -> LogOptions:
 
 def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
     """Scrape `task.shas`; `progress` is a shared counter (multiprocessing.Value) or None."""
+    started = time.perf_counter()
     config = task.config
     repo = open_repository(task.git_dir)
     filters = Filters(config, task.shallow_boundaries)
@@ -164,7 +168,7 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
         with progress.get_lock():
             progress.value += stats.commits_seen % PROGRESS_EVERY
     _count_binary_files(repo, binary_blobs, config.max_file_bytes, stats)
-    return ShardResult(stats, kept)
+    return ShardResult(stats, kept, time.perf_counter() - started)
 
 
 def _render_redacted(commit: KeptCommit, formats: list[str]) -> tuple[dict[str, str], Counter]:
