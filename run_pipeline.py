@@ -19,6 +19,7 @@ from pipeline.cli import (
     generate_options,
     hardware_profile_option,
     loaded_config,
+    monitor_options,
     parse_args,
     report_options,
     resume_option,
@@ -56,6 +57,28 @@ def plan(args: argparse.Namespace) -> None:
         record.finish("planned")
     print(stages.format_plan(decisions))
     record.announce()
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """Scrape, tokenize into the token cache and pack, without training: a later `run` hits the cache."""
+    with open_run(loaded_config(args), "prepare", args.argv) as record:
+        prepared = stages.prepare(record, stages.scrape(record, args.repos, reuse=True))
+        decisions = stages.plan(record, prepared, args.hardware_profile)
+        stages.pack(record, prepared, decisions)
+        record.finish("prepared")
+    print(stages.cache_summary(record))
+    record.announce()
+
+
+def monitor(args: argparse.Namespace) -> None:
+    """Watch GPUs, CPU and RAM (and a process) with the pipeline's sampler; a summary and advice at the end."""
+    from pipeline.config import load_config
+    from pipeline.watch import format_summary, watch
+
+    interval = args.interval or load_config(None).config.monitor.collection_interval_seconds
+    report = watch(args.duration, interval, args.pid, args.output, args.argv)
+    print(format_summary(report))
+    print(args.output)
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -100,6 +123,12 @@ COMMANDS = {
     ),
     "diff": Command(diff, "compare two manifests: what changed, by how much", diff_options, False),
     "report": Command(report, "write one self-contained HTML page about a run", report_options, False),
+    "prepare": Command(
+        prepare, "scrape and tokenize into the token cache without training", hardware_profile_option
+    ),
+    "monitor": Command(
+        monitor, "watch GPUs, CPU and RAM (and a process), then summarise and advise", monitor_options, False
+    ),
 }
 
 

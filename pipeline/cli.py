@@ -164,6 +164,28 @@ def report_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def monitor_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="stop after this long (default: until Ctrl-C)"
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between samples (default: monitor.collection_interval_seconds)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path("monitor.json"),
+        metavar="FILE",
+        help="the JSON report (default monitor.json)",
+    )
+    parser.add_argument(
+        "--pid", type=int, metavar="PID", help="also follow this process's CPU and memory; stop when it exits"
+    )
+
+
 def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namespace:
     """Parse argv; a first argument that is an option (not -h) means the default command."""
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):

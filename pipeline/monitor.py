@@ -17,8 +17,15 @@ from typing import Any
 import psutil
 
 GB = 1024**3
-SUMMARY_METRICS = ("cpu_pct", "ram_used_gb", "process_rss_gb")
-GPU_METRICS = ("utilization_pct", "memory_used_gb", "temperature_c", "power_w", "sm_clock_mhz")
+SUMMARY_METRICS = ("cpu_pct", "ram_used_gb", "ram_total_gb", "process_cpu_pct", "process_rss_gb")
+GPU_METRICS = (
+    "utilization_pct",
+    "memory_used_gb",
+    "memory_total_gb",
+    "temperature_c",
+    "power_w",
+    "sm_clock_mhz",
+)
 
 
 def import_nvml():
@@ -31,16 +38,21 @@ def import_nvml():
 
 
 class HardwareMonitor:
-    def __init__(self, interval_s: float, nvml=None):
+    """Samples this machine every `interval_s`; `process` is the process whose CPU and RSS are
+    followed (this one by default); `on_sample` sees each sample as it is taken."""
+
+    def __init__(self, interval_s: float, nvml=None, process: psutil.Process | None = None, on_sample=None):
         self.interval_s = interval_s
         self.nvml = nvml
         self.gpu_note: str | None = None if nvml else "nvidia-ml-py is not installed"
         self.samples: list[dict[str, Any]] = []
-        self._process = psutil.Process()
+        self.on_sample = on_sample
+        self._process = process or psutil.Process()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="repotune-monitor", daemon=True)
         self._started = 0.0
         self._handles = []
+        self._process_name: str | None = None
         self.sampling_time_s = 0.0
         """Time spent taking samples (the monitor's own overhead)."""
 
@@ -53,6 +65,10 @@ class HardwareMonitor:
                 self.gpu_note = None if count else "NVML found no GPU"
             except Exception as err:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...: no GPU data
                 self.nvml, self.gpu_note = None, f"no NVIDIA driver (NVML: {err})"
+        try:
+            self._process_name = self._process.name()  # now: a followed process may be gone by the report
+        except psutil.Error:
+            self._process_name = None
         self._process.cpu_percent(None)  # the first call only primes psutil's counters
         psutil.cpu_percent(None)
         self._started = time.perf_counter()
@@ -81,16 +97,34 @@ class HardwareMonitor:
     def _sample(self) -> None:
         began = time.perf_counter()
         memory = psutil.virtual_memory()
+        try:
+            with self._process.oneshot():
+                process_cpu, process_rss = (
+                    self._process.cpu_percent(None),
+                    self._process.memory_info().rss / GB,
+                )
+        except psutil.Error:  # the followed process has exited
+            process_cpu = process_rss = None
         sample = {
             "t_s": round(began - self._started, 3),
             "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "cpu_pct": psutil.cpu_percent(None),
             "ram_used_gb": round((memory.total - memory.available) / GB, 3),
-            "process_rss_gb": round(self._process.memory_info().rss / GB, 3),
+            "ram_total_gb": round(memory.total / GB, 3),
+            "process_cpu_pct": process_cpu,
+            "process_rss_gb": round(process_rss, 3) if process_rss is not None else None,
             "gpus": [self._gpu_sample(index, handle) for index, handle in enumerate(self._handles)],
         }
         self.samples.append(sample)
         self.sampling_time_s += time.perf_counter() - began
+        if self.on_sample:
+            self.on_sample(sample)
+
+    def process_alive(self) -> bool:
+        try:
+            return self._process.is_running() and self._process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
 
     def _gpu_sample(self, index: int, handle) -> dict[str, Any]:
         nvml = self.nvml
@@ -115,21 +149,84 @@ class HardwareMonitor:
         }
 
     def report(self) -> dict[str, Any]:
-        """The manifest's hardware section: interval, samples and their summary."""
+        """The manifest's hardware section: interval, samples, their summary and what they say."""
+        summary = summarize(self.samples)
         return {
             "collection_interval_seconds": self.interval_s,
             "sample_count": len(self.samples),
             "samples": self.samples,
-            "summary": summarize(self.samples),
+            "summary": summary,
+            "assessment": assess(summary, self.gpu_note),
             "gpu_note": self.gpu_note,
             "monitor_overhead_s": round(self.sampling_time_s, 4),
+            "followed_process": self._followed(),
         }
+
+    def _followed(self) -> dict[str, Any]:
+        return {"pid": self._process.pid, "name": self._process_name, "exited": not self.process_alive()}
+
+
+# Thresholds for the assessment, from what a busy training GPU looks like.
+IDLE_GPU_PCT = 30  # mean utilisation under this: the GPU spends most of its time waiting
+BUSY_GPU_PCT = 90  # mean utilisation over this: the GPU is the limit
+FULL_MEMORY_SHARE = 0.7  # memory used over this share of the card: a model (and data) are loaded on it
+COOL_GPU_C = 55  # a GPU under sustained load runs hotter than this
+BUSY_CPU_PCT = 90
+FULL_RAM_SHARE = 0.9
+
+
+def assess(summary: dict[str, Any], gpu_note: str | None) -> list[str]:
+    """What the samples say, each with concrete advice."""
+    findings = []
+    cpu = summary["cpu_pct"]["mean"]
+    gpus = summary.get("gpus") or []
+    if not gpus:
+        findings.append(f"no GPU found ({gpu_note or 'NVML reported none'}): only CPU and RAM were sampled")
+    for gpu in gpus:
+        busy = gpu["utilization_pct"]["mean"]
+        used, total = gpu["memory_used_gb"]["max"], gpu.get("memory_total_gb", {}).get("max")
+        hottest = gpu["temperature_c"]["max"]
+        label = f"GPU {gpu['index']}"
+        if busy is None:
+            findings.append(f"{label}: no utilisation readings from NVML")
+            continue
+        full = used is not None and total and used / total > FULL_MEMORY_SHARE
+        if busy < IDLE_GPU_PCT and full:
+            findings.append(
+                f"{label}: utilisation mean {busy:.0f}% with memory {used / total:.0%} used: the GPU waits for data — "
+                "raise dataloader workers (plan.num_workers), enable plan.pin_memory, pre-tokenize (see `prepare`)"
+            )
+        elif busy < IDLE_GPU_PCT:
+            findings.append(
+                f"{label}: utilisation mean {busy:.0f}%: the GPU is idle most of the time — is the job running on it?"
+            )
+        elif busy >= BUSY_GPU_PCT:
+            findings.append(
+                f"{label}: utilisation mean {busy:.0f}%: the GPU is the limit — more speed needs a faster GPU or more of them"
+            )
+        if hottest is not None and hottest < COOL_GPU_C and busy < BUSY_GPU_PCT:
+            findings.append(
+                f"{label}: temperature {hottest:.0f} °C at most: under real load it would run hotter; the GPU is idle most of the time"
+            )
+        if cpu is not None and cpu >= BUSY_CPU_PCT and busy < IDLE_GPU_PCT:
+            findings.append(
+                f"CPU mean {cpu:.0f}% while {label} waits: the input pipeline is CPU-bound — "
+                "pre-tokenize with `prepare`, or move tokenization off this machine"
+            )
+    ram, ram_total = summary["ram_used_gb"]["max"], summary.get("ram_total_gb", {}).get("max")
+    if ram is not None and ram_total and ram / ram_total > FULL_RAM_SHARE:
+        findings.append(
+            f"RAM nearly full ({ram:.1f} of {ram_total:.1f} GB): swapping will slow everything — lower plan.num_workers"
+        )
+    if not findings:
+        findings.append(f"nothing unusual: CPU mean {cpu:.0f}%" if cpu is not None else "nothing measured")
+    return findings
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """mean / p95 / max per metric, per GPU too; null where nothing was measured."""
+    """mean / p95 / min / max per metric, per GPU too; null where nothing was measured."""
     summary: dict[str, Any] = {
-        metric: summarize_values([s[metric] for s in samples]) for metric in SUMMARY_METRICS
+        metric: summarize_values([s.get(metric) for s in samples]) for metric in SUMMARY_METRICS
     }
     gpu_indexes = sorted({gpu["index"] for s in samples for gpu in s["gpus"]})
     summary["gpus"] = [
@@ -148,13 +245,14 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize_values(values: list[float | None]) -> dict[str, float | None]:
-    """mean / p95 / max of a series; null when nothing was measured."""
+    """mean / p95 / min / max of a series; null when nothing was measured."""
     present = sorted(v for v in values if v is not None and math.isfinite(v))
     if not present:
-        return {"mean": None, "p95": None, "max": None}
+        return {"mean": None, "p95": None, "min": None, "max": None}
     rank = max(1, math.ceil(0.95 * len(present)))
     return {
         "mean": round(sum(present) / len(present), 3),
         "p95": round(present[rank - 1], 3),
+        "min": round(present[0], 3),
         "max": round(present[-1], 3),
     }

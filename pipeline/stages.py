@@ -198,6 +198,23 @@ def plan(run: Run, prepared: Prepared, hardware_profile: str | None = None) -> P
     return result
 
 
+def cache_summary(run: Run) -> str:
+    """What `prepare` made: the cache key and place, and the counts."""
+    dataset, cache = run.doc["dataset"], run.doc["dataset"]["cache"]
+    state = "found" if cache["hit"] else f"built in {cache['seconds']:.2f} s"
+    return "\n".join(
+        [
+            f"token cache {cache['key']} ({state})",
+            f"  location   {cache['dir']}",
+            f"  sequences  {dataset['train_sequences']} train, {dataset['eval_sequences']} held out",
+            f"  tokens     {dataset['train_tokens']} train, {dataset['eval_tokens']} held out",
+            f"  blocks     {dataset['train_blocks']} train, {dataset['eval_blocks']} held out, of {dataset['block_size']} tokens "
+            f"({dataset['packing_efficiency']:.1%} filled)",
+            f"  took       {run.doc['total_execution_time_seconds']:.2f} s",
+        ]
+    )
+
+
 def format_plan(plan: Plan) -> str:
     rows = [("parameter", "value", "source", "reason")]
     rows += [(name, _show(d.value), d.source, d.reason) for name, d in plan.decisions.items()]

@@ -185,7 +185,11 @@ def test_unreadable_manifest_and_other_major_version(cli, two_runs, tmp_path):
     future["schema_version"] = "2.0.0"
     result = cli("diff", two_runs[0], write(tmp_path / "future.json", future))
     assert result.code == 1
-    assert "warning: this repotune reads manifest schema 1.0.0; AFTER has schema 2.0.0" in result.err
+    from pipeline.manifest import SCHEMA_VERSION
+
+    assert (
+        f"warning: this repotune reads manifest schema {SCHEMA_VERSION}; AFTER has schema 2.0.0" in result.err
+    )
 
 
 class Images(HTMLParser):

@@ -90,8 +90,8 @@ def test_monitor_samples_cpu_and_gpus_then_summarises():
     assert [gpu["utilization_pct"] for gpu in first["gpus"]] == [97, 8]
     assert first["gpus"][1]["power_w"] is None  # not reported by that GPU: null, not a crash
     summary = report["summary"]
-    assert summary["gpus"][0]["utilization_pct"] == {"mean": 97.0, "p95": 97.0, "max": 97.0}
-    assert summary["gpus"][1]["power_w"] == {"mean": None, "p95": None, "max": None}
+    assert summary["gpus"][0]["utilization_pct"] == {"mean": 97.0, "p95": 97, "min": 97, "max": 97}
+    assert summary["gpus"][1]["power_w"] == {"mean": None, "p95": None, "min": None, "max": None}
     assert summary["cpu_pct"]["max"] >= summary["cpu_pct"]["mean"] >= 0
 
 
@@ -119,5 +119,5 @@ def test_summary_ignores_missing_values():
         {"cpu_pct": v, "ram_used_gb": 1.0, "process_rss_gb": None, "gpus": []} for v in (10, 20, 30, 40)
     ]
     summary = summarize(samples)
-    assert summary["cpu_pct"] == {"mean": 25.0, "p95": 40, "max": 40}
-    assert summary["process_rss_gb"] == {"mean": None, "p95": None, "max": None}
+    assert summary["cpu_pct"] == {"mean": 25.0, "p95": 40, "min": 10, "max": 40}
+    assert summary["process_rss_gb"] == {"mean": None, "p95": None, "min": None, "max": None}
