@@ -42,30 +42,15 @@ def generation_prompts(sequences_path: Path, count: int) -> list[dict[str, str]]
 def sample_generations(
     model, tokenizer, prompts: list[dict[str, str]], max_new_tokens: int
 ) -> list[dict[str, str]]:
-    """Greedy continuations of each prompt (deterministic, so before and after compare fairly)."""
-    import torch
+    """Each prompt with the model's greedy continuation."""
+    from pipeline.model import continue_text
 
-    if not prompts:
-        return []
-    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    samples = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = tokenizer(prompt["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"].to(
-                device
-            )
-            output = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-            text = tokenizer.decode(output[0][ids.shape[1] :], skip_special_tokens=True)
-            samples.append({**prompt, "output": text})
+    samples = [
+        {**prompt, "output": continue_text(model, tokenizer, prompt["prompt"], max_new_tokens)}
+        for prompt in prompts
+    ]
     model.train(was_training)
     return samples
 

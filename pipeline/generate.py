@@ -35,20 +35,10 @@ def load_adapter(path: str | Path):
 
 
 def generate(path: str | Path, prompt: str, max_new_tokens: int) -> str:
-    import torch
+    from pipeline.model import continue_text
 
     model, tokenizer = load_adapter(path)
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        output = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    return tokenizer.decode(output[0][ids.shape[1] :], skip_special_tokens=True)
+    return continue_text(model, tokenizer, prompt, max_new_tokens)
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

@@ -201,6 +201,24 @@ def attach_lora(model, lora_config, base_modules_to_train: list[str]):
         ) from None
 
 
+def continue_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The model's greedy continuation of `prompt` (deterministic, so two models compare fairly)."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
+    with torch.no_grad():
+        output = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(output[0][ids.shape[1] :], skip_special_tokens=True)
+
+
 def _from_pretrained(cls, name: str, **kwargs):
     """Load from the local cache first; go to the hub only when it answers, so offline fails fast."""
     local = Path(name).expanduser()

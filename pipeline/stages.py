@@ -19,13 +19,13 @@ from pipeline.dataset import PackedSplit, read_sequences
 from pipeline.distributed import launch_for_profile
 from pipeline.errors import PipelineError, RepositoryError
 from pipeline.hardware import detect_hardware, load_hardware_profile
-from pipeline.manifest import tool_info
 from pipeline.planner import DataStats, ModelFacts, Plan, make_plan
 from pipeline.run import Run
 from pipeline.token_cache import TokenCache
 from scrapers.git import open_repository
 from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_repositories
+from scrapers.shard import describe_counts
 
 ADAPTER_DIR = "adapter"
 BASE_MODEL_DIR = "base_model"
@@ -56,7 +56,7 @@ def scrape(run: Run, repos: list[str], reuse: bool = False) -> Scraped:
         section = {**previous["scrape"], "reused": True}
         run.record(repository=previous["repository"], repositories=previous["repositories"], scrape=section)
         say(f"reusing the scrape in {run.output_dir} (same repositories, HEADs and scrape config)")
-        return Scraped(sequences_path, _where(previous["repositories"]), _skipped(section["skipped"]))
+        return Scraped(sequences_path, _where(previous["repositories"]), describe_counts(section["skipped"]))
     with run.stage("scrape"):
         result = scrape_repositories(repos, run.config.scrape, run.output_dir)
     infos = [vars(scraped.info) for scraped in result.repositories]
@@ -81,7 +81,7 @@ def scrape_provenance(repos: list[str], run: Run) -> str:
             heads.append([str(Path(opened.git_dir).resolve()), opened.head.commit.hexsha])
         except RepositoryError:  # the scrape reports it (and skips it, if others can be scraped)
             heads.append([str(repo), None])
-    tool = tool_info()
+    tool = run.doc["tool"]
     payload = {
         "tool": [tool["version"], tool["git_sha"]],
         "repos": heads,
@@ -92,10 +92,6 @@ def scrape_provenance(repos: list[str], run: Run) -> str:
 
 def _where(infos: list[dict[str, Any]]) -> str:
     return infos[0]["path"] if len(infos) == 1 else f"{len(infos)} repositories"
-
-
-def _skipped(skipped: dict[str, int]) -> str:
-    return ", ".join(f"{reason} {count}" for reason, count in sorted(skipped.items())) or "none"
 
 
 @dataclass(frozen=True)
@@ -131,15 +127,16 @@ def prepare(run: Run, scraped: Scraped) -> Prepared:
 
     quiet_library_output()
     model_name = run.config.train.model
-    records = read_sequences(scraped.sequences_path)
-    train_texts = [record["text"] for record in records if record["split"] == "train"]
-    if not train_texts:
+    if not run.doc["scrape"]["split"]["train_sequences"]:
         raise RepositoryError(
             f"{scraped.where}: no commit survived the filters (skipped: {scraped.skipped}); nothing to train on"
         )
 
-    def build(staging: Path) -> None:
-        tokenizer = load_tokenizer(model_name, train_texts)
+    def build(staging: Path) -> None:  # only on a cache miss: a hit reads none of the sequences
+        records = read_sequences(scraped.sequences_path)
+        tokenizer = load_tokenizer(
+            model_name, [record["text"] for record in records if record["split"] == "train"]
+        )
         tokenizer.save_pretrained(staging / "tokenizer")
         tokenize_sequences(records, tokenizer, staging)
 
@@ -380,17 +377,11 @@ def train(run: Run, setup: Setup, plan: Plan, loaded: Loaded, resume: bool = Fal
         "effective_batch_size": plan["effective_batch_size"],
         "total_steps": plan["total_steps"],
     }
+    checkpoints = run.output_dir / CHECKPOINT_DIR
+    dataset = setup.train.dataset()
     job = Job(
-        loaded.model,
-        setup.train.dataset(),
-        held_out,
-        plan,
-        config,
-        run.output_dir / CHECKPOINT_DIR,
-        history,
-        stamp,
+        loaded.model, dataset, held_out, plan, config, checkpoints, history, stamp, agree=run.coordinator.any
     )
-    job.agree = run.coordinator.any
     progress.job = job
     if resume:
         _resume(run, job)

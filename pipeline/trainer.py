@@ -292,9 +292,9 @@ class Job:
     checkpoint_dir: Path
     history: TrainingHistory
     stamp: dict[str, Any]
-    resume_from: Path | None = None
     agree: Callable[[bool], bool] = bool
     """Whether any rank wants to stop (identity for a single process)."""
+    resume_from: Path | None = None
 
 
 def build_trainer(job: Job) -> RepotuneTrainer:

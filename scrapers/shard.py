@@ -25,6 +25,11 @@ from scrapers.secrets import redact
 PROGRESS_EVERY = 64  # commits between progress-counter updates (a shared counter costs a lock)
 
 
+def describe_counts(counts: dict[str, int]) -> str:
+    """`merge 3, no_text_changes 1` (or `none`), for messages."""
+    return ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items())) or "none"
+
+
 @dataclass
 class ScrapeStats:
     commits_seen: int = 0
@@ -52,8 +57,7 @@ class ScrapeStats:
         self.redacted_commits.extend(other.redacted_commits)
 
     def skipped_summary(self) -> str:
-        """`merge 3, no_text_changes 1` (or `none`), for messages."""
-        return ", ".join(f"{reason} {count}" for reason, count in sorted(self.skipped.items())) or "none"
+        return describe_counts(self.skipped)
 
     def to_manifest(self) -> dict[str, Any]:
         return {

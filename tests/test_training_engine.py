@@ -194,17 +194,14 @@ SLOW_TRAINING = [
 ]  # fmt: skip
 
 
-def start_run(repo: GitRepo, out: Path, *extra: str) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        str(ROOT / "run_pipeline.py"),
-        "--repo",
-        str(repo.path),
-        "--output-dir",
-        str(out),
-    ]
+def command(repo: GitRepo, out: Path, *extra: str) -> list[str]:
+    script = [sys.executable, str(ROOT / "run_pipeline.py")]
+    return [*script, "--repo", str(repo.path), "--output-dir", str(out), *SLOW_TRAINING, *extra]
+
+
+def start_run(repo: GitRepo, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [*command, *SLOW_TRAINING, *extra],
+        command(repo, out),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -234,21 +231,7 @@ def test_kill_9_then_resume_completes_the_same_run(tmp_path):
     total = killed["training_parameters"]["total_steps"]
     saved = max(int(path.name.split("-")[1]) for path in (out / "checkpoints").glob("checkpoint-*"))
     assert saved < total
-    resumed = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "run_pipeline.py"),
-            "--repo",
-            str(repo.path),
-            "--output-dir",
-            str(out),
-            *SLOW_TRAINING,
-            "--resume",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    resumed = subprocess.run(command(repo, out, "--resume"), cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {out / 'checkpoints'}" in resumed.stderr
     manifest = read_json(out / "MANIFEST.json")
