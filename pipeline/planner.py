@@ -215,15 +215,15 @@ def make_plan(
     if p.is_auto("train.sequence_length"):
         p95 = data.percentile(95)
         length = min(max_length, max(64, math.ceil(p95 / 64) * 64))
-        capped = (
-            " (capped by max_sequence_length or the model)"
+        how = (
+            f"capped at {max_length} (max_sequence_length or the model's limit)"
             if length == max_length and p95 > max_length
-            else ""
+            else "rounded up to a multiple of 64"
         )
         sequence_length = p.planned(
             "sequence_length",
             length,
-            f"p95 of {data.sequences} sequence lengths is {p95} tokens, rounded up to 64{capped}",
+            f"p95 of {data.sequences} sequence lengths is {p95} tokens, {how}",
         )
     else:
         sequence_length = p.from_config("sequence_length", "train.sequence_length")
