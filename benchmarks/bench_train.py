@@ -36,9 +36,9 @@ from pipeline.model import (
     attach_lora,
     build_model,
     describe_model,
-    load_tokenizer,
     model_config,
     quiet_library_output,
+    train_tiny_tokenizer,
 )
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.planner import make_plan
@@ -164,8 +164,8 @@ def main() -> None:
     loaded = load_config(None, [f"scrape.max_commits={args.max_commits}"])
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     scrape([args.repo], loaded.config.scrape, work)
-    records = read_sequences(work / "sequences.jsonl")
-    tokenizer = load_tokenizer("tiny", [r["text"] for r in records if r["split"] == "train"])
+    records = list(read_sequences(work / "sequences.jsonl"))
+    tokenizer = train_tiny_tokenizer([r["text"] for r in records if r["split"] == "train"])
     cache = open_or_build(
         work / "cache", "bench", lambda staging: tokenize_sequences(records, tokenizer, staging)
     )

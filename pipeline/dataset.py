@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,12 @@ from pipeline.packing import IGNORE_INDEX, layout
 ARRAYS = ("input_ids", "position_ids", "labels")
 
 
-def read_sequences(path: Path) -> list[dict[str, Any]]:
+def read_sequences(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of sequences.jsonl, one at a time (a reader that needs a few stops early)."""
     with path.open("rb") as handle:
-        return [orjson.loads(line) for line in handle if line.strip()]
+        for line in handle:
+            if line.strip():
+                yield orjson.loads(line)
 
 
 @dataclass(frozen=True)

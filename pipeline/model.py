@@ -54,10 +54,11 @@ def quiet_library_output() -> None:
         handler.addFilter(lambda record: "mtime may not be reliable" not in record.getMessage())
 
 
-def load_tokenizer(model_name: str, corpus: Iterable[str]):
-    """The tokenizer for `model_name`; `corpus` trains tiny's."""
+def pretrained_tokenizer(model_name: str):
+    """A pretrained model's own tokenizer; None for tiny, whose tokenizer `train_tiny_tokenizer` makes
+    from the corpus."""
     if model_name == TINY:
-        return _train_tiny_tokenizer(corpus)
+        return None
     from transformers import AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, model_name)
@@ -70,19 +71,19 @@ def load_tokenizer(model_name: str, corpus: Iterable[str]):
     return tokenizer
 
 
-def tokenizer_recipe(model_name: str) -> dict:
-    """What the token cache's key needs to know about the tokenizer, before tokenizing anything."""
-    if model_name == TINY:
+def tokenizer_recipe(pretrained) -> dict:
+    """What the token cache's key needs to know about the tokenizer, before tokenizing anything;
+    `pretrained` is what `pretrained_tokenizer` gave (None for tiny)."""
+    if pretrained is None:
         import tokenizers
 
-        # Trained on the corpus (whose identity is in the scrape part of the key) with this recipe.
+        # Tiny's, trained on the corpus (whose identity is in the scrape part of the key) with this recipe.
         return {"tiny_vocab_size": TINY_VOCAB_SIZE, "eos": EOS_TOKEN, "tokenizers": tokenizers.__version__}
-    tokenizer = load_tokenizer(model_name, [])
-    vocabulary = sorted(tokenizer.get_vocab().items())
+    vocabulary = sorted(pretrained.get_vocab().items())
     return {
         "vocab_sha256": hashlib.sha256(repr(vocabulary).encode()).hexdigest(),
-        "eos": tokenizer.eos_token,
-        "class": type(tokenizer).__name__,
+        "eos": pretrained.eos_token,
+        "class": type(pretrained).__name__,
     }
 
 
@@ -142,7 +143,8 @@ def describe_model(model_name: str, config) -> ModelFacts:
     )
 
 
-def _train_tiny_tokenizer(corpus: Iterable[str]):
+def train_tiny_tokenizer(corpus: Iterable[str]):
+    """Tiny's byte-level BPE tokenizer, trained on `corpus`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -21,7 +21,7 @@ from pipeline.errors import PipelineError, RepositoryError
 from pipeline.hardware import detect_hardware, load_hardware_profile
 from pipeline.planner import DataStats, ModelFacts, Plan, make_plan
 from pipeline.run import Run
-from pipeline.token_cache import TokenCache
+from pipeline.token_cache import TokenCache, provenance_hash
 from scrapers.git import open_repository
 from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_repositories
@@ -87,7 +87,7 @@ def scrape_provenance(repos: list[str], run: Run) -> str:
         "repos": heads,
         "config": run.config.to_dict()["scrape"],
     }
-    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return provenance_hash(payload)
 
 
 def _where(infos: list[dict[str, Any]]) -> str:
@@ -118,10 +118,11 @@ def prepare(run: Run, scraped: Scraped) -> Prepared:
     from pipeline.model import (
         describe_model,
         load_saved_tokenizer,
-        load_tokenizer,
         model_config,
+        pretrained_tokenizer,
         quiet_library_output,
         tokenizer_recipe,
+        train_tiny_tokenizer,
     )
     from pipeline.token_cache import cache_key, open_or_build, tokenize_sequences
 
@@ -132,16 +133,19 @@ def prepare(run: Run, scraped: Scraped) -> Prepared:
             f"{scraped.where}: no commit survived the filters (skipped: {scraped.skipped}); nothing to train on"
         )
 
-    def build(staging: Path) -> None:  # only on a cache miss: a hit reads none of the sequences
-        records = read_sequences(scraped.sequences_path)
-        tokenizer = load_tokenizer(
-            model_name, [record["text"] for record in records if record["split"] == "train"]
+    def build(staging: Path) -> dict[str, int]:  # only on a cache miss: a hit reads none of the sequences
+        records = list(read_sequences(scraped.sequences_path))
+        tokenizer = (
+            pretrained
+            if pretrained is not None
+            else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
         )
         tokenizer.save_pretrained(staging / "tokenizer")
-        tokenize_sequences(records, tokenizer, staging)
+        return tokenize_sequences(records, tokenizer, staging)
 
     with run.stage("tokenize"):
-        key = cache_key(run.doc["scrape"]["provenance_key"], model_name, tokenizer_recipe(model_name))
+        pretrained = pretrained_tokenizer(model_name)  # loaded once: for the key, and to tokenize on a miss
+        key = cache_key(run.doc["scrape"]["provenance_key"], model_name, tokenizer_recipe(pretrained))
         cache = open_or_build(cache_root(run), key, build)
         tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
         config = model_config(model_name, tokenizer)
@@ -182,17 +186,27 @@ def plan(run: Run, prepared: Prepared, hardware_profile: str | None = None) -> P
     """Detect (or load) the hardware and plan; the decisions go to `.training_parameters`."""
     with run.stage("plan"):
         if hardware_profile:
-            hardware = load_hardware_profile(hardware_profile)
-            launch = launch_for_profile(hardware)
+            run.hardware = load_hardware_profile(hardware_profile)
+            run.planned_launch = launch_for_profile(run.hardware)
         else:
-            hardware = detect_hardware()
-            launch = run.launch
-        result = make_plan(
-            prepared.stats, hardware, prepared.facts, run.loaded, launch, has_eval=prepared.has_eval
-        )
-    run.hardware, run.planned_launch = hardware, launch
-    run.record(hardware=hardware.to_manifest(), training_parameters=result.to_manifest())
+            run.hardware, run.planned_launch = detect_hardware(), run.launch
+        result = _make_plan(run, prepared)
+    run.record(hardware=run.hardware.to_manifest(), training_parameters=result.to_manifest())
     return result
+
+
+def _make_plan(run: Run, prepared: Prepared, probe=(), oom_cap: int | None = None) -> Plan:
+    """The plan for this data on the hardware and launch the plan stage chose (after a probe, or an OOM)."""
+    return make_plan(
+        prepared.stats,
+        run.hardware,
+        prepared.facts,
+        run.loaded,
+        run.planned_launch,
+        probe,
+        oom_cap,
+        prepared.has_eval,
+    )
 
 
 def cache_summary(run: Run) -> str:
@@ -325,15 +339,7 @@ def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None) -> Pl
     with run.stage("batch_probe"):
         step = cuda_step(loaded.model, train.dataset(), plan["precision"], largest)
         rows = probe_batch_sizes(step, largest, gpu.memory_gb, run.config.plan.probe_headroom)
-    replanned = make_plan(
-        prepared.stats,
-        run.hardware,
-        prepared.facts,
-        run.loaded,
-        run.planned_launch,
-        rows,
-        has_eval=prepared.has_eval,
-    )
+    replanned = _make_plan(run, prepared, rows)
     run.record(training_parameters={**replanned.to_manifest(), "batch_probe_note": None})
     say(
         f"batch probe: {[(row.batch_size, row.peak_memory_gb, row.fits) for row in rows]} → micro-batch {replanned['batch_size']}"
@@ -486,17 +492,7 @@ def _out_of_memory_handlers(run: Run, setup: Setup):
         )
 
     def replan(cap: int) -> Plan:
-        prepared = setup.prepared
-        smaller = make_plan(
-            prepared.stats,
-            run.hardware,
-            prepared.facts,
-            run.loaded,
-            run.planned_launch,
-            setup.plan.probe,
-            cap,
-            prepared.has_eval,
-        )
+        smaller = _make_plan(run, setup.prepared, setup.plan.probe, cap)
         run.record(training_parameters={**smaller.to_manifest(), "oom_retries": retries})
         return smaller
 

@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,11 @@ class TokenCache:
         }
 
 
+def provenance_hash(payload: dict[str, Any]) -> str:
+    """sha256 of the payload as JSON with sorted keys: the same inputs always give the same key."""
+    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
 def cache_key(scrape_provenance: str, model_name: str, tokenizer_recipe: dict[str, Any]) -> str:
     payload = {
         "format": CACHE_FORMAT,
@@ -78,11 +84,12 @@ def cache_key(scrape_provenance: str, model_name: str, tokenizer_recipe: dict[st
         "model": model_name,
         "tokenizer": tokenizer_recipe,
     }
-    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()[:20]
+    return provenance_hash(payload)[:20]
 
 
-def open_or_build(cache_root: Path, key: str, build) -> TokenCache:
-    """The cache entry for `key`: loaded if complete, else made by `build(directory)` and renamed into place."""
+def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, int]]) -> TokenCache:
+    """The cache entry for `key`: loaded if complete, else made by `build(directory)`, which returns
+    the entry's counts for meta.json, and renamed into place."""
     started = time.perf_counter()
     directory = cache_root / f"tokens-{key}"
     if (directory / "meta.json").exists():
@@ -92,10 +99,8 @@ def open_or_build(cache_root: Path, key: str, build) -> TokenCache:
     staging = cache_root / f"tokens-{key}.{os.getpid()}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        build(staging)
-        (staging / "meta.json").write_bytes(
-            orjson.dumps({"key": key, **_meta_of(staging)}, option=orjson.OPT_INDENT_2)
-        )
+        counts = build(staging)
+        (staging / "meta.json").write_bytes(orjson.dumps({"key": key, **counts}, option=orjson.OPT_INDENT_2))
         try:
             staging.rename(directory)
         except OSError:  # another process finished the same entry first: theirs is as good as ours
@@ -106,26 +111,18 @@ def open_or_build(cache_root: Path, key: str, build) -> TokenCache:
     return TokenCache(directory, key, False, time.perf_counter() - started)
 
 
-def _meta_of(staging: Path) -> dict[str, Any]:
-    from datasets import load_from_disk
-
-    meta = {}
-    for split in ("train", "eval"):
-        dataset = load_from_disk(str(staging / split)) if (staging / split).exists() else None
-        meta[f"{split}_sequences"] = len(dataset) if dataset else 0
-        meta[f"{split}_tokens"] = int(sum(dataset.data.column("length").to_pylist())) if dataset else 0
-    return meta
-
-
-def tokenize_sequences(records: list[dict[str, Any]], tokenizer, directory: Path) -> None:
-    """Tokenize each split with `datasets.map(batched=True, num_proc=...)` and save it as Arrow.
-    An empty split is not stored (datasets cannot read back a split saved with no rows)."""
+def tokenize_sequences(records: list[dict[str, Any]], tokenizer, directory: Path) -> dict[str, int]:
+    """Tokenize each split with `datasets.map(batched=True, num_proc=...)` and save it as Arrow;
+    returns sequences and tokens per split. An empty split is not stored (datasets cannot read
+    back a split saved with no rows)."""
     import datasets
+    import pyarrow.compute as pc
     from datasets import Dataset
 
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()
     eos = tokenizer.eos_token_id
+    counts = {"train_sequences": 0, "train_tokens": 0, "eval_sequences": 0, "eval_tokens": 0}
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
@@ -148,3 +145,6 @@ def tokenize_sequences(records: list[dict[str, Any]], tokenizer, directory: Path
             desc=f"tokenizing {split}",
         )
         dataset.save_to_disk(str(directory / split))
+        counts[f"{split}_sequences"] = len(dataset)
+        counts[f"{split}_tokens"] = pc.sum(dataset.data.column("length")).as_py()
+    return counts
