@@ -25,8 +25,9 @@ def load_adapter(path: str | Path):
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipeline.model import _from_pretrained, load_saved_tokenizer
+    from pipeline.model import _from_pretrained, load_saved_tokenizer, quiet_library_output
 
+    quiet_library_output()
     directory = adapter_directory(path)
     base_name = PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
     base = _from_pretrained(AutoModelForCausalLM, base_name)

@@ -192,7 +192,8 @@ def attach_lora(model, lora_config, base_modules_to_train: list[str]):
         lora_dropout=lora_config.dropout,
         target_modules=lora_config.target_modules,
         modules_to_save=list(base_modules_to_train) or None,
-        ensure_weight_tying=True,  # a trained embedding copy must stay tied to the output layer
+        # A trained embedding copy must stay tied to the output layer (peft warns when there is none).
+        ensure_weight_tying=bool(base_modules_to_train),
         task_type="CAUSAL_LM",
     )
     try:
