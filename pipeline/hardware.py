@@ -32,8 +32,11 @@ class GpuInfo:
     free_memory_gb: float | None = None
     """Free device memory when detected (GiB)."""
     compute_capability: tuple[int, int] | None = None
-    bf16: bool | None = None
-    """Native bfloat16 (compute capability 8.0 and newer)."""
+
+    @property
+    def bf16(self) -> bool | None:
+        """Native bfloat16 (compute capability 8.0 and newer); None when the capability is unknown."""
+        return self.compute_capability >= (8, 0) if self.compute_capability else None
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,11 @@ class Hardware:
         data = asdict(self)
         data["gpus"] = [
             {
-                **gpu,
-                "compute_capability": list(gpu["compute_capability"]) if gpu["compute_capability"] else None,
+                **row,
+                "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
+                "bf16": gpu.bf16,
             }
-            for gpu in data["gpus"]
+            for row, gpu in zip(data["gpus"], self.gpus, strict=True)
         ]
         data["gpu_count"] = len(self.gpus)
         return data
@@ -77,7 +81,10 @@ class Hardware:
 
 def usable_cores() -> int:
     """Cores this process may use: the affinity mask and the container's CPU quota applied."""
-    quota = cgroup_cpu_quota(CGROUP_ROOT, _own_cgroup())
+    return _cores_within(cgroup_cpu_quota(CGROUP_ROOT, _own_cgroup()))
+
+
+def _cores_within(quota: float | None) -> int:
     cores = _affinity_cores() or psutil.cpu_count(logical=True) or 1
     return max(1, min(cores, math.floor(quota) if quota else sys.maxsize))
 
@@ -99,7 +106,7 @@ def detect_hardware() -> Hardware:
     hardware = Hardware(
         cpu_physical_cores=physical,
         cpu_logical_cores=logical,
-        usable_cores=usable_cores(),
+        usable_cores=_cores_within(quota),
         cpu_quota_cores=quota,
         ram_total_gb=round(memory.total / GB, 2),
         ram_available_gb=round(memory.available / GB, 2),
@@ -161,7 +168,6 @@ def gpus_from_torch(cuda) -> list[GpuInfo]:
                 memory_gb=round(props.total_memory / GB, 2),
                 free_memory_gb=free_gb,
                 compute_capability=capability,
-                bf16=capability >= (8, 0),
             )
         )
     return gpus
@@ -197,7 +203,6 @@ def gpus_from_nvml(nvml) -> list[GpuInfo]:
                     memory_gb=round(memory.total / GB, 2),
                     free_memory_gb=round(memory.free / GB, 2),
                     compute_capability=capability,
-                    bf16=capability >= (8, 0),
                 )
             )
         return gpus
@@ -333,7 +338,6 @@ def load_hardware_profile(spec: str) -> Hardware:
                     name=entry["name"],
                     memory_gb=float(entry["memory_gb"]),
                     compute_capability=capability,
-                    bf16=capability >= (8, 0) if capability else None,
                 )
             )
     cores = data.get("cpu_cores", 1)

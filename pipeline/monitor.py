@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import threading
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import psutil
 
-GB = 1024**3
+from pipeline.hardware import GB
+from pipeline.manifest import utc_now
+
 SUMMARY_METRICS = ("cpu_pct", "ram_used_gb", "ram_total_gb", "process_cpu_pct", "process_rss_gb")
 GPU_METRICS = (
     "utilization_pct",
@@ -107,7 +108,7 @@ class HardwareMonitor:
             process_cpu = process_rss = None
         sample = {
             "t_s": round(began - self._started, 3),
-            "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "timestamp": utc_now(),
             "cpu_pct": psutil.cpu_percent(None),
             "ram_used_gb": round((memory.total - memory.available) / GB, 3),
             "ram_total_gb": round(memory.total / GB, 3),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import LoadedConfig
-from pipeline.hardware import Hardware
+from pipeline.hardware import GB, Hardware
 from pipeline.packing import count_blocks
 
 TINY_LEARNING_RATE = 5e-3  # measured: the random tiny model's loss falls ~2.5 nats in 80 steps at this rate
@@ -490,7 +490,7 @@ def estimated_memory_gb(
     )
     activations = tokens * per_layer * layers
     logits = tokens * model.vocab_size * LOGIT_BYTES
-    return (model.parameters * weight_bytes + activations + logits) / 1024**3
+    return (model.parameters * weight_bytes + activations + logits) / GB
 
 
 def _fits(gpu, model, precision, sequence_length, micro, checkpointing) -> bool:

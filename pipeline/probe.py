@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from pipeline.dataset import ARRAYS
+from pipeline.hardware import GB
 from pipeline.planner import ProbeRow
-
-GB = 1024**3
 
 
 class ProbeOutOfMemory(Exception):
@@ -59,7 +59,7 @@ def cuda_step(model, dataset, precision: str, largest: int) -> Callable[[int], t
 
     def run(batch: int) -> tuple[float, float]:
         index = torch.arange(batch) % available
-        inputs = {key: rows[key][index].cuda() for key in ("input_ids", "position_ids", "labels")}
+        inputs = {key: rows[key][index].cuda() for key in ARRAYS}
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
