@@ -365,7 +365,7 @@ def _batching(p, device, gpu, model, precision, sequence_length, world, probe, o
 
     if explicit_micro:
         micro = p.from_config("batch_size", "plan.batch_size")
-        _checkpointing_for(p, device, gpu, model, precision, sequence_length, micro)
+        _fit_memory(p, device, gpu, model, precision, sequence_length, micro, shrink=False)
     else:
         fitting = [row.batch_size for row in probe if row.fits]
         if fitting:
@@ -420,33 +420,14 @@ def _batching(p, device, gpu, model, precision, sequence_length, world, probe, o
     return micro, accumulation
 
 
-def _checkpointing_for(p, device, gpu, model, precision, sequence_length, micro) -> None:
-    """Checkpointing for a micro-batch the user fixed: on only if the estimate needs it."""
-    if not p.is_auto("plan.gradient_checkpointing"):
-        p.from_config("gradient_checkpointing", "plan.gradient_checkpointing")
-    elif device != "cuda" or not model.parameters:
-        p.planned(
-            "gradient_checkpointing", False, f"{device}: activations live in RAM, which is not the limit here"
-        )
-    elif _fits(gpu, model, precision, sequence_length, micro, checkpointing=False):
-        p.planned(
-            "gradient_checkpointing",
-            False,
-            f"micro-batch {micro} is estimated to fit {gpu.memory_gb:g} GB without it",
-        )
-    else:
-        p.planned(
-            "gradient_checkpointing",
-            True,
-            f"micro-batch {micro} fits {gpu.memory_gb:g} GB only by recomputing activations",
-        )
-
-
-def _fit_memory(p, device, gpu, model, precision, sequence_length, micro) -> tuple[int, str]:
-    """Shrink the micro-batch, or turn on gradient checkpointing, until the memory estimate fits."""
+def _fit_memory(
+    p, device, gpu, model, precision, sequence_length, micro, shrink: bool = True
+) -> tuple[int, str]:
+    """Turn on gradient checkpointing, and halve the micro-batch, until the memory estimate fits;
+    with `shrink` off (the user fixed the micro-batch) only checkpointing is decided."""
     if not p.is_auto("plan.gradient_checkpointing"):
         checkpointing = p.from_config("gradient_checkpointing", "plan.gradient_checkpointing")
-        if device == "cuda" and model.parameters:
+        if shrink and device == "cuda" and model.parameters:
             while micro > 1 and not _fits(gpu, model, precision, sequence_length, micro, checkpointing):
                 micro //= 2
         return micro, ""
@@ -456,9 +437,10 @@ def _fit_memory(p, device, gpu, model, precision, sequence_length, micro) -> tup
         )
         return micro, ""
     if _fits(gpu, model, precision, sequence_length, micro, checkpointing=False):
-        p.planned("gradient_checkpointing", False, f"estimated to fit {gpu.memory_gb:g} GB without it")
+        reason = f"estimated to fit {gpu.memory_gb:g} GB without it"
+        p.planned("gradient_checkpointing", False, reason if shrink else f"micro-batch {micro} is {reason}")
         return micro, ""
-    if _fits(gpu, model, precision, sequence_length, micro, checkpointing=True):
+    if not shrink or _fits(gpu, model, precision, sequence_length, micro, checkpointing=True):
         p.planned(
             "gradient_checkpointing",
             True,
