@@ -427,18 +427,22 @@ def _fit_memory(
     with `shrink` off (the user fixed the micro-batch) only checkpointing is decided."""
     if not p.is_auto("plan.gradient_checkpointing"):
         checkpointing = p.from_config("gradient_checkpointing", "plan.gradient_checkpointing")
+        wanted = micro
         if shrink and device == "cuda" and model.parameters:
             while micro > 1 and not _fits(gpu, model, precision, sequence_length, micro, checkpointing):
                 micro //= 2
-        return micro, ""
+        return micro, _halved(wanted, micro, gpu)
     if device != "cuda" or not model.parameters:
         p.planned(
             "gradient_checkpointing", False, f"{device}: activations live in RAM, which is not the limit here"
         )
         return micro, ""
     if _fits(gpu, model, precision, sequence_length, micro, checkpointing=False):
-        reason = f"estimated to fit {gpu.memory_gb:g} GB without it"
-        p.planned("gradient_checkpointing", False, reason if shrink else f"micro-batch {micro} is {reason}")
+        p.planned(
+            "gradient_checkpointing",
+            False,
+            f"micro-batch {micro} is estimated to fit {gpu.memory_gb:g} GB without it",
+        )
         return micro, ""
     if not shrink or _fits(gpu, model, precision, sequence_length, micro, checkpointing=True):
         p.planned(
@@ -453,7 +457,14 @@ def _fit_memory(
     p.planned(
         "gradient_checkpointing", True, f"memory is tight on {gpu.memory_gb:g} GB: recompute activations"
     )
-    return micro, f", halved from {wanted} to {micro} to fit {gpu.memory_gb:g} GB by the estimate"
+    return micro, _halved(wanted, micro, gpu)
+
+
+def _halved(wanted: int, micro: int, gpu) -> str:
+    """The micro-batch reason's tail when memory made it smaller."""
+    if micro == wanted:
+        return ""
+    return f", halved from {wanted} to {micro} to fit {gpu.memory_gb:g} GB by the estimate"
 
 
 def estimated_memory_gb(

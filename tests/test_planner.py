@@ -153,6 +153,14 @@ def test_memory_estimate_turns_on_checkpointing_then_shrinks_the_micro_batch():
     assert estimated_memory_gb(QWEN_7B, "bf16", 1024, tight["batch_size"], True) <= 24 * 0.9
 
 
+def test_a_micro_batch_shrunk_under_configured_checkpointing_says_so():
+    loaded = load_config(None, ["plan.gradient_checkpointing=false"])
+    plan = make_plan(same_length(400, 1024), gpu_machine(24), QWEN_7B, loaded)
+    assert plan.decisions["gradient_checkpointing"].source == "cli"
+    assert plan["batch_size"] < 8
+    assert f"halved from 8 to {plan['batch_size']} to fit 24 GB" in plan.decisions["batch_size"].reason
+
+
 def test_probe_results_set_the_micro_batch_and_keep_the_effective_batch():
     probe = (
         ProbeRow(1, 3.0, 0.1, True),
