@@ -60,10 +60,7 @@ def cpu_machine(cores: int = 8) -> Hardware:
 
 
 def gpu_machine(memory_gb: float, capability=(8, 6), cores: int = 8, count: int = 1) -> Hardware:
-    gpus = tuple(
-        GpuInfo(i, f"GPU {memory_gb:g} GB", memory_gb, memory_gb, capability)
-        for i in range(count)
-    )
+    gpus = tuple(GpuInfo(i, f"GPU {memory_gb:g} GB", memory_gb, memory_gb, capability) for i in range(count))
     return dataclasses.replace(cpu_machine(cores), gpus=gpus, cuda_usable=True)
 
 
