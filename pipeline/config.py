@@ -41,6 +41,7 @@ def _non_negative(value) -> bool:
 
 POSITIVE = _check(_positive, "must be > 0")
 NON_NEGATIVE = _check(_non_negative, "must be >= 0")
+FRACTION = _check(lambda v: 0 <= v < 1, "must be in [0, 1)")
 
 
 SEQUENCE_FORMATS = ("diff", "message", "rich")
@@ -120,7 +121,7 @@ class ScrapeConfig:
     """A commit touching more kept files than this is skipped (mass renames, reformatting)."""
     rich_context_lines: int = field(default=10, metadata=NON_NEGATIVE)
     """Context lines around each change in the `rich` format (the others use git's 3)."""
-    eval_fraction: float = field(default=0.05, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    eval_fraction: float = field(default=0.05, metadata=FRACTION)
     """Share of the newest kept commits held out for evaluation (at least one when there are 20 or more)."""
     workers: int | Auto = field(default="auto", metadata=POSITIVE)
     """Parallel git log processes, each over its share of the commits; auto follows the cores and history size."""
@@ -132,7 +133,7 @@ class ScrapeConfig:
 
 @dataclass(frozen=True)
 class PlanConfig:
-    warmup_ratio: float = field(default=0.1, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    warmup_ratio: float = field(default=0.1, metadata=FRACTION)
     """Warmup as a fraction of total optimizer steps."""
     warmup_steps_min: int = field(default=10, metadata=NON_NEGATIVE)
     """Fewest warmup steps (optimizer steps); see override_min_warmup."""
@@ -163,7 +164,7 @@ class PlanConfig:
     """Micro-batch size when training on the CPU (sequences)."""
     batch_probe: bool = True
     """On CUDA, measure the largest micro-batch that fits (forward/backward on the longest blocks)."""
-    probe_headroom: float = field(default=0.1, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    probe_headroom: float = field(default=0.1, metadata=FRACTION)
     """Fraction of GPU memory the probe leaves free."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """auto: bf16 where the GPU supports it, fp16 on older CUDA GPUs, fp32 on CPU."""
@@ -223,7 +224,7 @@ class LoraConfig:
     """Rank of the LoRA update matrices."""
     alpha: int = field(default=16, metadata=POSITIVE)
     """LoRA scaling numerator (the update is scaled by alpha / r)."""
-    dropout: float = field(default=0.05, metadata=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    dropout: float = field(default=0.05, metadata=FRACTION)
     """Dropout on the LoRA branch."""
     target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: a list of names (q_proj, v_proj, ...) or `all-linear`."""

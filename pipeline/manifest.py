@@ -52,6 +52,14 @@ def new_manifest(command: str, argv: list[str]) -> dict[str, Any]:
     )
 
 
+def mark_finished(document: dict[str, Any], status: str, error: str | None = None) -> None:
+    """Record how the run ended: at the top level for the one-word question (`jq .status`), and in
+    `run` with the rest of the run's record."""
+    document["status"] = document["run"]["status"] = status
+    document["error"] = document["run"]["error"] = error
+    document["run"]["finished_at"] = utc_now()
+
+
 def conform(document: dict[str, Any]) -> dict[str, Any]:
     """`document` with every key the schema defines present (missing ones null, [] or {})."""
     return _conform(SCHEMA, document)

@@ -95,5 +95,5 @@ def layout(piece_counts: Mapping[int, int], block_size: int) -> Layout:
 
 
 def count_blocks(length_counts: Mapping[int, int], block_size: int) -> int:
-    """How many blocks `pack_blocks` makes from sequences with this length histogram."""
+    """How many blocks `pipeline.dataset.pack_arrays` makes from sequences with this length histogram."""
     return layout(segment_counts(length_counts, block_size), block_size).blocks

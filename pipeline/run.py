@@ -16,7 +16,14 @@ from typing import Any
 from pipeline.config import LoadedConfig
 from pipeline.distributed import Coordinator, launch_from_environment
 from pipeline.errors import Interrupted, OutputDirError, PipelineError
-from pipeline.manifest import MANIFEST_FILE, conform, new_manifest, read_manifest, utc_now, write_manifest
+from pipeline.manifest import (
+    MANIFEST_FILE,
+    conform,
+    mark_finished,
+    new_manifest,
+    read_manifest,
+    write_manifest,
+)
 
 
 class Run:
@@ -68,10 +75,7 @@ class Run:
             self.doc["timings"][f"{name}_s"] = round(time.perf_counter() - started, 3)
 
     def finish(self, status: str, error: str | None = None) -> None:
-        # Top level for the one-word question (`jq .status`); in `run` with the rest of the run's record.
-        self.doc["status"] = self.doc["run"]["status"] = status
-        self.doc["error"] = self.doc["run"]["error"] = error
-        self.doc["run"]["finished_at"] = utc_now()
+        mark_finished(self.doc, status, error)
         self.save()
 
     def announce(self) -> None:

@@ -17,7 +17,7 @@ import psutil
 
 from pipeline.errors import PipelineError
 from pipeline.hardware import detect_hardware
-from pipeline.manifest import conform, new_manifest, utc_now, write_manifest
+from pipeline.manifest import conform, mark_finished, new_manifest, write_manifest
 from pipeline.monitor import GPU_METRICS, HardwareMonitor, import_nvml
 
 
@@ -45,8 +45,7 @@ def watch(
         except KeyboardInterrupt:
             pass  # Ctrl-C is the usual way to end an open-ended watch: the report is still written
     document["training_report"] = {"hardware": monitor.report()}
-    document["status"] = document["run"]["status"] = "monitored"
-    document["run"]["finished_at"] = utc_now()
+    mark_finished(document, "monitored")
     write_manifest(output, conform(document))
     return document
 

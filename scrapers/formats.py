@@ -38,7 +38,7 @@ def clean_message(message: str) -> str:
 
 @dataclass(frozen=True)
 class KeptCommit:
-    """A commit that passed every filter, already redacted: what the formats render."""
+    """A commit that passed every filter: what the formats render (their texts are redacted after)."""
 
     sha: str
     date: str

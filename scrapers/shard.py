@@ -151,9 +151,10 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
             if found:
                 stats.redactions.update(found)
                 stats.redacted_commits.append(commit.sha)
+            kept_bytes = sum(change.patch_bytes for change in files)
             stats.commits_kept += 1
             stats.files_kept += len(files)
-            stats.bytes_kept += sum(change.patch_bytes for change in files)
+            stats.bytes_kept += kept_bytes
             for name, text in texts.items():
                 # `split` comes last, as "train": the merge step rewrites the held-out ones' bytes in place.
                 record = {
@@ -167,7 +168,7 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
                 out.write(orjson.dumps(record) + b"\n")
             identity = texts.get("diff") or redact(format_diff(kept_commit))[0]
             key = hashlib.blake2b(identity.encode(), digest_size=16).digest()
-            kept.append(KeptRecord(commit.sha, key, len(files), sum(change.patch_bytes for change in files)))
+            kept.append(KeptRecord(commit.sha, key, len(files), kept_bytes))
     if progress is not None:
         with progress.get_lock():
             progress.value += stats.commits_seen % PROGRESS_EVERY
