@@ -8,18 +8,22 @@ enough entropy. Measured on real histories, "keyword + entropy" without
 those checks fires mostly on identifiers and documentation examples.
 
 Each rule names cheap substrings (`hints`); its regex runs only on the lines
-that contain one (found with C-level `str.find`), so the cost follows the few
-candidate lines, not the size of the history.
+that contain one, so the cost follows the few candidate lines, not the size
+of the history. A scrape redacts its texts in batches (`redact_all`): each
+hint is looked for once in the whole batch, in C, and only the texts that
+hold it go further.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
+from itertools import accumulate
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,27 @@ class Rule:
     def lowercase_hints(self) -> bool:
         """Hints in lower case are looked for in the lowered text (the regex is case-insensitive)."""
         return self.hints[0].islower()
+
+    @cached_property
+    def hint_patterns(self) -> tuple[re.Pattern[str], ...]:
+        """The hints as regexes, one per first character: `A(?:KIA|SIA)` finds either hint in one
+        pass (re scans for the one leading character in C), where hints that start differently
+        in one alternation would be tried at every position."""
+        return tuple(re.compile(source) for source in _grouped_by_first_character(self.hints))
+
+    @cached_property
+    def hint_byte_patterns(self) -> tuple[re.Pattern[bytes], ...]:
+        return tuple(re.compile(source.encode()) for source in _grouped_by_first_character(self.hints))
+
+
+def _grouped_by_first_character(hints: tuple[str, ...]) -> list[str]:
+    groups: dict[str, list[str]] = {}
+    for hint in hints:
+        groups.setdefault(hint[0], []).append(re.escape(hint[1:]))
+    return [
+        re.escape(first) + (rests[0] if len(rests) == 1 else "(?:" + "|".join(rests) + ")")
+        for first, rests in groups.items()
+    ]
 
 
 def looks_random(value: str) -> bool:
@@ -126,23 +151,95 @@ RULES: tuple[Rule, ...] = (
 
 def redact(text: str) -> tuple[str, Counter]:
     """`text` with every secret replaced by `<REDACTED:rule>`, and how many each rule replaced."""
-    counts: Counter = Counter()
+    return redact_all([text])[0]
+
+
+def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
+    """`redact` for many texts at once, which is how a scrape calls it.
+
+    The hints are looked for in all the texts joined as UTF-8, one C-level scan
+    per hint group for the whole batch instead of one per text: most texts hold
+    no hint of most rules, and only those that hold one meet its regex.
+    """
+    encoded = [text.encode("utf-8", "surrogatepass") for text in texts]  # any str encodes
+    joined = b"\0".join(encoded)  # no hint holds a NUL, so none straddles two texts
+    lowered = joined.lower()  # ASCII only, so byte offsets stay put
+    starts = [0, *accumulate(len(data) + 1 for data in encoded)]
+    candidates: list[list[int]] = [[] for _ in texts]
+    for number, rule in enumerate(RULES):
+        haystack = lowered if rule.lowercase_hints else joined
+        for index in _texts_holding(haystack, rule.hint_byte_patterns, starts):
+            candidates[index].append(number)
+    return [
+        _redact_text(text, candidates[index]) if candidates[index] else (text, Counter())
+        for index, text in enumerate(texts)
+    ]
+
+
+def lowercase(text: str) -> str:
+    """`text.lower()` with every character at its own offset, so spans found in it apply to `text`.
+
+    U+0130 (İ) is the one character whose lower case is two characters long;
+    left in, it would shift every later span and hide the secrets after it.
+    """
     lowered = text.lower()
-    for rule in RULES:
+    return lowered if len(lowered) == len(text) else text.replace("\u0130", "i").lower()
+
+
+def _texts_holding(haystack: bytes, patterns: tuple[re.Pattern[bytes], ...], starts: list[int]) -> set[int]:
+    """Indexes of the joined texts in which a pattern occurs (`starts`: where each text begins, then the end)."""
+    found: set[int] = set()
+    for pattern in patterns:
+        match = pattern.search(haystack)
+        while match:
+            index = bisect_right(starts, match.start()) - 1
+            found.add(index)
+            match = pattern.search(haystack, starts[index + 1])  # one hit per text is enough
+    return found
+
+
+def _redact_text(text: str, candidates: list[int]) -> tuple[str, Counter]:
+    """Run the rules on one text: the `candidates` (rule numbers whose hints it holds), and, once a
+    replacement has changed the text, every later rule whose hints the changed text holds."""
+    counts: Counter = Counter()
+    lowered = lowercase(text) if any(RULES[number].lowercase_hints for number in candidates) else text
+    changed = False
+    for number, rule in enumerate(RULES):
         haystack = lowered if rule.lowercase_hints else text
-        if not any(hint in haystack for hint in rule.hints):
+        if number not in candidates and not (changed and any(p.search(haystack) for p in rule.hint_patterns)):
             continue
-        replace = partial(_replace, rule=rule, counts=counts)
         if rule.multiline:
-            redacted = rule.pattern.sub(replace, text)
+            redacted = rule.pattern.sub(partial(_replace, rule=rule, counts=counts), text)
         else:
-            redacted = "".join(
-                rule.pattern.sub(replace, text[start:end]) if candidate else text[start:end]
-                for start, end, candidate in _line_spans(haystack, rule.hints)
-            )
+            redacted = _redact_lines(text, haystack, rule, counts)
         if redacted != text:
-            text, lowered = redacted, redacted.lower()
+            text, lowered, changed = redacted, lowercase(redacted), True
     return text, counts
+
+
+def _redact_lines(text: str, haystack: str, rule: Rule, counts: Counter) -> str:
+    """Run `rule` on the lines of `text` that hold one of its hints (found in `haystack`, the text or
+    its lowered copy); the text is rebuilt only when a secret is found."""
+    pieces: list[str] = []
+    done = 0
+    for start in _hint_line_starts(haystack, rule.hint_patterns):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        for match in rule.pattern.finditer(text, start, end):
+            replacement = _replace(match, rule, counts)
+            if replacement != match.group(0):
+                pieces += [text[done : match.start()], replacement]
+                done = match.end()
+    return "".join([*pieces, text[done:]]) if pieces else text
+
+
+def _hint_line_starts(haystack: str, patterns: tuple[re.Pattern[str], ...]) -> list[int]:
+    """Start offsets of the lines that hold a match of one of the patterns, in order."""
+    lines: set[int] = set()
+    for pattern in patterns:
+        for match in pattern.finditer(haystack):
+            lines.add(haystack.rfind("\n", 0, match.start()) + 1)
+    return sorted(lines)
 
 
 def _replace(match: re.Match[str], rule: Rule, counts: Counter) -> str:
@@ -153,26 +250,3 @@ def _replace(match: re.Match[str], rule: Rule, counts: Counter) -> str:
     whole = match.group(0)
     start = match.start(rule.group) - match.start(0)
     return whole[:start] + f"<REDACTED:{rule.name}>" + whole[start + len(secret) :]
-
-
-def _line_spans(haystack: str, hints: tuple[str, ...]) -> list[tuple[int, int, bool]]:
-    """Cover the text with (start, end, has_hint) spans: each line holding a hint is its own span."""
-    lines: set[int] = set()
-    for hint in hints:
-        at = haystack.find(hint)
-        while at >= 0:
-            lines.add(haystack.rfind("\n", 0, at) + 1)
-            at = haystack.find(hint, at + len(hint))
-    spans, previous = [], 0
-    for start in sorted(lines):
-        if start < previous:
-            continue
-        end = haystack.find("\n", start)
-        end = len(haystack) if end < 0 else end + 1
-        if start > previous:
-            spans.append((previous, start, False))
-        spans.append((start, end, True))
-        previous = end
-    if previous < len(haystack):
-        spans.append((previous, len(haystack), False))
-    return spans

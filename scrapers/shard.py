@@ -20,8 +20,9 @@ from pipeline.config import ScrapeConfig
 from scrapers.filters import Filters
 from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
 from scrapers.git import LogOptions, blob_sizes, open_repository, stream_commits
-from scrapers.secrets import redact
+from scrapers.secrets import redact_all
 
+REDACT_BATCH = 128  # commits redacted together: enough to share the hint scans, little to hold
 PROGRESS_EVERY = 64  # commits between progress-counter updates (a shared counter costs a lock)
 
 
@@ -122,6 +123,7 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
     stats = ScrapeStats()
     kept: list[KeptRecord] = []
     binary_blobs: list[str] = []
+    pending: list[tuple[KeptCommit, int]] = []  # kept commits and their diff bytes, to redact together
     with task.part_path.open("wb") as out, stream_commits(repo, task.shas, options) as commits:
         for count, commit in enumerate(commits, 1):
             if progress is not None and count % PROGRESS_EVERY == 0:
@@ -146,29 +148,16 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
             if reason:
                 stats.skipped[reason] += 1
                 continue
-            kept_commit = KeptCommit(commit.sha, commit.date, message, files, options.context_lines)
-            texts, found = _render_redacted(kept_commit, config.formats)
-            if found:
-                stats.redactions.update(found)
-                stats.redacted_commits.append(commit.sha)
             kept_bytes = sum(change.patch_bytes for change in files)
             stats.commits_kept += 1
             stats.files_kept += len(files)
             stats.bytes_kept += kept_bytes
-            for name, text in texts.items():
-                # `split` comes last, as "train": the merge step rewrites the held-out ones' bytes in place.
-                record = {
-                    "text": text,
-                    "format": name,
-                    "commit": commit.sha,
-                    "date": commit.date,
-                    "repo": task.repo_name,
-                }
-                record["split"] = "train"
-                out.write(orjson.dumps(record) + b"\n")
-            identity = texts.get("diff") or redact(format_diff(kept_commit))[0]
-            key = hashlib.blake2b(identity.encode(), digest_size=16).digest()
-            kept.append(KeptRecord(commit.sha, key, len(files), kept_bytes))
+            pending.append(
+                (KeptCommit(commit.sha, commit.date, message, files, options.context_lines), kept_bytes)
+            )
+            if len(pending) == REDACT_BATCH:
+                _write_batch(pending, task, stats, kept, out)
+        _write_batch(pending, task, stats, kept, out)
     if progress is not None:
         with progress.get_lock():
             progress.value += stats.commits_seen % PROGRESS_EVERY
@@ -176,14 +165,44 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
     return ShardResult(stats, kept, time.perf_counter() - started)
 
 
-def _render_redacted(commit: KeptCommit, formats: list[str]) -> tuple[dict[str, str], Counter]:
-    """Each format's text with secrets redacted, and the commit's secrets counted once per rule
-    (the most any one format held: rich's wider context can show more)."""
-    texts, found = {}, Counter()
-    for name in formats:
-        texts[name], counts = redact(FORMATS[name](commit))
-        found |= counts
-    return texts, found
+def _write_batch(
+    pending: list[tuple[KeptCommit, int]], task: ShardTask, stats: ScrapeStats, kept: list[KeptRecord], out
+) -> None:
+    """Render, redact and write the pending commits, add them to `kept`, and empty `pending`.
+    Redacting a batch at once lets the hint scans run over all its texts together.
+
+    A commit's secrets are counted once per rule: the most any one of its formats held (rich's
+    wider context can show more). Its deduplication key hashes its redacted diff-format text.
+    """
+    formats = task.config.formats
+    rendered = [
+        [FORMATS[name](commit) for name in formats] + ([] if "diff" in formats else [format_diff(commit)])
+        for commit, _ in pending
+    ]
+    redacted = iter(redact_all([text for texts in rendered for text in texts]))
+    for position, (commit, kept_bytes) in enumerate(pending):
+        results = [next(redacted) for _ in rendered[position]]
+        found: Counter = Counter()
+        for _, counts in results[: len(formats)]:
+            found |= counts
+        if found:
+            stats.redactions.update(found)
+            stats.redacted_commits.append(commit.sha)
+        for name, (text, _) in zip(formats, results[: len(formats)], strict=True):
+            # `split` comes last, as "train": the merge step rewrites the held-out ones' bytes in place.
+            record = {
+                "text": text,
+                "format": name,
+                "commit": commit.sha,
+                "date": commit.date,
+                "repo": task.repo_name,
+            }
+            record["split"] = "train"
+            out.write(orjson.dumps(record) + b"\n")
+        identity = results[formats.index("diff") if "diff" in formats else -1][0]
+        key = hashlib.blake2b(identity.encode(), digest_size=16).digest()
+        kept.append(KeptRecord(commit.sha, key, len(commit.files), kept_bytes))
+    pending.clear()
 
 
 def _count_binary_files(repo, blobs: list[str | None], max_file_bytes: int, stats: ScrapeStats) -> None:

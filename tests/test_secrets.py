@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from scrapers.secrets import looks_random, redact
+from scrapers.secrets import looks_random, redact, redact_all
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 # Realistic but fake values, one per rule (these are not real credentials).
@@ -74,6 +76,30 @@ def test_private_key_block_is_redacted_whole_even_inside_a_diff():
 )
 def test_lookalikes_are_left_alone(line):
     assert redact(line) == (line, {})
+
+
+def test_a_character_that_lowers_to_two_does_not_hide_the_secrets_after_it():
+    # "İ".lower() is two characters: spans found in a plain lower() copy would land short of the secret.
+    text = "# İstanbul İzmir İ\n" * 5 + f'API_KEY = "{SECRETS["secret_assignment"]}"\n'
+    redacted, counts = redact(text)
+    assert SECRETS["secret_assignment"] not in redacted
+    assert counts == {"secret_assignment": 1}
+
+
+_SECRET_LINES = [line for line in CONFIG_WITH_SECRETS.splitlines() if "=" in line] + [PRIVATE_KEY]
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from([*_SECRET_LINES, "key = 1", "İ", "résumé", "\x00", "plain code line", "://x"]),
+            max_size=6,
+        ).map("\n".join),
+        max_size=8,
+    )
+)
+def test_redacting_a_batch_gives_each_text_what_redacting_it_alone_gives(texts):
+    assert redact_all(texts) == [redact(text) for text in texts]
 
 
 def test_randomness_check():
