@@ -170,10 +170,18 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
         haystack = lowered if rule.lowercase_hints else joined
         for index in _texts_holding(haystack, rule.hint_byte_patterns, starts):
             candidates[index].append(number)
+    if not joined.isascii():
+        for index in _texts_holding(joined, _LOWER_TO_ASCII, starts):
+            candidates[index] = list(range(len(RULES)))  # its lowered str decides, in _redact_text
     return [
         _redact_text(text, candidates[index]) if candidates[index] else (text, Counter())
         for index, text in enumerate(texts)
     ]
+
+
+_LOWER_TO_ASCII = (re.compile("\u0130".encode()), re.compile("\u212a".encode()))
+"""İ and the Kelvin sign K: the non-ASCII characters whose lower case holds an ASCII letter (i, k),
+so a hint like `key` can hide behind them from bytes.lower()."""
 
 
 def lowercase(text: str) -> str:

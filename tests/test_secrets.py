@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from functools import partial
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapers.secrets import looks_random, redact, redact_all
+from scrapers.secrets import RULES, _replace, looks_random, redact, redact_all
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 # Realistic but fake values, one per rule (these are not real credentials).
@@ -78,9 +81,16 @@ def test_lookalikes_are_left_alone(line):
     assert redact(line) == (line, {})
 
 
-def test_a_character_that_lowers_to_two_does_not_hide_the_secrets_after_it():
-    # "İ".lower() is two characters: spans found in a plain lower() copy would land short of the secret.
-    text = "# İstanbul İzmir İ\n" * 5 + f'API_KEY = "{SECRETS["secret_assignment"]}"\n'
+@pytest.mark.parametrize(
+    "text",
+    [
+        # "İ".lower() is two characters: spans found in a plain lower() copy would land short of the secret.
+        "# İstanbul İzmir İ\n" * 5 + f'API_KEY = "{SECRETS["secret_assignment"]}"\n',
+        # The Kelvin sign lowers to an ASCII k, and the case-insensitive rule matches it as one.
+        f'API_\u212aEY = "{SECRETS["secret_assignment"]}"\n',
+    ],
+)
+def test_characters_that_lower_unusually_hide_no_secret(text):
     redacted, counts = redact(text)
     assert SECRETS["secret_assignment"] not in redacted
     assert counts == {"secret_assignment": 1}
@@ -89,17 +99,36 @@ def test_a_character_that_lowers_to_two_does_not_hide_the_secrets_after_it():
 _SECRET_LINES = [line for line in CONFIG_WITH_SECRETS.splitlines() if "=" in line] + [PRIVATE_KEY]
 
 
-@given(
-    st.lists(
-        st.lists(
-            st.sampled_from([*_SECRET_LINES, "key = 1", "İ", "résumé", "\x00", "plain code line", "://x"]),
-            max_size=6,
-        ).map("\n".join),
-        max_size=8,
-    )
-)
-def test_redacting_a_batch_gives_each_text_what_redacting_it_alone_gives(texts):
-    assert redact_all(texts) == [redact(text) for text in texts]
+def _redact_without_hints(text: str) -> tuple[str, Counter]:
+    """Every rule's regex on every line (the key block rule on the whole text): what redaction
+    must give, since hints only choose which lines to skip."""
+    counts: Counter = Counter()
+    for rule in RULES:
+        replace = partial(_replace, rule=rule, counts=counts)
+        if rule.multiline:
+            text = rule.pattern.sub(replace, text)
+        else:
+            text = "\n".join(rule.pattern.sub(replace, line) for line in text.split("\n"))
+    return text, counts
+
+
+_PIECES = [
+    *_SECRET_LINES,
+    f'API_\u212aEY = "{SECRETS["secret_assignment"]}"',
+    "key = 1",
+    "İ",
+    "ſ",
+    "résumé",
+    "\x00",
+    "plain code",
+    "://x",
+    "\r",
+]
+
+
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=6).map("\n".join), max_size=8))
+def test_redacting_a_batch_gives_what_every_rule_on_every_line_gives(texts):
+    assert redact_all(texts) == [_redact_without_hints(text) for text in texts]
 
 
 def test_randomness_check():
