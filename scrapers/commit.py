@@ -17,10 +17,6 @@ class FileChange:
     """The unified-diff hunks (from the first `@@`), decoded; empty for binary or mode-only changes."""
     patch_bytes: int
     """Size of this file's whole diff as git printed it (bytes), counted even past the size cap."""
-    added: int
-    """Lines added."""
-    deleted: int
-    """Lines deleted."""
     binary: bool = False
     """git reported `Binary files ... differ`."""
     submodule: bool = False
@@ -31,6 +27,17 @@ class FileChange:
     """File mode of an added or deleted file (`100644`), as git's `new file mode` line gives it."""
     blob: str | None = None
     """Blob id after the change (before it, for a deletion); tells a huge file from a binary one."""
+
+    # Counted when asked (only the rich format shows them), not for every file git prints.
+    @property
+    def added(self) -> int:
+        """Lines added (in the kept head of an oversize diff)."""
+        return self.hunks.count("\n+")
+
+    @property
+    def deleted(self) -> int:
+        """Lines deleted (in the kept head of an oversize diff)."""
+        return self.hunks.count("\n-")
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,8 +178,6 @@ def _parse_file(segment: bytes, encoding: str, max_file_bytes: int) -> FileChang
         status=status,
         hunks=_decode(kept, encoding),
         patch_bytes=len(segment),
-        added=body.count(b"\n+"),
-        deleted=body.count(b"\n-"),
         binary=binary,
         submodule=submodule or body.startswith(b"@@ -1 +1 @@\n-Subproject commit "),
         oversize=oversize,

@@ -16,8 +16,6 @@ def change(path="src/app.py", **fields) -> FileChange:
         "status": "M",
         "hunks": "@@ -1 +1 @@\n-a\n+b\n",
         "patch_bytes": 100,
-        "added": 1,
-        "deleted": 1,
     }
     return FileChange(path=path, **{**base, **fields})
 
@@ -164,7 +162,7 @@ def test_the_three_formats():
         "c1",
         "2024-01-02T03:04:05+00:00",
         "Fix the parser",
-        [change(hunks=HUNK, added=2, deleted=2)],
+        [change(hunks=HUNK)],
         git_context=10,
     )
     diff = FORMATS["diff"](kept)

@@ -104,7 +104,7 @@ def test_oversize_file_keeps_only_its_head(tmp_path):
     repo.commit("Add generated table", {"table.py": "".join(f"ROW_{i} = {i}\n" for i in range(5000))})
     (commit,) = commits_of(repo, max_file_diff_bytes=1000)
     change = commit.files[0]
-    assert change.oversize and change.added == 5000
+    assert change.oversize and change.hunks.endswith("\n") and 0 < change.added < 100
     assert len(change.hunks) < 1100 and change.patch_bytes > 50_000
 
 
