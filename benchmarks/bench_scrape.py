@@ -3,9 +3,11 @@
 
     python benchmarks/bench_scrape.py /path/to/repo [--rev HEAD] [--repeat 3] [--per-commit]
 
-Prints the median wall time of each over `--repeat` runs and the ratio to
-raw git. repotune's number is the whole scrape: rev-list, sharded git log,
-parsing, filters, secret redaction, formatting and writing sequences.jsonl.
+Runs raw git and the scrape in turn, `--repeat` rounds after a warm-up
+round, and prints each one's median wall time, the median of the per-round
+ratios to raw git, and every round's ratio. repotune's number is the whole
+scrape: rev-list, sharded git log, parsing, filters, secret redaction,
+formatting and writing sequences.jsonl.
 PyDriller runs too when it is installed; `--per-commit` adds GitPython's
 one-`commit.diff()`-per-commit approach (slow: tens of seconds on thousands
 of commits).
@@ -63,13 +65,22 @@ def gitpython_per_commit(path: str, rev: str) -> None:
             change.diff  # noqa: B018
 
 
-def median_time(function, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
+def timed(function) -> float:
+    started = time.perf_counter()
+    function()
+    return time.perf_counter() - started
+
+
+def paired_rounds(functions: dict[str, object], repeat: int) -> dict[str, list[float]]:
+    """Wall times of each function, run once per round in turn after one untimed warm-up round:
+    raw git and the scrape then share the machine's state (page cache, other load) round by round."""
+    for function in functions.values():
         function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(repeat):
+        for name, function in functions.items():
+            times[name].append(timed(function))
+    return times
 
 
 def main() -> None:
@@ -89,23 +100,39 @@ def main() -> None:
     print(f"repository: {args.repo}  range: {args.rev}  commits: {commits}")
     print(f"usable cores: {usable_cores()}  repotune workers: {shard_count(config.workers, commits)}")
 
-    results = {"raw git log -p": median_time(lambda: raw_git_log(git_dir, args.rev), args.repeat)}
-    results["repotune scrape (full)"] = median_time(lambda: repotune_scrape(args.repo, config), args.repeat)
+    times = paired_rounds(
+        {
+            "raw git log -p": lambda: raw_git_log(git_dir, args.rev),
+            "repotune scrape (full)": lambda: repotune_scrape(args.repo, config),
+        },
+        args.repeat,
+    )
     try:
         import pydriller  # noqa: F401
 
-        results["pydriller"] = median_time(lambda: pydriller_scrape(args.repo, args.rev), 1)
+        times["pydriller"] = [timed(lambda: pydriller_scrape(args.repo, args.rev))]
     except ImportError:
         print("pydriller: not installed (pip install pydriller to include it)")
     if args.per_commit:
-        results["gitpython per-commit diff"] = median_time(
-            lambda: gitpython_per_commit(args.repo, args.rev), 1
-        )
+        times["gitpython per-commit diff"] = [timed(lambda: gitpython_per_commit(args.repo, args.rev))]
 
-    baseline = results["raw git log -p"]
+    baseline = times["raw git log -p"]
     print(f"\n{'method':<28}{'wall s':>10}{'× raw git':>12}{'commits/s':>12}")
-    for name, seconds in results.items():
-        print(f"{name:<28}{seconds:>10.3f}{seconds / baseline:>12.2f}{commits / seconds:>12.0f}")
+    for name, walls in times.items():
+        seconds = statistics.median(walls)
+        if len(walls) == len(
+            baseline
+        ):  # the ratio of medians hides drift; the median of per-round ratios does not
+            ratio = statistics.median(wall / raw for wall, raw in zip(walls, baseline, strict=True))
+        else:
+            ratio = seconds / statistics.median(baseline)
+        print(f"{name:<28}{seconds:>10.3f}{ratio:>12.2f}{commits / seconds:>12.0f}")
+    scrape_ratios = sorted(
+        wall / raw for wall, raw in zip(times["repotune scrape (full)"], baseline, strict=True)
+    )
+    print(
+        f"\nscrape / raw git per round ({args.repeat} rounds): " + " ".join(f"{r:.2f}" for r in scrape_ratios)
+    )
 
 
 if __name__ == "__main__":
