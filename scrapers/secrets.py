@@ -7,9 +7,9 @@ values that look random: mixed letters and digits, not a snake_case word,
 enough entropy. Measured on real histories, "keyword + entropy" without
 those checks fires mostly on identifiers and documentation examples.
 
-Each rule names cheap substrings (`hints`); its regex runs only on the lines
-that contain one, so the cost follows the few candidate lines, not the size
-of the history. A scrape redacts its texts in batches (`redact_all`): each
+Each rule names cheap, literal-led regexes (`hints`); its own regex runs
+only on the lines that hold one, so the cost follows the few candidate
+lines, not the size of the history. A scrape redacts its texts in batches (`redact_all`): each
 hint is looked for once in the whole batch, in C, and only the texts that
 hold it go further.
 """
@@ -31,7 +31,9 @@ class Rule:
     name: str
     pattern: re.Pattern[str]
     hints: tuple[str, ...]
-    """The regex only runs when one of these occurs in the text (checked on lowered text if lowercase)."""
+    """Regexes that each start with a literal, so re finds them in C; every match of `pattern`
+    holds a match of one (in the lowered text when the rule ignores case). Texts and lines
+    without one never meet `pattern`: the more precise the hints, the less it runs."""
     group: int = 0
     """The part of the match that is the secret (0: all of it)."""
     accept: Callable[[str], bool] | None = None
@@ -40,30 +42,17 @@ class Rule:
     """The secret spans lines (a key block): run on the whole text, not on candidate lines."""
 
     @property
-    def lowercase_hints(self) -> bool:
-        """Hints in lower case are looked for in the lowered text (the regex is case-insensitive)."""
-        return self.hints[0].islower()
+    def ignores_case(self) -> bool:
+        """Its hints are written in lower case and looked for in the lowered text."""
+        return bool(self.pattern.flags & re.IGNORECASE)
 
     @cached_property
     def hint_patterns(self) -> tuple[re.Pattern[str], ...]:
-        """The hints as regexes, one per first character: `A(?:KIA|SIA)` finds either hint in one
-        pass (re scans for the one leading character in C), where hints that start differently
-        in one alternation would be tried at every position."""
-        return tuple(re.compile(source) for source in _grouped_by_first_character(self.hints))
+        return tuple(re.compile(hint) for hint in self.hints)
 
     @cached_property
     def hint_byte_patterns(self) -> tuple[re.Pattern[bytes], ...]:
-        return tuple(re.compile(source.encode()) for source in _grouped_by_first_character(self.hints))
-
-
-def _grouped_by_first_character(hints: tuple[str, ...]) -> list[str]:
-    groups: dict[str, list[str]] = {}
-    for hint in hints:
-        groups.setdefault(hint[0], []).append(re.escape(hint[1:]))
-    return [
-        re.escape(first) + (rests[0] if len(rests) == 1 else "(?:" + "|".join(rests) + ")")
-        for first, rests in groups.items()
-    ]
+        return tuple(re.compile(hint.encode()) for hint in self.hints)
 
 
 def looks_random(value: str) -> bool:
@@ -77,10 +66,23 @@ def looks_random(value: str) -> bool:
     return entropy >= 3.0
 
 
+_KEY_PREFIXES = ("api", "access", "auth", "private")
+"""Names ending in key that hold a secret: api_key, accesskey, auth-key, private_key."""
 _KEY_NAMES = (
-    r"passwd|password|passphrase|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|auth[_-]?key|"
-    r"private[_-]?key|client[_-]?secret|credentials?"
+    r"passwd|password|passphrase|pwd|secret|token|(?:"
+    + "|".join(_KEY_PREFIXES)
+    + r")[_-]?key|client[_-]?secret|credentials?"
 )
+_KEY_NAME_HINTS = (
+    r"pass(?:wd|word|phrase)",
+    "pwd",
+    "secret",  # also client_secret
+    "token",
+    "credential",
+    # `key` alone is in most lines of code that touch a dict; the lookbehinds keep the named ones.
+    "key(?:" + "|".join(f"(?<={prefix}{sep}key)" for prefix in _KEY_PREFIXES for sep in ("", "_", "-")) + ")",
+)
+
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -98,7 +100,7 @@ RULES: tuple[Rule, ...] = (
         "aws_access_key_id",
         # Access key ids (AKIA long-term, ASIA temporary); other AWS id prefixes name users and roles, not keys.
         re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Z0-9])"),
-        ("AKIA", "ASIA", "ABIA", "ACCA"),
+        ("A(?:KIA|SIA|BIA|CCA)",),
     ),
     Rule(
         "aws_secret_access_key",
@@ -112,14 +114,14 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "github_token",
         re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})"),
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        ("g(?:h[pousr]_|ithub_pat_)",),
     ),
     Rule("gitlab_token", re.compile(r"(?<![A-Za-z0-9_])glpat-[A-Za-z0-9_\-]{20,}"), ("glpat-",)),
-    Rule("slack_token", re.compile(r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9-]{10,}"), ("xox",)),
+    Rule("slack_token", re.compile(r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9-]{10,}"), ("xox[abposr]-",)),
     Rule(
         "slack_webhook",
         re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+"),
-        ("hooks.slack.com",),
+        (r"hooks\.slack\.com",),
     ),
     Rule("stripe_key", re.compile(r"(?<![A-Za-z0-9])[sr]k_live_[A-Za-z0-9]{20,}"), ("k_live_",)),
     Rule("google_api_key", re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}"), ("AIza",)),
@@ -131,7 +133,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "url_password",
         re.compile(r"(?i)[a-z][a-z0-9+.-]*://[^/\s:@'\"<>]+:([^/\s@'\"<>]+)@"),
-        ("://",),
+        # The pattern without its scheme: only lines with a user and a password in a URL.
+        (r"://[^/\s:@'\"<>]+:[^/\s@'\"<>]+@",),
         group=1,
         accept=lambda password: (
             not (password.startswith(("$", "{", "<", "%")) or password in ("password", "pass", "****"))
@@ -142,7 +145,7 @@ RULES: tuple[Rule, ...] = (
         re.compile(
             rf"(?i)(?:{_KEY_NAMES})[A-Za-z0-9_.-]*['\"]?\s*(?::=|=>|[:=])\s*[rbuf]?['\"]?([A-Za-z0-9+/=_\-.~!@#$%^&*]{{12,}})"
         ),
-        ("pass", "pwd", "secret", "token", "key", "credential"),
+        _KEY_NAME_HINTS,
         group=1,
         accept=looks_random,
     ),
@@ -167,7 +170,7 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
     starts = [0, *accumulate(len(data) + 1 for data in encoded)]
     candidates: list[list[int]] = [[] for _ in texts]
     for number, rule in enumerate(RULES):
-        haystack = lowered if rule.lowercase_hints else joined
+        haystack = lowered if rule.ignores_case else joined
         for index in _texts_holding(haystack, rule.hint_byte_patterns, starts):
             candidates[index].append(number)
     if not joined.isascii():
@@ -210,10 +213,10 @@ def _redact_text(text: str, candidates: list[int]) -> tuple[str, Counter]:
     """Run the rules on one text: the `candidates` (rule numbers whose hints it holds), and, once a
     replacement has changed the text, every later rule whose hints the changed text holds."""
     counts: Counter = Counter()
-    lowered = lowercase(text) if any(RULES[number].lowercase_hints for number in candidates) else text
+    lowered = lowercase(text) if any(RULES[number].ignores_case for number in candidates) else text
     changed = False
     for number, rule in enumerate(RULES):
-        haystack = lowered if rule.lowercase_hints else text
+        haystack = lowered if rule.ignores_case else text
         if number not in candidates and not (changed and any(p.search(haystack) for p in rule.hint_patterns)):
             continue
         if rule.multiline:

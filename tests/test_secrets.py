@@ -112,21 +112,39 @@ def _redact_without_hints(text: str) -> tuple[str, Counter]:
     return text, counts
 
 
+_VALUE = SECRETS["secret_assignment"]
 _PIECES = [
     *_SECRET_LINES,
-    f'API_\u212aEY = "{SECRETS["secret_assignment"]}"',
+    f'API_\u212aEY = "{_VALUE}"',  # the Kelvin sign lowers to k
+    f"Api-Key: {_VALUE}",
+    f'privatekey="{_VALUE}"',
+    f'client-secret => "{_VALUE}"',
+    f"passphrase: {_VALUE}",
+    f'auth_token = "{_VALUE}"',
+    f"DB_PWD={_VALUE}",
+    f"credentials: {_VALUE}",
+    f'monkey = "{_VALUE}"',
+    f"AWS_SECRET_ACCESS_KEY={SECRETS['aws_secret_access_key']}",
+    "git+ssh://git:Xk39fj20DKsl@host/repo",
     "key = 1",
+    "pass",
     "İ",
     "ſ",
     "résumé",
     "\x00",
-    "plain code",
     "://x",
     "\r",
 ]
 
 
-@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=6).map("\n".join), max_size=8))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.sampled_from(_PIECES), max_size=6), st.sampled_from(["\n", " ", ""])).map(
+            lambda pieces_and_separator: pieces_and_separator[1].join(pieces_and_separator[0])
+        ),
+        max_size=8,
+    )
+)
 def test_redacting_a_batch_gives_what_every_rule_on_every_line_gives(texts):
     assert redact_all(texts) == [_redact_without_hints(text) for text in texts]
 
