@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -71,7 +72,7 @@ def timed(function) -> float:
     return time.perf_counter() - started
 
 
-def paired_rounds(functions: dict[str, object], repeat: int) -> dict[str, list[float]]:
+def paired_rounds(functions: dict[str, Callable[[], None]], repeat: int) -> dict[str, list[float]]:
     """Wall times of each function, run once per round in turn after one untimed warm-up round:
     raw git and the scrape then share the machine's state (page cache, other load) round by round."""
     for function in functions.values():
@@ -120,19 +121,19 @@ def main() -> None:
     print(f"\n{'method':<28}{'wall s':>10}{'× raw git':>12}{'commits/s':>12}")
     for name, walls in times.items():
         seconds = statistics.median(walls)
-        if len(walls) == len(
-            baseline
-        ):  # the ratio of medians hides drift; the median of per-round ratios does not
-            ratio = statistics.median(wall / raw for wall, raw in zip(walls, baseline, strict=True))
-        else:
+        if len(walls) == len(baseline):  # the median of per-round ratios: a ratio of medians hides drift
+            ratio = statistics.median(per_round_ratios(walls, baseline))
+        else:  # one timed run (PyDriller, per-commit diffs), against raw git's median
             ratio = seconds / statistics.median(baseline)
         print(f"{name:<28}{seconds:>10.3f}{ratio:>12.2f}{commits / seconds:>12.0f}")
-    scrape_ratios = sorted(
-        wall / raw for wall, raw in zip(times["repotune scrape (full)"], baseline, strict=True)
-    )
+    scrape_ratios = sorted(per_round_ratios(times["repotune scrape (full)"], baseline))
     print(
         f"\nscrape / raw git per round ({args.repeat} rounds): " + " ".join(f"{r:.2f}" for r in scrape_ratios)
     )
+
+
+def per_round_ratios(walls: list[float], baseline: list[float]) -> list[float]:
+    return [wall / raw for wall, raw in zip(walls, baseline, strict=True)]
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ those checks fires mostly on identifiers and documentation examples.
 
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate
-lines, not the size of the history. A scrape redacts its texts in batches (`redact_all`): each
-hint is looked for once in the whole batch, in C, and only the texts that
-hold it go further.
+lines, not the size of the history. A scrape redacts its texts in batches
+(`redact_all`): each hint is looked for once in the whole batch, in C, and
+only the texts that hold it go further.
 """
 
 from __future__ import annotations
@@ -152,6 +152,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+_LOWER_TO_ASCII = (re.compile("\u0130".encode()), re.compile("\u212a".encode()))
+"""İ and the Kelvin sign K: the non-ASCII characters whose lower case holds an ASCII letter (i, k),
+so a hint like `key` can hide behind them from bytes.lower()."""
+
+
 def redact(text: str) -> tuple[str, Counter]:
     """`text` with every secret replaced by `<REDACTED:rule>`, and how many each rule replaced."""
     return redact_all([text])[0]
@@ -161,8 +166,8 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
     """`redact` for many texts at once, which is how a scrape calls it.
 
     The hints are looked for in all the texts joined as UTF-8, one C-level scan
-    per hint group for the whole batch instead of one per text: most texts hold
-    no hint of most rules, and only those that hold one meet its regex.
+    per hint for the whole batch instead of one per text: most texts hold no
+    hint of most rules, and only those that hold one meet its regex.
     """
     encoded = [text.encode("utf-8", "surrogatepass") for text in texts]  # any str encodes
     joined = b"\0".join(encoded)  # no hint holds a NUL, so none straddles two texts
@@ -182,12 +187,7 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
     ]
 
 
-_LOWER_TO_ASCII = (re.compile("\u0130".encode()), re.compile("\u212a".encode()))
-"""İ and the Kelvin sign K: the non-ASCII characters whose lower case holds an ASCII letter (i, k),
-so a hint like `key` can hide behind them from bytes.lower()."""
-
-
-def lowercase(text: str) -> str:
+def _lowercase(text: str) -> str:
     """`text.lower()` with every character at its own offset, so spans found in it apply to `text`.
 
     U+0130 (İ) is the one character whose lower case is two characters long;
@@ -213,7 +213,7 @@ def _redact_text(text: str, candidates: list[int]) -> tuple[str, Counter]:
     """Run the rules on one text: the `candidates` (rule numbers whose hints it holds), and, once a
     replacement has changed the text, every later rule whose hints the changed text holds."""
     counts: Counter = Counter()
-    lowered = lowercase(text) if any(RULES[number].ignores_case for number in candidates) else text
+    lowered = _lowercase(text) if any(RULES[number].ignores_case for number in candidates) else text
     changed = False
     for number, rule in enumerate(RULES):
         haystack = lowered if rule.ignores_case else text
@@ -224,7 +224,7 @@ def _redact_text(text: str, candidates: list[int]) -> tuple[str, Counter]:
         else:
             redacted = _redact_lines(text, haystack, rule, counts)
         if redacted != text:
-            text, lowered, changed = redacted, lowercase(redacted), True
+            text, lowered, changed = redacted, _lowercase(redacted), True
     return text, counts
 
 

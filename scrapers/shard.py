@@ -175,20 +175,22 @@ def _write_batch(
     wider context can show more). Its deduplication key hashes its redacted diff-format text.
     """
     formats = task.config.formats
+    # The key's text is the redacted diff format: one of the formats, or rendered after them.
+    identity = formats.index("diff") if "diff" in formats else len(formats)
     rendered = [
         [FORMATS[name](commit) for name in formats] + ([] if "diff" in formats else [format_diff(commit)])
         for commit, _ in pending
     ]
     redacted = iter(redact_all([text for texts in rendered for text in texts]))
-    for position, (commit, kept_bytes) in enumerate(pending):
-        results = [next(redacted) for _ in rendered[position]]
+    for (commit, kept_bytes), texts in zip(pending, rendered, strict=True):
+        results = [next(redacted) for _ in texts]
         found: Counter = Counter()
         for _, counts in results[: len(formats)]:
             found |= counts
         if found:
             stats.redactions.update(found)
             stats.redacted_commits.append(commit.sha)
-        for name, (text, _) in zip(formats, results[: len(formats)], strict=True):
+        for name, (text, _) in zip(formats, results, strict=False):  # the formats, not the key's extra text
             # `split` comes last, as "train": the merge step rewrites the held-out ones' bytes in place.
             record = {
                 "text": text,
@@ -199,8 +201,7 @@ def _write_batch(
             }
             record["split"] = "train"
             out.write(orjson.dumps(record) + b"\n")
-        identity = results[formats.index("diff") if "diff" in formats else -1][0]
-        key = hashlib.blake2b(identity.encode(), digest_size=16).digest()
+        key = hashlib.blake2b(results[identity][0].encode(), digest_size=16).digest()
         kept.append(KeptRecord(commit.sha, key, len(commit.files), kept_bytes))
     pending.clear()
 
