@@ -508,17 +508,20 @@ def _resume(run: Run, job) -> None:
 
 
 def resumable_checkpoint(checkpoints: Path, stamp: dict[str, Any]) -> Path:
-    """The newest complete checkpoint, if it was trained on the same data with the same batch."""
+    """The newest complete checkpoint, if it was trained on the same data with the same batch.
+
+    Complete means repotune's stamp is in it: the stamp is written, atomically, after everything
+    the Trainer saves, so a run killed mid-save leaves a checkpoint that is passed over here.
+    """
     from pipeline.trainer import STAMP_FILE
 
-    complete = [path for path in checkpoints.glob("checkpoint-*") if (path / "trainer_state.json").exists()]
+    complete = [path for path in checkpoints.glob("checkpoint-*") if (path / STAMP_FILE).exists()]
     if not complete:
-        raise PipelineError(f"--resume: no checkpoint in {checkpoints}; run without --resume to start afresh")
+        raise PipelineError(
+            f"--resume: no checkpoint in {checkpoints} that finished saving; run without --resume to start afresh"
+        )
     latest = max(complete, key=lambda path: int(path.name.rsplit("-", 1)[1]))
-    try:
-        saved = orjson.loads((latest / STAMP_FILE).read_bytes())
-    except (OSError, ValueError):
-        raise PipelineError(f"--resume: {latest} was not written by repotune (no {STAMP_FILE})") from None
+    saved = orjson.loads((latest / STAMP_FILE).read_bytes())
     for key, what in (
         ("dataset_fingerprint", "the training data"),
         ("effective_batch_size", "the effective batch"),

@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import Config
 from pipeline.errors import Interrupted, TrainingError
-from pipeline.manifest import finite
+from pipeline.manifest import finite, write_manifest
 from pipeline.planner import Plan
 
 STAMP_FILE = "repotune_state.json"
@@ -223,7 +222,8 @@ class CheckpointStamp(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
-            (checkpoint / STAMP_FILE).write_bytes(orjson.dumps({**self.stamp, "step": state.global_step}))
+            # Last and atomic: its presence is what makes the checkpoint complete (see resumable_checkpoint).
+            write_manifest(checkpoint / STAMP_FILE, {**self.stamp, "step": state.global_step})
 
 
 def perplexity(loss: float | None) -> float | None:

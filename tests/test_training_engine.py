@@ -275,3 +275,19 @@ def test_resume_without_a_checkpoint_is_one_line(cli, tmp_path):
     result = cli("--repo", repo.path, "--output-dir", tmp_path / "out", *FAST_TRAINING, "--resume")
     assert result.code == 2
     assert "--resume: no checkpoint in" in result.err.strip().splitlines()[-1]
+
+
+def test_resume_passes_over_a_checkpoint_killed_while_saving(tmp_path):
+    from pipeline.stages import resumable_checkpoint
+    from pipeline.trainer import STAMP_FILE
+
+    stamp = {"dataset_fingerprint": "d", "effective_batch_size": 4, "total_steps": 20}
+    complete, cut_off = tmp_path / "checkpoint-5", tmp_path / "checkpoint-10"
+    for checkpoint in (complete, cut_off):
+        checkpoint.mkdir()
+        (checkpoint / "trainer_state.json").write_text('{"log_history": []}')
+    # Only the older one got repotune's stamp: the Trainer's own files came first, then the kill.
+    (complete / STAMP_FILE).write_text(
+        '{"dataset_fingerprint": "d", "effective_batch_size": 4, "total_steps": 20}'
+    )
+    assert resumable_checkpoint(tmp_path, stamp) == complete
