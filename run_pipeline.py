@@ -34,8 +34,9 @@ def run(args: argparse.Namespace) -> None:
     with open_run(loaded_config(args), "run", args.argv, distributed=True) as record:
         setup = stages.prepare_training(record, args.repos)
         loaded = stages.load_model(record, setup)
-        plan = stages.probe_and_replan(record, setup, loaded)
-        stages.train(record, setup, plan, loaded, resume=args.resume)
+        setup = stages.probe_and_replan(record, setup, loaded)
+        stages.show_plan(setup)
+        stages.train(record, setup, loaded, resume=args.resume)
         record.finish("completed")
     record.announce()
 
@@ -53,7 +54,7 @@ def plan(args: argparse.Namespace) -> None:
     with open_run(loaded_config(args), "plan", args.argv) as record:
         prepared = stages.prepare(record, stages.scrape(record, args.repos, reuse=True))
         decisions = stages.plan(record, prepared, args.hardware_profile)
-        decisions = stages.probe_and_replan(record, stages.Setup(prepared, decisions, None, None))
+        decisions = stages.probe_and_replan(record, stages.Setup(prepared, decisions, None, None)).plan
         record.finish("planned")
     print(stages.format_plan(decisions))
     record.announce()
@@ -88,7 +89,8 @@ def generate(args: argparse.Namespace) -> None:
     if args.merge:
         print(generation.merge(args.adapter, args.merge))
     else:
-        print(generation.generate(args.adapter, args.prompt, args.max_new_tokens))
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+        print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task))
 
 
 def diff(args: argparse.Namespace) -> int:

@@ -184,7 +184,7 @@ def main() -> None:
     )
 
     # (a) the baseline: Trainer defaults, padded sequences.
-    sequences = cache.split("train")["input_ids"]
+    sequences = cache.split("train").column("input_ids").to_pylist()
     baseline_args = TrainingArguments(output_dir=str(work / "baseline"), use_cpu=not args.gpu, seed=0)
     baseline = run(
         baseline_args,

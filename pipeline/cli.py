@@ -80,7 +80,9 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
         help="override one config value, e.g. --set train.epochs=1 (repeatable)",
     )
     parser.add_argument(
-        "--model", help="base model: `tiny` (no download), a Hugging Face id, or a local path"
+        "--model",
+        help="base model: smollm2-135m (pretrained, no download; the default), tiny (random), "
+        "a Hugging Face id, or a local path",
     )
     parser.add_argument("--max-commits", type=int, metavar="N", help="read at most the N newest commits")
     parser.add_argument(
@@ -88,6 +90,12 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--since", metavar="DATE", help="only commits after this date (as git log --since)")
     parser.add_argument("--until", metavar="DATE", help="only commits before this date")
+    parser.add_argument(
+        "--budget",
+        metavar="DURATION",
+        help="bound training to this wall-clock time, e.g. 10m, 90s, 1h, or none "
+        "(train.time_budget; default: 10m on a CPU, none on a GPU)",
+    )
 
 
 def hardware_profile_option(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +120,15 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
         "--adapter", required=True, metavar="DIR", help="a run's output directory, or its adapter/"
     )
     parser.add_argument(
-        "--prompt", default="", help="text to continue, e.g. a commit message followed by a blank line"
+        "--prompt",
+        default="",
+        help="text to continue, or with --task what to answer (a diff, or a commit message); - reads stdin",
+    )
+    parser.add_argument(
+        "--task",
+        choices=["message", "diff"],
+        help="ask as training did: `message` writes the commit message for the diff in --prompt, "
+        "`diff` writes the change for the commit message in --prompt",
     )
     parser.add_argument(
         "--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)"
@@ -221,6 +237,7 @@ def loaded_config(args: argparse.Namespace) -> LoadedConfig:
         "scrape.rev": args.rev,
         "scrape.since": args.since,
         "scrape.until": args.until,
+        "train.time_budget": args.budget,
     }
     return load_config(
         args.config, args.overrides, {key: value for key, value in flags.items() if value is not None}

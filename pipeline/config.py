@@ -89,8 +89,9 @@ DEFAULT_EXCLUDE_GLOBS = [
 
 @dataclass(frozen=True)
 class ScrapeConfig:
-    format: str | list[str] = "diff"
-    """Sequence formats, one or several: diff (message then change), message (change then message), rich."""
+    format: str | list[str] = field(default_factory=lambda: ["diff", "message"])
+    """Sequence formats, one or several: diff (message then change), message (change then message), rich;
+    the default teaches both tasks: writing a change for an intent, and a commit message for a change."""
     rev: str = "HEAD"
     """Revision or range to read, e.g. `v1.0..main`."""
     since: str | None = None
@@ -184,10 +185,23 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "tiny"
-    """Base model: `tiny` (built in code, random weights, no download), a Hugging Face id, or a local path."""
+    model: str = "smollm2-135m"
+    """Base model: `smollm2-135m` (pretrained, shipped by a package), `tiny` (built in code, random weights),
+    a Hugging Face id, or a local path."""
+    style: Literal["auto", "chat", "raw"] = "auto"
+    """How a commit becomes text: chat (a conversation in the model's chat template) or raw (the scraped
+    text); auto: chat when the tokenizer has a chat template."""
+    loss_on: Literal["auto", "response", "all"] = "auto"
+    """Tokens that carry the loss: response (the answer: the message, or the change) or all;
+    auto: response for chat, all for raw."""
+    loss_average: Literal["auto", "token", "answer"] = "auto"
+    """How a batch's loss is averaged: over its tokens, or over each answer's tokens and then answers (every
+    commit counts once, whatever its length); auto: answer when the loss is on responses."""
     epochs: int = field(default=3, metadata=POSITIVE)
     """Passes over the training blocks."""
+    time_budget: str | int | float | None = "auto"
+    """Wall-clock bound on the training stage: `10m`, `90s`, `1h`, a number of seconds, or none; auto: 10m
+    on a CPU, none on a GPU. Within it the planner trains the newest commits that fit, at measured speed."""
     learning_rate: float | Auto = field(default="auto", metadata=POSITIVE)
     """Peak learning rate; auto is 5e-3 for the random tiny model and 2e-4 for a pretrained one."""
     lr_scheduler: Literal["linear", "cosine", "constant_with_warmup"] = "cosine"
@@ -200,6 +214,9 @@ class TrainConfig:
     """Tokens per training block; auto is the p95 sequence length rounded up to 64, capped by max_sequence_length."""
     max_sequence_length: int = field(default=1024, metadata=POSITIVE)
     """Upper bound for sequence_length (tokens); the model's own limit also applies."""
+    max_prompt_tokens: int = field(default=256, metadata=POSITIVE)
+    """A chat example's prompt (the diff a commit message answers) is cut to this many tokens, in training
+    and in evaluation: the answer is what is learned, and a long prompt costs time for no loss."""
     seed: int = 42
     """Seed for model initialisation, data order and dropout."""
     logging_steps: int | Auto = field(default="auto", metadata=POSITIVE)
@@ -212,17 +229,26 @@ class TrainConfig:
     """Checkpoints kept on disk (the newest)."""
     torch_compile: bool = False
     """Compile the model with torch.compile (slower start, often faster steps on GPUs)."""
-    generation_samples: int = field(default=3, metadata=NON_NEGATIVE)
-    """Held-out commits whose message prompts a sample generation, before and after training."""
-    generation_tokens: int = field(default=64, metadata=POSITIVE)
-    """Tokens generated per sample."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    samples: int = field(default=12, metadata=NON_NEGATIVE)
+    """Newest held-out commits scored on both tasks (message from diff, change from message), before and
+    after training, with greedy decoding; 0 scores held-out loss only."""
+    message_tokens: int = field(default=48, metadata=POSITIVE)
+    """Most tokens generated for a commit message."""
+    diff_tokens: int = field(default=96, metadata=POSITIVE)
+    """Most tokens generated for a change (scored against the start of git's diff)."""
+    max_blocks: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Held-out blocks per format scored for loss; auto: all on a GPU, bounded by time on a CPU."""
 
 
 @dataclass(frozen=True)
 class LoraConfig:
-    r: int = field(default=8, metadata=POSITIVE)
+    r: int = field(default=16, metadata=POSITIVE)
     """Rank of the LoRA update matrices."""
-    alpha: int = field(default=16, metadata=POSITIVE)
+    alpha: int = field(default=32, metadata=POSITIVE)
     """LoRA scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = field(default=0.05, metadata=FRACTION)
     """Dropout on the LoRA branch."""
@@ -267,6 +293,7 @@ class Config:
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -431,11 +458,38 @@ def _check_relations(config: Config, problems: list[str]) -> None:
             f"`plan.gpu_memory_threshold_large_gb` ({plan.gpu_memory_threshold_large_gb})"
         )
     train = config.train
+    try:
+        budget_seconds(train.time_budget)
+    except ValueError as err:
+        problems.append(f"`train.time_budget` {err}")
     if isinstance(train.sequence_length, int) and train.sequence_length > train.max_sequence_length:
         problems.append(
             f"`train.sequence_length` ({train.sequence_length}) must not exceed "
             f"`train.max_sequence_length` ({train.max_sequence_length})"
         )
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def budget_seconds(value: str | int | float | None) -> float | str | None:
+    """`train.time_budget` in seconds; None for no bound; "auto" is left for the planner."""
+    if value is None or value == "auto":
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    if text in ("none", "off"):
+        return None
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        total = float(text)
+    else:
+        match = _DURATION.fullmatch(text)
+        if not match or not any(match.groups()):
+            raise ValueError(f"must be a duration such as 10m, 90s, 1h30m, or none; got {value!r}")
+        hours, minutes, seconds = (float(part or 0) for part in match.groups())
+        total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ValueError(f"must be longer than 0 s, got {value!r}")
+    return total
 
 
 def _coerce(value: Any, annotation: Any) -> tuple[bool, Any]:

@@ -2,7 +2,8 @@
 
 Packing follows `pipeline.packing.layout` (best fit decreasing; position ids
 restart per sequence so no token attends to another sequence; the first label
-of every segment is masked). The blocks are built with numpy over the whole
+of every segment is masked, and so is every token the loss mask excludes: a
+chat example's prompt). The blocks are built with numpy over the whole
 token stream at once and stored per block size in the token cache
 (`blocks-<L>/<split>_{input_ids,position_ids,labels}.npy`, int32), so a
 second run with the same data and sequence length reads them directly.
@@ -47,20 +48,20 @@ class PackedSplit:
         slots = self.blocks * self.block_size
         return self.real_tokens / slots if slots else 0.0
 
-    def dataset(self) -> BlockDataset:
-        return BlockDataset(self.directory, self.split, self.blocks)
+    def dataset(self, limit: int | None = None) -> BlockDataset:
+        """The blocks as a torch dataset; `limit` keeps the first that many."""
+        return BlockDataset(self.directory, self.split, min(self.blocks, limit or self.blocks))
 
 
-def packed_blocks(
-    cache_directory: Path, split_dataset, split: str, block_size: int, pad_id: int
-) -> PackedSplit:
-    """The split packed into blocks of `block_size`, from the cache or built and stored there."""
+def packed_blocks(cache_directory: Path, table, split: str, block_size: int, pad_id: int) -> PackedSplit:
+    """A tokenized split (an Arrow table, see `pack_arrays`) packed into blocks of `block_size`, from the
+    cache or built and stored there under the name `split`."""
     directory = cache_directory / f"blocks-{block_size}"
     meta_path = directory / f"{split}_meta.json"
     if meta_path.exists():
         meta = orjson.loads(meta_path.read_bytes())
         return PackedSplit(directory, split, meta["blocks"], meta["real_tokens"], block_size)
-    arrays, real_tokens = pack_arrays(split_dataset, block_size, pad_id)
+    arrays, real_tokens = pack_arrays(table, block_size, pad_id)
     directory.mkdir(parents=True, exist_ok=True)
     for name, array in arrays.items():
         staging = directory / f".{split}_{name}.{os.getpid()}.npy"
@@ -73,13 +74,19 @@ def packed_blocks(
     return PackedSplit(directory, split, blocks, real_tokens, block_size)
 
 
-def pack_arrays(split_dataset, block_size: int, pad_id: int) -> tuple[dict[str, np.ndarray], int]:
-    """Pack every sequence of an Arrow split (column input_ids) into [blocks, block_size] int32 arrays."""
-    if len(split_dataset) == 0:
+def pack_arrays(table, block_size: int, pad_id: int) -> tuple[dict[str, np.ndarray], int]:
+    """Pack every sequence of a pyarrow table (column input_ids; loss_mask, where present, says which
+    tokens carry a loss) into [blocks, block_size] int32 arrays."""
+    if table.num_rows == 0:
         empty = np.zeros((0, block_size), dtype=np.int32)
         return {name: empty for name in ARRAYS}, 0
-    column = split_dataset.data.column("input_ids").combine_chunks()
+    column = table.column("input_ids").combine_chunks()
     tokens = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    mask = (
+        table.column("loss_mask").combine_chunks().values.to_numpy(zero_copy_only=False)
+        if "loss_mask" in table.column_names
+        else np.ones(len(tokens), dtype=np.int8)
+    )
     offsets = column.offsets.to_numpy()
     lengths = np.diff(offsets)
     # Segments: every sequence cut into pieces of at most block_size tokens.
@@ -120,7 +127,8 @@ def pack_arrays(split_dataset, block_size: int, pad_id: int) -> tuple[dict[str, 
     labels = np.full(placed.blocks * block_size, IGNORE_INDEX, dtype=np.int32)
     positions = np.empty(placed.blocks * block_size, dtype=np.int32)
     input_ids[target] = tokens[source]
-    labels[target] = np.where(within == 0, IGNORE_INDEX, tokens[source])  # never predict across sequences
+    # No loss on a segment's first token (never predict across sequences) nor where the mask says prompt.
+    labels[target] = np.where((within == 0) | (mask[source] == 0), IGNORE_INDEX, tokens[source])
     # Padding after the last segment is a segment of its own, positions restarting at 0.
     column_index = np.tile(np.arange(block_size), placed.blocks)
     positions[:] = column_index - np.repeat(fill, block_size)

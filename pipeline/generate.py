@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ModelLoadError
-from pipeline.stages import ADAPTER_DIR
+from pipeline.stages import ADAPTER_DIR, BASE_MODEL_DIR
 
 
 def adapter_directory(path: str | Path) -> Path:
@@ -25,21 +25,34 @@ def load_adapter(path: str | Path):
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipeline.model import _from_pretrained, load_saved_tokenizer, quiet_library_output
+    from pipeline.model import load_pretrained, load_saved_tokenizer, quiet_library_output
 
     quiet_library_output()
     directory = adapter_directory(path)
-    base_name = PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
-    base = _from_pretrained(AutoModelForCausalLM, base_name)
+    # A random base is saved beside its adapter: use that copy, wherever the run directory went since
+    # (the adapter records the absolute path it had when it trained).
+    beside = directory.parent / BASE_MODEL_DIR
+    base_name = (
+        str(beside)
+        if (beside / "config.json").exists()
+        else PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
+    )
+    base = load_pretrained(AutoModelForCausalLM, base_name)
     model = PeftModel.from_pretrained(base, str(directory))
     return model.eval(), load_saved_tokenizer(directory)
 
 
-def generate(path: str | Path, prompt: str, max_new_tokens: int) -> str:
-    from pipeline.model import continue_text
+def generate(path: str | Path, prompt: str, max_new_tokens: int, task: str | None = None) -> str:
+    """The model's greedy continuation of `prompt`; with `task`, the prompt is asked as training asked
+    it (`message`: write the commit message for this diff; `diff`: write the change for this message)."""
+    from pipeline.evaluation import generate_batched
+    from pipeline.examples import render_prompt
+    from pipeline.model import adapter_style
 
     model, tokenizer = load_adapter(path)
-    return continue_text(model, tokenizer, prompt, max_new_tokens)
+    if task:
+        prompt = render_prompt(tokenizer, adapter_style(adapter_directory(path)), task, prompt.strip())
+    return generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32")[0]
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

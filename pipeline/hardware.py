@@ -55,6 +55,8 @@ class Hardware:
     cuda_usable: bool = False
     """torch can run on the GPUs (a CUDA build and a driver); GPUs seen only by NVML are not usable."""
     mps: bool = False
+    cpu_bf16: str | None = None
+    """The CPU instruction set that makes bfloat16 fast (`amx_bf16`, `avx512_bf16`), None without one."""
     platform: str = ""
     python_version: str = ""
     torch_version: str | None = None
@@ -111,11 +113,31 @@ def detect_hardware() -> Hardware:
         ram_total_gb=round(memory.total / GB, 2),
         ram_available_gb=round(memory.available / GB, 2),
         memory_limit_gb=round(limit / GB, 2) if limit else None,
+        cpu_bf16=cpu_bf16_flag(_cpu_flags()),
         platform=platform.platform(),
         python_version=platform.python_version(),
         notes=notes,
     )
     return _with_accelerators(hardware)
+
+
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # native bfloat16 matmuls, best first
+
+
+def cpu_bf16_flag(flags: set[str]) -> str | None:
+    return next((flag for flag in BF16_CPU_FLAGS if flag in flags), None)
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _with_accelerators(hardware: Hardware) -> Hardware:
@@ -309,6 +331,7 @@ _PROFILE_KEYS = {
     "logical_cores": int,
     "ram_gb": (int, float),
     "mps": bool,
+    "cpu_flags": list,
 }
 _GPU_KEYS = {"name": str, "memory_gb": (int, float), "compute_capability": list, "count": int}
 
@@ -353,6 +376,7 @@ def load_hardware_profile(spec: str) -> Hardware:
         gpus=tuple(gpus),
         cuda_usable=bool(gpus),  # the described machine is assumed to have a CUDA build of torch
         mps=data.get("mps", False),
+        cpu_bf16=cpu_bf16_flag(set(data.get("cpu_flags", []))),
         source=f"profile {path.name}" + (f" ({data['name']})" if "name" in data else ""),
         notes={"source": "described by a hardware profile, not detected"},
     )

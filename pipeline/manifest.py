@@ -8,6 +8,7 @@ a reader (or a killed run) never sees a half-written file.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import subprocess
@@ -27,6 +28,14 @@ SCHEMA_VERSION = "1.1.0"  # semver: the major changes only when a path users rea
 _DUMP_OPTIONS = (
     orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
 )
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def utc_now() -> str:

@@ -1,9 +1,11 @@
-"""Base models and tokenizers: the built-in `tiny` model, or any Hugging Face causal LM.
+"""Base models and tokenizers: the built-in `tiny` and `smollm2-135m`, or any Hugging Face causal LM.
 
 `tiny` is a small Llama-architecture model built from a config in code with
 random weights, and a byte-level BPE tokenizer trained on the scraped corpus:
-no download, which is what tests and the quick start use. It is saved next to
-the adapter so the adapter can be loaded again.
+no download, which is what tests use. It is saved next to the adapter so the
+adapter can be loaded again. `smollm2-135m` is a real pretrained model whose
+weights an installed package ships (see `pipeline.builtin`); any other name is
+a Hugging Face id or a local directory.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
+from pipeline.builtin import builtin_directory, is_builtin, source_of
 from pipeline.errors import ModelLoadError
+from pipeline.examples import TextStyle
 from pipeline.planner import ModelFacts
 
 TINY = "tiny"
@@ -61,7 +67,7 @@ def pretrained_tokenizer(model_name: str):
         return None
     from transformers import AutoTokenizer
 
-    tokenizer = _from_pretrained(AutoTokenizer, model_name)
+    tokenizer = load_pretrained(AutoTokenizer, model_name)
     if tokenizer.eos_token is None:
         raise ModelLoadError(
             f"model '{model_name}': its tokenizer defines no end-of-sequence token to separate commits"
@@ -99,7 +105,7 @@ def model_config(model_name: str, tokenizer):
     if model_name != TINY:
         from transformers import AutoConfig
 
-        return _from_pretrained(AutoConfig, model_name)
+        return load_pretrained(AutoConfig, model_name)
     from transformers import LlamaConfig
 
     shape = TinyShape()
@@ -119,8 +125,9 @@ def model_config(model_name: str, tokenizer):
     )
 
 
-def describe_model(model_name: str, config) -> ModelFacts:
+def describe_model(model_name: str, config, tokenizer) -> ModelFacts:
     """What the planner needs to know about the model, from its config on the meta device (no memory)."""
+    chat_template = model_name != TINY and bool(getattr(tokenizer, "chat_template", None))
     import importlib.util
 
     import torch
@@ -132,6 +139,8 @@ def describe_model(model_name: str, config) -> ModelFacts:
     return ModelFacts(
         name=model_name,
         random_init=model_name == TINY,
+        source=source_of(model_name) if is_builtin(model_name) else None,
+        chat_template=chat_template,
         max_positions=getattr(text_config, "max_position_embeddings", None),
         parameters=sum(parameter.numel() for parameter in model.parameters()),
         hidden_size=text_config.hidden_size,
@@ -176,7 +185,7 @@ def build_model(model_name: str, config, seed: int, dtype: str = "fp32", attn_im
 
     # fp16 training keeps fp32 master weights (the Trainer's AMP scales the loss), so load fp16 runs in fp32.
     load_dtype = torch.float32 if dtype == "fp16" else torch_dtype
-    return _from_pretrained(
+    return load_pretrained(
         AutoModelForCausalLM, model_name, dtype=load_dtype, attn_implementation=attn_implementation
     )
 
@@ -204,26 +213,37 @@ def attach_lora(model, lora_config, base_modules_to_train: list[str]):
         ) from None
 
 
-def continue_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
-    """The model's greedy continuation of `prompt` (deterministic, so two models compare fairly)."""
-    import torch
-
-    device = next(model.parameters()).device
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
-    with torch.no_grad():
-        output = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    return tokenizer.decode(output[0][ids.shape[1] :], skip_special_tokens=True)
+ADAPTER_STYLE_FILE = "repotune.json"
+"""Beside an adapter: its base model and how it was trained to read prompts (text style)."""
 
 
-def _from_pretrained(cls, name: str, **kwargs):
-    """Load from the local cache first; go to the hub only when it answers, so offline fails fast."""
+def record_base(adapter_dir: Path, model_name: str, style: TextStyle) -> None:
+    """Write what `generate` needs to use the adapter as it was trained. A built-in base is recorded
+    by its name, which resolves on any machine, not by this machine's cache path (which peft needs
+    while training and saving)."""
+    if is_builtin(model_name):
+        path = adapter_dir / "adapter_config.json"
+        config = orjson.loads(path.read_bytes())
+        config["base_model_name_or_path"] = model_name
+        path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))
+    facts = {"model": model_name, "style": style.style, "loss_on": style.loss_on}
+    (adapter_dir / ADAPTER_STYLE_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
+
+
+def adapter_style(adapter_dir: Path) -> TextStyle:
+    """How an adapter was trained to read prompts (raw for adapters written before this was recorded)."""
+    path = adapter_dir / ADAPTER_STYLE_FILE
+    if not path.exists():
+        return TextStyle("raw", "all")
+    facts = orjson.loads(path.read_bytes())
+    return TextStyle(facts["style"], facts["loss_on"])
+
+
+def load_pretrained(cls, name: str, **kwargs):
+    """Load a built-in model from its converted directory; anything else from the local cache first,
+    going to the hub only when it answers, so offline fails fast."""
+    if is_builtin(name):
+        return cls.from_pretrained(str(builtin_directory(name)), **kwargs)
     local = Path(name).expanduser()
     if name.startswith((".", "/", "~")) and not local.is_dir():
         raise ModelLoadError(
@@ -239,7 +259,8 @@ def _from_pretrained(cls, name: str, **kwargs):
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
         raise ModelLoadError(
             f"model '{name}' is not in the local Hugging Face cache and the hub cannot be reached; "
-            f"download it on a connected machine (`hf download {name}`), pass a local directory, or use --model tiny"
+            f"download it on a connected machine (`hf download {name}`), pass a local directory, "
+            "or use a built-in model (--model smollm2-135m, or --model tiny)"
         )
     try:
         return cls.from_pretrained(name, **kwargs)

@@ -14,16 +14,19 @@ LOW_GPU_UTILISATION_PCT = 70
 
 
 def throughput_report(
-    history, plan: Plan, monitor_report: dict[str, Any], usable_cores: int
+    history, plan: Plan, monitor_report: dict[str, Any], usable_cores: int, efficiency: float
 ) -> dict[str, Any]:
+    """`efficiency`: real tokens per block slot of the trained blocks (the rest is padding)."""
     runtime = history.train_runtime_s or 0.0
+    processed = round(history.blocks * plan["sequence_length"] * efficiency)
     step_total = sum(history.step_time_s)
     wait_share = sum(history.data_wait_s) / step_total if step_total else None
     verdict, suggestion = _bottleneck(wait_share, plan, monitor_report, usable_cores)
     overhead = monitor_report.get("monitor_overhead_s") or 0.0
     return {
         "trained_tokens": history.trained_tokens,
-        "tokens_per_s": round(history.trained_tokens / runtime, 1) if runtime else None,
+        "processed_tokens": processed,
+        "tokens_per_s": round(processed / runtime, 1) if runtime else None,
         "samples_per_s": round(history.blocks / runtime, 3) if runtime else None,
         "step_time_s": summarize_values(history.step_time_s),
         "data_wait_s": summarize_values(history.data_wait_s),

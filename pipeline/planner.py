@@ -22,12 +22,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.config import LoadedConfig
+from pipeline.config import LoadedConfig, budget_seconds
+from pipeline.errors import ConfigError
+from pipeline.examples import TextStyle
 from pipeline.hardware import GB, Hardware
 from pipeline.packing import count_blocks
 
 TINY_LEARNING_RATE = 5e-3  # measured: the random tiny model's loss falls ~2.5 nats in 80 steps at this rate
 PRETRAINED_LEARNING_RATE = 2e-4  # the usual LoRA rate for pretrained code models (QLoRA paper, peft examples)
+SHORT_RUN_LEARNING_RATE = (
+    5e-4  # measured: a 10-minute CPU run (55 steps) on psf/requests learns far more at 5e-4
+)
+SHORT_RUN_STEPS = 200  # below this many optimizer steps a run is short
 TINY_TRAINED_BASE_MODULES = ["embed_tokens", "norm"]  # a random base's output scale must be learnable
 SMALL_DATASET_BLOCKS = (
     2048  # below this the blocks sit in memory and worker start-up costs more than it saves
@@ -35,6 +41,14 @@ SMALL_DATASET_BLOCKS = (
 LOG_POINTS = 50  # aim for this many loss/LR records per run
 CHECKPOINTS = 10  # aim for this many checkpoints per run
 EVALUATIONS = 10  # aim for this many held-out evaluations per run
+CPU_EVAL_BLOCKS = 8  # held-out blocks per format scored for loss on a CPU, when the speed is not known
+CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
+BUDGET_TRAIN_SHARE = 0.8  # of a time budget, for training; the rest loads, evaluates and saves
+EVAL_SHARE = 0.05  # of the training time, for one held-out loss evaluation
+FORWARD_SPEEDUP = 3  # a forward pass alone runs about 3× a training step's tokens/s (no backward)
+EVAL_COST_RATIO = 10  # an evaluation inside training may cost at most 1/10 of the time between two
+CHECKPOINT_INTERVAL_S = 60.0  # at most one checkpoint per minute of training
+MIN_BUDGET_STEPS = 48  # optimizer steps a bounded run should take to learn from what it sees
 # Activation memory per token per layer is about 34 × hidden bytes in 16-bit training (Korthikanti et al.,
 # "Reducing Activation Recomputation in Large Transformer Models", with memory-efficient attention).
 ACTIVATION_BYTES_PER_HIDDEN = 34
@@ -56,10 +70,13 @@ class DataStats:
 
     length_counts: Mapping[int, int]
     """Histogram of tokens per training sequence (EOS included) → how many sequences."""
+    newest_first: tuple[int, ...] = ()
+    """The same lengths in the training split's order, newest commit first (what a time budget keeps)."""
 
     @classmethod
     def from_lengths(cls, lengths) -> DataStats:
-        return cls(Counter(lengths))
+        lengths = tuple(lengths)
+        return cls(Counter(lengths), lengths)
 
     @property
     def sequences(self) -> int:
@@ -87,6 +104,10 @@ class ModelFacts:
     """The tiny model: randomly initialised, so it needs a higher learning rate."""
     max_positions: int | None
     """Longest context the model supports (tokens), if it says."""
+    source: dict[str, str] | None = None
+    """A built-in model's origin: package, version, file and sha256."""
+    chat_template: bool = False
+    """The tokenizer has a chat template (an instruct model)."""
     parameters: int = 0
     hidden_size: int = 0
     num_layers: int = 0
@@ -127,9 +148,20 @@ class ProbeRow:
 
 
 @dataclass(frozen=True)
+class Speed:
+    """Measured training throughput on this machine, for a time budget."""
+
+    tokens_per_s: float
+    how: str
+    """How it was measured, e.g. `a forward and backward pass on a 1024-token block in bf16`."""
+
+
+@dataclass(frozen=True)
 class Plan:
     decisions: dict[str, Decision]
     probe: tuple[ProbeRow, ...] = field(default=())
+    speed: Speed | None = None
+    """The measured training speed the plan was fitted to (a time budget)."""
 
     def __getitem__(self, name: str) -> Any:
         return self.decisions[name].value
@@ -186,10 +218,12 @@ def make_plan(
     launch: Launch = Launch(),
     probe: tuple[ProbeRow, ...] = (),
     oom_cap: int | None = None,
-    has_eval: bool = False,
+    eval_tokens: int = 0,
+    speed: Speed | None = None,
 ) -> Plan:
     """`probe`: measured micro-batch fits (CUDA); `oom_cap`: the largest micro-batch after a CUDA
-    out-of-memory in training; `has_eval`: there are held-out commits to evaluate on."""
+    out-of-memory in training; `eval_tokens`: tokens of the held-out commits (0: none); `speed`: the
+    measured training throughput, which a time budget needs."""
     config = loaded.config
     p = _Planner(loaded)
 
@@ -205,7 +239,8 @@ def make_plan(
         device = p.planned("device", "cpu", _no_gpu_reason(hardware))
     world = p.planned("world_size", launch.world_size, launch.reason)
 
-    precision = _precision(p, device, gpu)
+    _text_style(p, model.name, model.chat_template)
+    precision = _precision(p, device, gpu, hardware)
     _tf32(p, device, gpu)
     _attention(p, device, gpu, model, precision)
 
@@ -237,12 +272,20 @@ def make_plan(
     )
 
     micro, accumulation = _batching(p, device, gpu, model, precision, sequence_length, world, probe, oom_cap)
+    epochs = p.from_config("epochs", "train.epochs")
+    budget = _time_budget(p, device, speed)
+    if budget and speed:
+        fitted, epochs_fitted = _fit_budget(p, data, sequence_length, blocks, epochs, budget, speed)
+        if (fitted, epochs_fitted) != (blocks, epochs):
+            micro, accumulation = _short_run_batch(p, fitted * epochs_fitted, micro, accumulation, world)
+        blocks, epochs = fitted, epochs_fitted
+    else:
+        p.planned("train_sequences", data.sequences, f"all {data.sequences} training sequences")
     p.planned(
         "effective_batch_size",
         micro * accumulation * world,
         f"{micro} per device × {accumulation} accumulation × {world} process(es)",
     )
-    epochs = p.from_config("epochs", "train.epochs")
 
     drop_last = p.from_config("drop_last", "plan.drop_last")
     per_step = micro * world
@@ -268,6 +311,13 @@ def make_plan(
     if p.is_auto("train.learning_rate"):
         if model.random_init:
             p.planned("learning_rate", TINY_LEARNING_RATE, "randomly initialised tiny model: a large step")
+        elif total_steps < SHORT_RUN_STEPS:
+            p.planned(
+                "learning_rate",
+                SHORT_RUN_LEARNING_RATE,
+                f"a short run ({total_steps} < {SHORT_RUN_STEPS} steps): LoRA's usual "
+                f"{PRETRAINED_LEARNING_RATE:g} moves too little in so few steps",
+            )
         else:
             p.planned(
                 "learning_rate", PRETRAINED_LEARNING_RATE, "usual LoRA learning rate for a pretrained model"
@@ -290,13 +340,60 @@ def make_plan(
         p.planned("base_modules_trained", [], "pretrained base: only the LoRA adapters train")
 
     _dataloader(p, device, blocks, hardware)
-    _cadence(p, total_steps, has_eval)
+    step_s = micro * accumulation * world * sequence_length / speed.tokens_per_s if speed else None
+    eval_blocks = _evaluation_bound(p, device, budget, speed, sequence_length)
+    _cadence(p, total_steps, eval_tokens, step_s, eval_blocks, sequence_length, speed)
     p.from_config("torch_compile", "train.torch_compile")
     p.from_config("seed", "train.seed")
-    return Plan(dict(p.decisions), probe)
+    return Plan(dict(p.decisions), probe, speed)
 
 
-def _precision(p: _Planner, device: str, gpu) -> str:
+def text_style(loaded: LoadedConfig, model_name: str, chat_template: bool) -> TextStyle:
+    """How commits become tokens for this model (tokenizing needs it before the rest is planned)."""
+    return _text_style(_Planner(loaded), model_name, chat_template)
+
+
+def _text_style(p: _Planner, model_name: str, chat_template: bool) -> TextStyle:
+    if p.is_auto("train.style"):
+        style = p.planned(
+            "style",
+            "chat" if chat_template else "raw",
+            "the tokenizer has a chat template: conversations, as the instruct model was trained"
+            if chat_template
+            else "no chat template (a base model): the scraped text as it is",
+        )
+    else:
+        style = p.from_config("style", "train.style")
+        if style == "chat" and not chat_template:
+            raise ConfigError(
+                f"`train.style` is chat but {model_name}'s tokenizer has no chat template; "
+                "set train.style=raw (or auto)"
+            )
+    if p.is_auto("train.loss_on"):
+        loss_on = p.planned(
+            "loss_on",
+            "response" if style == "chat" else "all",
+            "the assistant's answer only: the prompt is given, not learned"
+            if style == "chat"
+            else "every token: raw text is learned as a whole (set train.loss_on=response to learn answers only)",
+        )
+    else:
+        loss_on = p.from_config("loss_on", "train.loss_on")
+    if not p.is_auto("train.loss_average"):
+        p.from_config("loss_average", "train.loss_average")
+    elif loss_on == "response":
+        p.planned(
+            "loss_average",
+            "answer",
+            "answers differ in length by orders of magnitude: averaged per answer, a 20-token commit message "
+            "weighs as much as a 700-token change instead of being drowned by it",
+        )
+    else:
+        p.planned("loss_average", "token", "every token of raw text counts the same")
+    return TextStyle(style, loss_on)
+
+
+def _precision(p: _Planner, device: str, gpu, hardware: Hardware) -> str:
     if not p.is_auto("plan.precision"):
         return p.from_config("precision", "plan.precision")
     if device == "cuda" and gpu.bf16:
@@ -304,6 +401,18 @@ def _precision(p: _Planner, device: str, gpu) -> str:
     if device == "cuda":
         return p.planned(
             "precision", "fp16", f"compute capability {_cc(gpu)} has no bfloat16: fp16 with loss scaling"
+        )
+    if device == "cpu" and hardware.cpu_bf16:
+        return p.planned(
+            "precision",
+            "bf16",
+            f"the CPU has {hardware.cpu_bf16}: bfloat16 autocast trains 1.5–1.9× faster than fp32 on such CPUs",
+        )
+    if device == "cpu":
+        return p.planned(
+            "precision",
+            "fp32",
+            "no avx512_bf16 or AMX on this CPU: bfloat16 would be emulated, slower than fp32",
         )
     return p.planned("precision", "fp32", f"{device}: mixed precision would not speed training up here")
 
@@ -524,7 +633,17 @@ def _workers(blocks: int, hardware: Hardware) -> tuple[int, str]:
     return workers, f"{physical} physical cores // 2, at most {hardware.usable_cores} usable cores - 1"
 
 
-def _cadence(p: _Planner, total_steps: int, has_eval: bool) -> None:
+def _cadence(
+    p: _Planner,
+    total_steps: int,
+    eval_tokens: int,
+    step_s: float | None,
+    eval_blocks: int | None,
+    length: int,
+    speed: Speed | None,
+) -> None:
+    """How often to log, evaluate and checkpoint: about LOG_POINTS, EVALUATIONS and CHECKPOINTS per
+    run, spaced further where the measured step time says they would cost more than they protect."""
     if p.value("monitor.track_per_step_metrics"):
         p.because_of(
             "logging_steps", 1, "monitor.track_per_step_metrics", "track_per_step_metrics: record every step"
@@ -534,24 +653,169 @@ def _cadence(p: _Planner, total_steps: int, has_eval: bool) -> None:
         p.planned("logging_steps", every, f"about {LOG_POINTS} loss/LR points over {total_steps} steps")
     else:
         p.from_config("logging_steps", "train.logging_steps")
-    if not has_eval:
+    if not eval_tokens:
         p.planned(
             "eval_steps", None, "no held-out commits to evaluate (fewer than 20 kept, or eval_fraction 0)"
         )
-    elif p.is_auto("train.eval_steps"):
+    elif not p.is_auto("train.eval_steps"):
+        p.from_config("eval_steps", "train.eval_steps")
+    elif step_s and eval_blocks and speed:
+        # An evaluation is a forward pass over the held-out blocks of each format (two by default).
+        cost_s = min(eval_tokens, 2 * eval_blocks * length) / (FORWARD_SPEEDUP * speed.tokens_per_s)
+        every = max(math.ceil(total_steps / EVALUATIONS), math.ceil(EVAL_COST_RATIO * cost_s / step_s))
+        if every >= total_steps:
+            p.planned(
+                "eval_steps",
+                None,
+                f"an evaluation costs about {cost_s:.0f} s and a step {step_s:.0f} s: held-out loss before "
+                f"and after training only, not {EVAL_COST_RATIO}× its cost in between",
+            )
+        else:
+            p.planned(
+                "eval_steps",
+                every,
+                f"every {every} steps of about {step_s:.0f} s: an evaluation (about "
+                f"{cost_s:.0f} s) costs at most 1/{EVAL_COST_RATIO} of the time between two",
+            )
+    else:
         every = max(1, math.ceil(total_steps / EVALUATIONS))
         p.planned(
             "eval_steps",
             every,
             f"about {EVALUATIONS} evaluations of the held-out commits over {total_steps} steps",
         )
+    if not p.is_auto("train.save_steps"):
+        p.from_config("save_steps", "train.save_steps")
+    elif step_s:
+        every = max(math.ceil(total_steps / CHECKPOINTS), math.ceil(CHECKPOINT_INTERVAL_S / step_s))
+        p.planned(
+            "save_steps",
+            every,
+            f"about {CHECKPOINTS} checkpoints over {total_steps} steps of about {step_s:.0f} s, "
+            f"at most one per {CHECKPOINT_INTERVAL_S:.0f} s",
+        )
     else:
-        p.from_config("eval_steps", "train.eval_steps")
-    if p.is_auto("train.save_steps"):
         every = max(1, math.ceil(total_steps / CHECKPOINTS))
         p.planned("save_steps", every, f"about {CHECKPOINTS} checkpoints over {total_steps} steps")
+
+
+def _time_budget(p: _Planner, device: str, speed: Speed | None) -> float | None:
+    """The training stage's wall-clock bound in seconds (None: no bound), and the speed it is met at."""
+    if p.is_auto("train.time_budget"):
+        if device == "cpu":
+            budget = p.planned(
+                "time_budget_s",
+                CPU_TIME_BUDGET_S,
+                f"CPU: a first run is bounded to {CPU_TIME_BUDGET_S / 60:g} minutes "
+                "(--budget sets another bound, --budget none trains everything)",
+            )
+        else:
+            budget = p.planned("time_budget_s", None, f"{device}: the whole history, no time bound")
     else:
-        p.from_config("save_steps", "train.save_steps")
+        budget = budget_seconds(p.value("train.time_budget"))
+        p.decisions["time_budget_s"] = Decision(
+            budget,
+            p.loaded.source_of("train.time_budget"),
+            f"train.time_budget {p.value('train.time_budget')}",
+        )
+    if budget is None:
+        p.planned("measured_tokens_per_s", None, "no time budget: nothing to measure for")
+    elif speed is None:
+        p.planned(
+            "measured_tokens_per_s",
+            None,
+            "not measured: this machine's speed is measured once the model is loaded (not for a hardware profile)",
+        )
+    else:
+        p.planned("measured_tokens_per_s", round(speed.tokens_per_s, 1), f"measured by {speed.how}")
+    return budget
+
+
+def _fit_budget(
+    p: _Planner, data: DataStats, length: int, blocks: int, epochs: int, budget: float, speed: Speed
+) -> tuple[int, int]:
+    """Blocks and epochs that fit the budget's training share at the measured speed: every pass that
+    fits, else one pass over the newest sequences that fit (the rest are left out, and said so)."""
+    seconds = budget * BUDGET_TRAIN_SHARE
+    affordable = max(1, int(speed.tokens_per_s * seconds) // length)
+    at_speed = f"{seconds:.0f} s ({BUDGET_TRAIN_SHARE:.0%} of the budget) × {speed.tokens_per_s:.0f} tokens/s"
+    if affordable >= blocks * epochs:
+        p.planned("train_sequences", data.sequences, f"all {data.sequences}: {epochs} passes fit {at_speed}")
+        return blocks, epochs
+    if affordable >= blocks:
+        passes = p.planned(
+            "epochs", affordable // blocks, f"{affordable // blocks} of {epochs} passes fit {at_speed}"
+        )
+        p.planned("train_sequences", data.sequences, f"all {data.sequences}: {passes} passes fit {at_speed}")
+        return blocks, passes
+    p.planned("epochs", 1, f"not one pass over all {blocks} blocks fits {at_speed}: one over the newest")
+    # The most newest-first sequences whose packed blocks fit (packing is monotone in what it is given).
+    low, high = 1, len(data.newest_first)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count_blocks(Counter(data.newest_first[:middle]), length) <= affordable:
+            low = middle
+        else:
+            high = middle - 1
+    kept = Counter(data.newest_first[:low])
+    used = count_blocks(kept, length)
+    tokens = sum(data.newest_first[:low])
+    p.planned(
+        "train_sequences",
+        low,
+        f"the newest {low} of {data.sequences} sequences ({tokens} tokens) fit {at_speed}; "
+        f"the {data.sequences - low} older ones ({data.tokens - tokens} tokens) are left out",
+    )
+    p.planned("train_blocks", used, f"{tokens} tokens of the newest {low} sequences in blocks of {length}")
+    return used, 1
+
+
+def _short_run_batch(p: _Planner, blocks: int, micro: int, accumulation: int, world: int) -> tuple[int, int]:
+    """A bounded run takes enough optimizer steps to learn: a smaller effective batch when it would
+    take fewer than MIN_BUDGET_STEPS."""
+    if any(
+        p.explicit(key)
+        for key in ("plan.effective_batch_size", "plan.batch_size", "plan.gradient_accumulation_steps")
+    ):
+        return micro, accumulation
+    target = max(world, blocks // MIN_BUDGET_STEPS)
+    if micro * accumulation * world <= target:
+        return micro, accumulation
+    micro = max(1, min(micro, target // world))
+    accumulation = max(1, target // (micro * world))
+    why = f"a bounded run of {blocks} blocks: effective batch {micro * accumulation * world} gives about "
+    why += (
+        f"{blocks // (micro * accumulation * world)} optimizer steps (at least {MIN_BUDGET_STEPS} to learn)"
+    )
+    p.planned("batch_size", micro, why)
+    p.planned("gradient_accumulation_steps", accumulation, why)
+    return micro, accumulation
+
+
+def _evaluation_bound(
+    p: _Planner, device: str, budget: float | None, speed: Speed | None, length: int
+) -> int | None:
+    """Held-out blocks per format scored for loss: all on a GPU; on a CPU a bounded share of the time."""
+    if not p.is_auto("eval.max_blocks"):
+        return p.from_config("eval_blocks", "eval.max_blocks")
+    if device != "cpu":
+        return p.planned(
+            "eval_blocks", None, f"{device}: every held-out block (an evaluation costs little here)"
+        )
+    if budget and speed:
+        # A forward pass costs about a third of a training step's forward and backward.
+        seconds = budget * BUDGET_TRAIN_SHARE * EVAL_SHARE
+        blocks = max(2, int(seconds * FORWARD_SPEEDUP * speed.tokens_per_s / length / 2))
+        return p.planned(
+            "eval_blocks",
+            blocks,
+            f"held-out loss on at most {blocks} blocks per format: about {EVAL_SHARE:.0%} of the training time",
+        )
+    return p.planned(
+        "eval_blocks",
+        CPU_EVAL_BLOCKS,
+        f"held-out loss on at most {CPU_EVAL_BLOCKS} blocks per format: on a CPU each costs seconds",
+    )
 
 
 def _warmup(total_steps: int, loaded: LoadedConfig) -> tuple[int, str]:

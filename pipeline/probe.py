@@ -1,20 +1,29 @@
-"""Measure the largest micro-batch that fits on the GPU, instead of guessing from memory tiers.
+"""Measure this machine instead of guessing: the largest micro-batch that fits, the training speed.
 
-A few real forward/backward steps at increasing micro-batch sizes, stopping
-at the first out-of-memory or the first size whose peak memory leaves less
-than the configured headroom. `probe_batch_sizes` takes the step as a
-function, so tests simulate out-of-memory on the CPU; `cuda_step` is the real
-one.
+- Batch probe (CUDA): a few real forward/backward steps at increasing
+  micro-batch sizes, stopping at the first out-of-memory or the first size
+  whose peak memory leaves less than the configured headroom.
+  `probe_batch_sizes` takes the step as a function, so tests simulate
+  out-of-memory on the CPU; `cuda_step` is the real one.
+- Training speed (for a time budget): what a finished run measured on this
+  machine for the same model and plan (kept in `~/.cache/repotune/speeds.json`),
+  or else a real forward and backward on a training block.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import orjson
+
+from pipeline.builtin import cache_home
 from pipeline.dataset import ARRAYS
 from pipeline.hardware import GB
-from pipeline.planner import ProbeRow
+from pipeline.manifest import utc_now, write_manifest
+from pipeline.planner import ProbeRow, Speed
+from pipeline.token_cache import provenance_hash
 
 
 class ProbeOutOfMemory(Exception):
@@ -75,3 +84,77 @@ def cuda_step(model, dataset, precision: str, largest: int) -> Callable[[int], t
         return torch.cuda.max_memory_allocated() / GB, time.perf_counter() - started
 
     return run
+
+
+def training_speed(model, dataset, precision: str, gradient_checkpointing: bool) -> Speed:
+    """Tokens/s of a forward and backward on a training block, as training will run it: the second of
+    two, since the first also allocates and picks kernels."""
+    import torch
+
+    block = dataset[0]
+    device = next(model.parameters()).device
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    was_training = model.training
+    model.train()
+    inputs = {key: block[key][None].to(device) for key in ARRAYS}
+    try:
+        for _ in range(2):
+            started = time.perf_counter()
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = model(**inputs, use_cache=False).loss
+            loss.backward()
+            seconds = time.perf_counter() - started
+            model.zero_grad(set_to_none=True)
+    finally:
+        model.train(was_training)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_disable()
+    length = inputs["input_ids"].shape[1]
+    return Speed(length / seconds, f"a forward and backward pass on a {length}-token block in {precision}")
+
+
+def speed_key(hardware, model_name: str, plan) -> str:
+    """What a training speed depends on: the machine, the model and how it trains."""
+    parts = [
+        hardware.platform,
+        hardware.cpu_bf16,
+        hardware.usable_cores,
+        [gpu.name for gpu in hardware.gpus],
+        hardware.torch_version,
+        model_name,
+        plan["precision"],
+        plan["sequence_length"],
+        plan["gradient_checkpointing"],
+        plan["attention"],
+    ]
+    return provenance_hash({"speed": parts})[:20]
+
+
+def remembered_speed(key: str) -> Speed | None:
+    """The training speed an earlier run measured on this machine for the same model and plan."""
+    try:
+        entry = orjson.loads(_speeds_file().read_bytes())[key]
+    except (OSError, ValueError, KeyError):
+        return None
+    return Speed(entry["tokens_per_s"], f"an earlier run's training on this machine, {entry['measured_at']}")
+
+
+def remember_speed(key: str, tokens_per_s: float) -> None:
+    """Keep a finished run's training speed for the next run's time budget (best effort)."""
+    path = _speeds_file()
+    try:
+        speeds = orjson.loads(path.read_bytes())
+    except (OSError, ValueError):
+        speeds = {}
+    speeds[key] = {"tokens_per_s": round(tokens_per_s, 1), "measured_at": utc_now()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_manifest(path, speeds)
+    except OSError:
+        pass  # a read-only cache only costs the next run a measurement
+
+
+def _speeds_file() -> Path:
+    return cache_home() / "speeds.json"

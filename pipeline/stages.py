@@ -6,7 +6,6 @@ CLI (and `--help`) stays fast.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -18,8 +17,10 @@ import orjson
 from pipeline.dataset import PackedSplit, read_sequences
 from pipeline.distributed import launch_for_profile
 from pipeline.errors import PipelineError, RepositoryError
+from pipeline.examples import TextStyle
 from pipeline.hardware import detect_hardware, load_hardware_profile
-from pipeline.planner import DataStats, ModelFacts, Plan, make_plan
+from pipeline.manifest import sha256_file
+from pipeline.planner import DataStats, ModelFacts, Plan, Speed, make_plan, text_style
 from pipeline.run import Run
 from pipeline.token_cache import TokenCache, provenance_hash
 from scrapers.git import open_repository
@@ -27,6 +28,8 @@ from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_repositories
 from scrapers.shard import describe_counts
 
+MIN_STEPS_FOR_SPEED = 5  # a run this long measures its speed well enough for the next run's budget
+TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
 ADAPTER_DIR = "adapter"
 BASE_MODEL_DIR = "base_model"
 CHECKPOINT_DIR = "checkpoints"
@@ -102,7 +105,10 @@ class Prepared:
     cache: TokenCache
     stats: DataStats
     """Token-length histogram of the training split."""
-    has_eval: bool
+    eval_tokens: int
+    """Tokens of the held-out sequences (0: nothing is held out)."""
+    style: TextStyle
+    """How records became tokens (evaluation prompts are rendered the same way)."""
 
 
 def cache_root(run: Run) -> Path:
@@ -133,29 +139,36 @@ def prepare(run: Run, scraped: Scraped) -> Prepared:
             f"{scraped.where}: no commit survived the filters (skipped: {scraped.skipped}); nothing to train on"
         )
 
-    def build(staging: Path) -> dict[str, int]:  # only on a cache miss: a hit reads none of the sequences
-        records = list(read_sequences(scraped.sequences_path))
-        tokenizer = (
-            pretrained
-            if pretrained is not None
-            else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
-        )
-        tokenizer.save_pretrained(staging / "tokenizer")
-        return tokenize_sequences(records, tokenizer, staging)
-
     with run.stage("tokenize"):
         pretrained = pretrained_tokenizer(model_name)  # loaded once: for the key, and to tokenize on a miss
-        key = cache_key(run.doc["scrape"]["provenance_key"], model_name, tokenizer_recipe(pretrained))
+        style = text_style(run.loaded, model_name, bool(pretrained is not None and pretrained.chat_template))
+        max_tokens = (run.config.train.max_sequence_length, run.config.train.max_prompt_tokens)
+
+        def build(staging: Path) -> dict[str, int]:  # only on a cache miss: a hit reads none of the sequences
+            records = list(read_sequences(scraped.sequences_path))
+            tokenizer = (
+                pretrained
+                if pretrained is not None
+                else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
+            )
+            tokenizer.save_pretrained(staging / "tokenizer")
+            return tokenize_sequences(records, tokenizer, style, max_tokens, staging)
+
+        key = cache_key(
+            run.doc["scrape"]["provenance_key"], model_name, tokenizer_recipe(pretrained), style, max_tokens
+        )
         cache = open_or_build(cache_root(run), key, build)
         tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
         config = model_config(model_name, tokenizer)
-        facts = describe_model(model_name, config)
+        facts = describe_model(model_name, config, tokenizer)
         stats = cache.stats()
     meta = cache.meta()
     run.record(
         model={
             "name": facts.name,
             "random_init": facts.random_init,
+            "pretrained": not facts.random_init,
+            "source": facts.source,
             "note": "randomly initialised base model (no download): the adapter shows the pipeline works, "
             "not what a pretrained model would learn"
             if facts.random_init
@@ -179,7 +192,7 @@ def prepare(run: Run, scraped: Scraped) -> Prepared:
         },
     )
     say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
-    return Prepared(tokenizer, config, facts, cache, stats, has_eval=meta["eval_sequences"] > 0)
+    return Prepared(tokenizer, config, facts, cache, stats, meta["eval_tokens"], style)
 
 
 def plan(run: Run, prepared: Prepared, hardware_profile: str | None = None) -> Plan:
@@ -195,8 +208,11 @@ def plan(run: Run, prepared: Prepared, hardware_profile: str | None = None) -> P
     return result
 
 
-def _make_plan(run: Run, prepared: Prepared, probe=(), oom_cap: int | None = None) -> Plan:
-    """The plan for this data on the hardware and launch the plan stage chose (after a probe, or an OOM)."""
+def _make_plan(
+    run: Run, prepared: Prepared, probe=(), oom_cap: int | None = None, speed: Speed | None = None
+) -> Plan:
+    """The plan for this data on the hardware and launch the plan stage chose (after a probe, a speed
+    measurement, or an OOM)."""
     return make_plan(
         prepared.stats,
         run.hardware,
@@ -205,7 +221,8 @@ def _make_plan(run: Run, prepared: Prepared, probe=(), oom_cap: int | None = Non
         run.planned_launch,
         probe,
         oom_cap,
-        prepared.has_eval,
+        prepared.eval_tokens,
+        speed,
     )
 
 
@@ -250,7 +267,8 @@ class Setup:
     prepared: Prepared
     plan: Plan
     train: PackedSplit | None
-    eval: PackedSplit | None
+    eval: dict[str, PackedSplit] | None
+    """Held-out blocks by format."""
 
 
 def prepare_training(run: Run, repos: list[str]) -> Setup:
@@ -259,32 +277,43 @@ def prepare_training(run: Run, repos: list[str]) -> Setup:
     def on_rank_zero() -> Setup:
         prepared = prepare(run, scrape(run, repos, reuse=True))
         decisions = plan(run, prepared)
-        say(format_plan(decisions))
         return Setup(prepared, decisions, *pack(run, prepared, decisions))
 
     return run.coordinator.share(on_rank_zero)
 
 
-def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, PackedSplit | None]:
+def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, dict[str, PackedSplit]]:
+    """The training blocks, and the held-out blocks of each format (scored apart: a commit message
+    and a change are different tasks)."""
     from pipeline.dataset import packed_blocks
 
     tokenizer, cache, length = prepared.tokenizer, prepared.cache, plan["sequence_length"]
     with run.stage("pack"):
         train = packed_blocks(cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id)
-        held_out = None
-        if prepared.has_eval:
-            held_out = packed_blocks(
-                cache.directory, cache.split("eval"), "eval", length, tokenizer.pad_token_id
-            )
+        held_out = {}
+        if prepared.eval_tokens:
+            import pyarrow.compute as pc
+
+            split = cache.split("eval")
+            for name in sorted(set(split.column("format").to_pylist())):
+                rows = split.filter(pc.equal(split.column("format"), name))
+                held_out[name] = packed_blocks(
+                    cache.directory, rows, f"eval-{name}", length, tokenizer.pad_token_id
+                )
     run.doc["dataset"].update(
         {
             "block_size": length,
             "train_blocks": train.blocks,
-            "eval_blocks": held_out.blocks if held_out else 0,
+            "eval_blocks": sum(split.blocks for split in held_out.values()),
             "real_tokens": train.real_tokens,
             "packing_efficiency": round(train.efficiency, 4),
             "packing_method": "best-fit-decreasing blocks; position_ids restart per sequence "
-            f"(block-diagonal causal attention with {plan['attention']}); first label of each sequence masked",
+            f"(block-diagonal causal attention with {plan['attention']}); first label of each sequence masked"
+            + (
+                "; prompt tokens masked (loss on the answer only)"
+                if prepared.style.loss_on == "response"
+                else ""
+            ),
         }
     )
     return train, held_out
@@ -319,32 +348,92 @@ def load_model(run: Run, setup: Setup) -> Loaded:
     return Loaded(model, base_dir)
 
 
-def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None) -> Plan:
-    """On CUDA, measure the largest micro-batch that fits and plan again with it (same effective batch).
-    Packs and loads the model itself when not given them (the `plan` command)."""
-    plan = setup.plan
-    reason = _probe_skipped(run, plan)
-    if reason:
-        run.doc["training_parameters"]["batch_probe_note"] = reason
+def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None) -> Setup:
+    """Measure what the plan needs from this machine, and plan again: on CUDA the largest micro-batch
+    that fits (same effective batch), under a time budget the training speed (then the newest
+    sequences that fit are packed). Packs and loads the model itself when not given them (`plan`)."""
+    plan, prepared = setup.plan, setup.prepared
+    probe_skipped, speed_skipped = _probe_skipped(run, plan), _speed_skipped(run, plan)
+    run.doc["training_parameters"]["batch_probe_note"] = probe_skipped
+    if probe_skipped and speed_skipped:
         run.save()
-        return plan
-    from pipeline.probe import cuda_step, probe_batch_sizes
-
-    prepared = setup.prepared
+        return setup
     train = setup.train or pack(run, prepared, plan)[0]
     loaded = loaded or load_model(run, Setup(prepared, plan, train, None))
-    largest = plan["effective_batch_size"] // plan["world_size"]
-    gpu = min(run.hardware.gpus, key=lambda g: g.memory_gb)
-    loaded.model.cuda()
-    with run.stage("batch_probe"):
-        step = cuda_step(loaded.model, train.dataset(), plan["precision"], largest)
-        rows = probe_batch_sizes(step, largest, gpu.memory_gb, run.config.plan.probe_headroom)
-    replanned = _make_plan(run, prepared, rows)
-    run.record(training_parameters={**replanned.to_manifest(), "batch_probe_note": None})
-    say(
-        f"batch probe: {[(row.batch_size, row.peak_memory_gb, row.fits) for row in rows]} → micro-batch {replanned['batch_size']}"
+    rows = plan.probe
+    if not probe_skipped:
+        from pipeline.probe import cuda_step, probe_batch_sizes
+
+        largest = plan["effective_batch_size"] // plan["world_size"]
+        gpu = min(run.hardware.gpus, key=lambda g: g.memory_gb)
+        loaded.model.cuda()
+        with run.stage("batch_probe"):
+            step = cuda_step(loaded.model, train.dataset(), plan["precision"], largest)
+            rows = probe_batch_sizes(step, largest, gpu.memory_gb, run.config.plan.probe_headroom)
+        plan = _make_plan(run, prepared, rows)
+        say(
+            f"batch probe: {[(row.batch_size, row.peak_memory_gb, row.fits) for row in rows]} → micro-batch {plan['batch_size']}"
+        )
+    speed = None
+    if not speed_skipped:
+        from pipeline.probe import remembered_speed, speed_key, training_speed
+
+        speed = remembered_speed(speed_key(run.hardware, prepared.facts.name, plan))
+        if speed is None:
+            with run.stage("speed_probe"):
+                speed = training_speed(
+                    loaded.model, train.dataset(), plan["precision"], plan["gradient_checkpointing"]
+                )
+        plan = _make_plan(run, prepared, rows, speed=speed)
+        say(
+            f"training speed {speed.tokens_per_s:.0f} tokens/s, measured by {speed.how}: "
+            f"{plan['train_sequences']} of {prepared.stats.sequences} sequences fit the "
+            f"{plan['time_budget_s']:.0f} s budget"
+        )
+    run.record(training_parameters={**plan.to_manifest(), "batch_probe_note": probe_skipped})
+    return Setup(prepared, plan, _bounded(run, prepared, plan, train), setup.eval)
+
+
+def show_plan(setup: Setup) -> None:
+    """The plan's decisions, for the person at the terminal (the final plan, after any measurement)."""
+    say(format_plan(setup.plan))
+
+
+def _speed_skipped(run: Run, plan: Plan) -> str | None:
+    if not plan["time_budget_s"]:
+        return "no time budget"
+    if run.launch.world_size > 1:  # (only rank 0 knows the hardware it planned for)
+        return "several processes: set plan.batch_size and train.epochs instead of a time budget"
+    if run.hardware.source != "detected":
+        return f"planning for {run.hardware.source}, which is not this machine"
+    return None
+
+
+def _bounded(run: Run, prepared: Prepared, plan: Plan, train: PackedSplit) -> PackedSplit:
+    """The training blocks the plan keeps: all, or those of the newest sequences a time budget fits
+    (packed apart and cached under their count)."""
+    from pipeline.dataset import packed_blocks
+
+    kept, total = plan["train_sequences"], prepared.stats.sequences
+    if kept >= total:
+        return train
+    cache = prepared.cache
+    with run.stage("pack"):
+        newest = packed_blocks(
+            cache.directory,
+            cache.split("train").slice(0, kept),
+            f"train-newest-{kept}",
+            plan["sequence_length"],
+            prepared.tokenizer.pad_token_id,
+        )
+    left_out = prepared.stats.tokens - sum(prepared.stats.newest_first[:kept])
+    run.doc["dataset"].update(
+        train_blocks=newest.blocks,
+        real_tokens=newest.real_tokens,
+        packing_efficiency=round(newest.efficiency, 4),
+        left_out={"sequences": total - kept, "tokens": left_out, "reason": "time budget (train.time_budget)"},
     )
-    return replanned
+    return newest
 
 
 def _probe_skipped(run: Run, plan: Plan) -> str | None:
@@ -363,72 +452,111 @@ def _probe_skipped(run: Run, plan: Plan) -> str | None:
     return None
 
 
-def train(run: Run, setup: Setup, plan: Plan, loaded: Loaded, resume: bool = False) -> None:
+def train(run: Run, setup: Setup, loaded: Loaded, resume: bool = False) -> None:
     """Evaluate, train (resuming, retrying out-of-memory), evaluate again, save the adapter (rank 0)."""
-    from pipeline.evaluation import evaluate_loss, evaluation_report, generation_prompts, sample_generations
+    from torch.utils.data import ConcatDataset
+
+    from pipeline.evaluation import evaluation_report, format_evaluation, task_prompts
+    from pipeline.model import record_base
     from pipeline.monitor import HardwareMonitor, import_nvml
-    from pipeline.trainer import Job, TrainingHistory, build_trainer
+    from pipeline.trainer import Job, TrainingHistory
     from pipeline.trainer import train as run_trainer
 
-    config, tokenizer = run.config, setup.prepared.tokenizer
+    config, prepared, plan = run.config, setup.prepared, setup.plan
     # One sampler per node: the local rank 0 of each.
     monitor = HardwareMonitor(
         config.monitor.collection_interval_seconds, import_nvml() if run.launch.local_rank == 0 else None
     )
     progress = _Progress(run, monitor)
     history = TrainingHistory(setup.train.real_tokens, config.monitor.include_epoch_summary, progress)
-    held_out = setup.eval.dataset() if setup.eval else None
+    held_out = {name: split.dataset(plan["eval_blocks"]) for name, split in (setup.eval or {}).items()}
     stamp = {
-        "dataset_fingerprint": f"{setup.prepared.cache.key}:{plan['sequence_length']}:{setup.train.blocks}",
+        "dataset_fingerprint": f"{prepared.cache.key}:{plan['sequence_length']}:{setup.train.blocks}",
         "effective_batch_size": plan["effective_batch_size"],
         "total_steps": plan["total_steps"],
     }
     checkpoints = run.output_dir / CHECKPOINT_DIR
     dataset = setup.train.dataset()
+    during = ConcatDataset(list(held_out.values())) if held_out else None
     job = Job(
-        loaded.model, dataset, held_out, plan, config, checkpoints, history, stamp, agree=run.coordinator.any
+        loaded.model, dataset, during, plan, config, checkpoints, history, stamp, agree=run.coordinator.any
     )
+    if plan["time_budget_s"]:
+        job.time_limit_s = plan["time_budget_s"] * TRAINING_TIME_LIMIT
     progress.job = job
     if resume:
         _resume(run, job)
     writes = run.launch.writes
-    prompts = (
-        generation_prompts(run.output_dir / SEQUENCES_FILE, config.train.generation_samples) if writes else []
-    )
+    prompts = []
+    if writes and config.eval.samples:
+        records = read_sequences(run.output_dir / SEQUENCES_FILE)
+        prompts = task_prompts(
+            records, prepared.tokenizer, prepared.style, config.eval.samples, config.train.max_prompt_tokens
+        )
     note = None if held_out else "no held-out commits: fewer than 20 were kept, or scrape.eval_fraction is 0"
 
     with run.stage("evaluate_before"):
-        before = evaluate_loss(build_trainer(job), held_out)
-        samples_before = sample_generations(loaded.model, tokenizer, prompts, config.train.generation_tokens)
-    run.record(training_report={"evaluation": evaluation_report(before, None, samples_before, [], [], note)})
+        before, tasks_before, samples_before = _evaluate(run, loaded.model, prepared, plan, held_out, prompts)
+    run.record(
+        training_report={
+            "evaluation": evaluation_report(before, None, tasks_before, None, samples_before, [], [], note)
+        }
+    )
 
     trainable = run.doc["model"]["parameters_trainable"]
     say(
         f"training {plan['total_steps']} steps on {plan['device']} × {plan['world_size']} ({trainable:,} trainable parameters)"
     )
     with run.stage("train"), monitor:
-        trainer, final_plan = run_trainer(job, *_out_of_memory_handlers(run, setup))
+        _, final_plan = run_trainer(job, *_out_of_memory_handlers(run, setup))
+    if history.time_limit:
+        say(
+            f"stopped at step {history.time_limit['step']} of {plan['total_steps']}: the time budget's limit "
+            f"({history.time_limit['limit_s']:.0f} s of training) was reached; the speed was measured at "
+            f"{plan['measured_tokens_per_s']} tokens/s"
+        )
 
     with run.stage("evaluate_after"):
-        after = evaluate_loss(trainer, held_out)
-        samples_after = sample_generations(loaded.model, tokenizer, prompts, config.train.generation_tokens)
+        after, tasks_after, samples_after = _evaluate(
+            run, loaded.model, prepared, final_plan, held_out, prompts
+        )
     report = run.doc["training_report"]
     report["evaluation"] = evaluation_report(
-        before, after, samples_before, samples_after, history.eval_history, note
+        before, after, tasks_before, tasks_after, samples_before, samples_after, history.eval_history, note
     )
     progress()
-    _record_throughput(run, history, final_plan, monitor)
-    if before and after:
-        say(
-            f"held-out loss {before['loss']:.4f} → {after['loss']:.4f} ({(after['loss'] / before['loss'] - 1):+.1%})"
-        )
+    _record_throughput(run, history, final_plan, monitor, setup.train.efficiency)
+    for line in format_evaluation(report["evaluation"]):
+        say(line)
 
     if writes:
         with run.stage("save"):
             adapter_dir = run.output_dir / ADAPTER_DIR
             loaded.model.save_pretrained(adapter_dir)
-            tokenizer.save_pretrained(adapter_dir)
+            record_base(adapter_dir, config.train.model, prepared.style)
+            prepared.tokenizer.save_pretrained(adapter_dir)
         run.record(outputs=_outputs(run, adapter_dir, loaded.base_dir))
+
+
+def _evaluate(run: Run, model, prepared: Prepared, plan: Plan, held_out: dict[str, Any], prompts: list):
+    """Held-out loss on every rank (the same on each); the task metrics on rank 0, which has the prompts."""
+    import torch
+
+    from pipeline.evaluation import held_out_loss, run_tasks
+
+    device = (
+        torch.device("cuda", run.launch.local_rank)
+        if plan["device"] == "cuda"
+        else torch.device(plan["device"])
+    )
+    model.to(device)
+    loss = held_out_loss(model, held_out, plan["batch_size"], plan["precision"])
+    if not prompts:
+        return loss, None, []
+    eval_config = run.config.eval
+    tokens = {"message": eval_config.message_tokens, "diff": eval_config.diff_tokens}
+    scores, samples = run_tasks(model, prepared.tokenizer, prompts, tokens, plan["precision"])
+    return loss, scores, samples
 
 
 class _Progress:
@@ -454,7 +582,7 @@ class _Progress:
             say(f"  step {last['step']}/{self.job.plan['total_steps']}  loss {loss}  lr {rate:.2e}")
 
 
-def _record_throughput(run: Run, history, plan: Plan, monitor) -> None:
+def _record_throughput(run: Run, history, plan: Plan, monitor, efficiency: float) -> None:
     """Throughput over every rank, and each node's hardware (gathered from the nodes' local rank 0)."""
     import socket
 
@@ -472,8 +600,13 @@ def _record_throughput(run: Run, history, plan: Plan, monitor) -> None:
     history.blocks = sum(part["blocks"] for part in gathered)
     report = run.doc["training_report"]
     report["hardware"]["nodes"] = [part["hardware"] for part in gathered if "hardware" in part]
-    report["throughput"] = throughput_report(history, plan, monitor.report(), usable_cores())
+    report["throughput"] = throughput_report(history, plan, monitor.report(), usable_cores(), efficiency)
     run.save()
+    speed = report["throughput"]["tokens_per_s"]
+    if speed and run.hardware.source == "detected" and history.global_step >= MIN_STEPS_FOR_SPEED:
+        from pipeline.probe import remember_speed, speed_key
+
+        remember_speed(speed_key(run.hardware, run.doc["model"]["name"], plan), speed)
 
 
 def _out_of_memory_handlers(run: Run, setup: Setup):
@@ -492,7 +625,7 @@ def _out_of_memory_handlers(run: Run, setup: Setup):
         )
 
     def replan(cap: int) -> Plan:
-        smaller = _make_plan(run, setup.prepared, setup.plan.probe, cap)
+        smaller = _make_plan(run, setup.prepared, setup.plan.probe, cap, setup.plan.speed)
         run.record(training_parameters={**smaller.to_manifest(), "oom_retries": retries})
         return smaller
 
@@ -537,7 +670,11 @@ def resumable_checkpoint(checkpoints: Path, stamp: dict[str, Any]) -> Path:
 
 def _outputs(run: Run, adapter_dir: Path, base_dir: Path | None) -> dict[str, Any]:
     files = [
-        {"path": str(path.relative_to(run.output_dir)), "bytes": path.stat().st_size, "sha256": _sha256(path)}
+        {
+            "path": str(path.relative_to(run.output_dir)),
+            "bytes": path.stat().st_size,
+            "sha256": sha256_file(path),
+        }
         for path in sorted(adapter_dir.rglob("*"))
         if path.is_file()
     ]
@@ -549,11 +686,3 @@ def _outputs(run: Run, adapter_dir: Path, base_dir: Path | None) -> dict[str, An
         "sequences_path": str((run.output_dir / SEQUENCES_FILE).resolve()),
         "manifest_path": str(run.manifest_path.resolve()),
     }
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

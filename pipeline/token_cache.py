@@ -11,7 +11,8 @@ leaves nothing a later run would trust.
 Layout of one entry (`cache_dir/tokens-<key>/`):
 
     tokenizer/          the tokenizer (tiny's is trained on the corpus, so it is part of the cache)
-    train/, eval/       Arrow datasets: input_ids (EOS appended), length, commit
+    train/, eval/       Arrow datasets: input_ids, loss_mask (1 where a token carries a loss), length,
+                        commit, format (see pipeline.examples for how a record becomes tokens)
     blocks-<L>/         packed blocks for block size L (see pipeline.dataset)
     meta.json           the key's inputs and counts
 """
@@ -30,10 +31,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.examples import TextStyle, encode_batch
 from pipeline.hardware import usable_cores
 from pipeline.planner import DataStats
 
-CACHE_FORMAT = 1  # bump when the layout or the tokenization changes
+CACHE_FORMAT = 2  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
 
 
@@ -46,19 +48,20 @@ class TokenCache:
     """Time to load (hit) or build (miss) the entry."""
 
     def split(self, name: str):
-        """The split's Arrow dataset, or None when it has no sequences (they are not stored)."""
+        """The split's rows as a pyarrow table (input_ids, loss_mask, length, commit, format), or None
+        when it has no sequences (they are not stored)."""
         from datasets import load_from_disk
 
         path = self.directory / name
-        return load_from_disk(str(path)) if path.exists() else None
+        return load_from_disk(str(path)).data.table if path.exists() else None
 
     def stats(self) -> DataStats:
         """Token-length histogram of the training split, for the planner."""
         import numpy as np
 
-        lengths = self.split("train").data.column("length").to_numpy()
+        lengths = self.split("train").column("length").to_numpy()
         values, counts = np.unique(lengths, return_counts=True)
-        return DataStats(dict(zip(values.tolist(), counts.tolist(), strict=True)))
+        return DataStats(dict(zip(values.tolist(), counts.tolist(), strict=True)), tuple(lengths.tolist()))
 
     def meta(self) -> dict[str, Any]:
         return orjson.loads((self.directory / "meta.json").read_bytes())
@@ -77,12 +80,20 @@ def provenance_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def cache_key(scrape_provenance: str, model_name: str, tokenizer_recipe: dict[str, Any]) -> str:
+def cache_key(
+    scrape_provenance: str,
+    model_name: str,
+    tokenizer_recipe: dict[str, Any],
+    style: TextStyle,
+    max_tokens: tuple[int, int],
+) -> str:
     payload = {
         "format": CACHE_FORMAT,
         "scrape": scrape_provenance,
         "model": model_name,
         "tokenizer": tokenizer_recipe,
+        "text": style.to_key(),
+        "max_tokens": max_tokens,
     }
     return provenance_hash(payload)[:20]
 
@@ -111,29 +122,34 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
     return TokenCache(directory, key, False, time.perf_counter() - started)
 
 
-def tokenize_sequences(records: list[dict[str, Any]], tokenizer, directory: Path) -> dict[str, int]:
-    """Tokenize each split with `datasets.map(batched=True, num_proc=...)` and save it as Arrow;
-    returns sequences and tokens per split. An empty split is not stored (datasets cannot read
-    back a split saved with no rows)."""
+def tokenize_sequences(
+    records: list[dict[str, Any]], tokenizer, style: TextStyle, max_tokens: tuple[int, int], directory: Path
+) -> dict[str, int]:
+    """Tokenize each split in `style` with `datasets.map(batched=True, num_proc=...)` and save it as
+    Arrow; returns sequences and tokens per split. An empty split is not stored (datasets cannot
+    read back a split saved with no rows). `max_tokens`: a chat example's longest (sequence, prompt)."""
     import datasets
     import pyarrow.compute as pc
     from datasets import Dataset
 
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()
-    eos = tokenizer.eos_token_id
     counts = {"train_sequences": 0, "train_tokens": 0, "eval_sequences": 0, "eval_tokens": 0}
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        ids = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-        return {"input_ids": [[*row, eos] for row in ids], "length": [len(row) + 1 for row in ids]}
+        ids, masks = encode_batch(tokenizer, style, batch["format"], batch["text"], *max_tokens)
+        return {"input_ids": ids, "loss_mask": masks, "length": [len(row) for row in ids]}
 
     for split in ("train", "eval"):
         rows = [record for record in records if record["split"] == split]
         if not rows:
             continue
         dataset = Dataset.from_dict(
-            {"text": [r["text"] for r in rows], "commit": [r["commit"] for r in rows]}
+            {
+                "text": [r["text"] for r in rows],
+                "commit": [r["commit"] for r in rows],
+                "format": [r["format"] for r in rows],
+            }
         )
         processes = max(1, min(usable_cores(), len(rows) // TOKENIZE_ROWS_PER_PROCESS))
         dataset = dataset.map(

@@ -29,6 +29,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import Config
 from pipeline.errors import Interrupted, TrainingError
+from pipeline.evaluation import perplexity
 from pipeline.manifest import finite, write_manifest
 from pipeline.planner import Plan
 
@@ -36,11 +37,23 @@ STAMP_FILE = "repotune_state.json"
 
 
 class RepotuneTrainer(Trainer):
-    """The Hugging Face Trainer, measuring data waits and trained tokens per optimizer step."""
+    """The Hugging Face Trainer, measuring data waits and trained tokens per optimizer step, and
+    averaging the loss over answers instead of tokens when the plan says so."""
 
-    def __init__(self, *args, history: TrainingHistory, **kwargs):
+    def __init__(self, *args, history: TrainingHistory, per_answer: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.history = history
+        self.per_answer = per_answer
+        if per_answer:
+            self.loss_is_scaled_for_ga = False  # a mean per micro-batch: the Trainer divides by accumulation
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not (self.per_answer and model.training):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        labels = inputs["labels"]
+        outputs = model(**{key: value for key, value in inputs.items() if key != "labels"})
+        loss = per_answer_loss(outputs.logits, labels, inputs["position_ids"])
+        return (loss, outputs) if return_outputs else loss
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         started = time.perf_counter()
@@ -67,6 +80,8 @@ class TrainingHistory(TrainerCallback):
     blocks: int = 0
     diverged: dict[str, Any] | None = None
     """Step and value of a non-finite loss, which stops training."""
+    time_limit: dict[str, Any] | None = None
+    """Step and time at which the time budget's hard limit stopped training."""
     global_step: int = 0
     train_runtime_s: float | None = None
     _epoch_started: float = 0.0
@@ -176,6 +191,7 @@ class TrainingHistory(TrainerCallback):
                 },
                 "train_runtime_s": round(self.train_runtime_s, 3) if self.train_runtime_s else None,
                 "diverged": self.diverged,
+                "time_limit": self.time_limit,
             },
             "learning_rate": {"history": self.lr_history},
         }
@@ -213,6 +229,52 @@ class GracefulStop(TrainerCallback):
             control.should_training_stop = True
 
 
+def per_answer_loss(logits, labels, position_ids):
+    """Cross-entropy averaged over each packed sequence's loss tokens, then over sequences: every
+    answer counts once, so a 20-token commit message weighs as much as a 700-token change."""
+    target = labels[:, 1:]
+    losses = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), target, ignore_index=-100, reduction="none"
+    )
+    counted = target.ne(-100)
+    # Sequence ids within the micro-batch: a new one wherever the position ids restart.
+    starts = position_ids.eq(0)
+    starts[:, 0] = True
+    sequence = starts.flatten().cumsum(0).view_as(position_ids)[:, 1:] - 1
+    flat, weight = sequence[counted], counted.sum()
+    if not weight:
+        return losses.sum() * 0.0  # nothing to learn in this micro-batch (a prompt cut across blocks)
+    tokens = torch.zeros(int(sequence.max()) + 1, device=logits.device).index_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.float)
+    )
+    sums = torch.zeros_like(tokens).index_add_(0, flat, losses[counted])
+    answered = tokens > 0
+    return (sums[answered] / tokens[answered]).mean()
+
+
+class TimeLimit(TrainerCallback):
+    """Stops training (with a checkpoint) once it has run `seconds`: the hard edge of a time budget,
+    for when the measured speed was optimistic."""
+
+    def __init__(self, seconds: float, history: TrainingHistory):
+        self.seconds, self.history = seconds, history
+        self._started = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        elapsed = time.perf_counter() - self._started
+        if elapsed > self.seconds and state.global_step < state.max_steps:
+            self.history.time_limit = {
+                "step": state.global_step,
+                "elapsed_s": round(elapsed, 1),
+                "limit_s": round(self.seconds, 1),
+            }
+            control.should_save = True
+            control.should_training_stop = True
+
+
 class CheckpointStamp(TrainerCallback):
     """Writes what each checkpoint was trained on (data fingerprint, effective batch, total steps)."""
 
@@ -224,12 +286,6 @@ class CheckpointStamp(TrainerCallback):
         if state.is_world_process_zero and checkpoint.is_dir():
             # Last and atomic: its presence is what makes the checkpoint complete (see resumable_checkpoint).
             write_manifest(checkpoint / STAMP_FILE, {**self.stamp, "step": state.global_step})
-
-
-def perplexity(loss: float | None) -> float | None:
-    if loss is None or not math.isfinite(loss) or loss > 700:  # exp() overflows a double past ~709
-        return None
-    return round(math.exp(loss), 4)
 
 
 def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> TrainingArguments:
@@ -295,6 +351,8 @@ class Job:
     agree: Callable[[bool], bool] = bool
     """Whether any rank wants to stop (identity for a single process)."""
     resume_from: Path | None = None
+    time_limit_s: float | None = None
+    """Training stops here even before its planned steps (a time budget's hard edge)."""
 
 
 def build_trainer(job: Job) -> RepotuneTrainer:
@@ -304,8 +362,10 @@ def build_trainer(job: Job) -> RepotuneTrainer:
         train_dataset=job.train_dataset,
         eval_dataset=job.eval_dataset,
         data_collator=default_data_collator,
-        callbacks=[job.history, CheckpointStamp(job.stamp)],
+        callbacks=[job.history, CheckpointStamp(job.stamp)]
+        + ([TimeLimit(job.time_limit_s, job.history)] if job.time_limit_s else []),
         history=job.history,
+        per_answer=job.plan["loss_average"] == "answer",
     )
     # Both print raw log dicts to stdout; TrainingHistory reports progress on stderr instead.
     trainer.remove_callback(PrinterCallback)

@@ -87,6 +87,20 @@ def format_rich(commit: KeptCommit) -> str:
     return "\n".join(header) + f"\n\n{commit.message}\n\n{render_diff(commit, commit.git_context)}"
 
 
+DIFF_START = "\n\ndiff --git "
+"""Where the change begins in the `diff` and `rich` formats (messages are cleaned, so never hold it)."""
+
+
+def prompt_and_response(format_name: str, text: str) -> tuple[str, str]:
+    """A sequence cut where the task's answer begins: (intent, change) for `diff` and `rich`,
+    (change, message) for `message`. `prompt + response == text`; no cut found gives ("", text)."""
+    if format_name == "message":
+        prompt, heading, response = text.rpartition(f"\n{MESSAGE_HEADING}\n")
+        return (prompt + heading, response) if heading else ("", text)
+    prompt, start, response = text.partition(DIFF_START)
+    return (prompt + "\n\n", start[2:] + response) if start else ("", text)
+
+
 FORMATS: dict[str, Callable[[KeptCommit], str]] = {
     "diff": format_diff,
     "message": format_message,

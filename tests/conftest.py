@@ -109,12 +109,33 @@ class CliResult:
     err: str
 
 
+MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def repotune_cache(tmp_path_factory) -> Path:
+    """Converted built-in models and remembered speeds go to a cache of this session's own, so no test
+    reads what another session (or the user) left, and the user's ~/.cache is not written."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    previous = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    yield cache / "repotune"
+    if previous is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = previous
+
+
 @pytest.fixture
 def cli(capsys):
-    """Run the CLI in-process (torch is imported once per session, not per test)."""
+    """Run the CLI in-process (torch is imported once per session, not per test). Commands train the
+    tiny model unless a test names another: the pretrained default has its own end-to-end test."""
 
     def invoke(*argv: str) -> CliResult:
-        code = run_pipeline.main([str(arg) for arg in argv])
+        argv = tuple(str(arg) for arg in argv)
+        if "--model" not in argv and (not argv or argv[0] not in MODEL_FREE_COMMANDS):
+            argv = (*argv, "--model", "tiny")
+        code = run_pipeline.main(list(argv))
         captured = capsys.readouterr()
         return CliResult(code, captured.out, captured.err)
 
@@ -144,6 +165,8 @@ def assert_valid_manifest(document) -> None:
 
 FAST_TRAINING = (
     # A few dozen optimizer steps on the tiny model: long enough to show warmup and a falling loss.
+    "--model", "tiny",
+    "--set", "scrape.format=diff",
     "--set", "plan.batch_size=1",
     "--set", "plan.gradient_accumulation_steps=1",
     "--set", "train.epochs=6",

@@ -29,7 +29,7 @@ def test_shipped_config_loads_and_equals_the_documented_defaults():
         False,
         True,
     )
-    assert (loaded.config.train.seed, loaded.config.train.model) == (42, "tiny")
+    assert (loaded.config.train.seed, loaded.config.train.model) == (42, "smollm2-135m")
 
 
 def test_shipped_config_documents_every_field():

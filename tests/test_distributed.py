@@ -96,7 +96,7 @@ def test_repos_file_skips_a_repository_that_cannot_be_scraped(cli, tmp_path):
     listing = tmp_path / "repos.txt"
     listing.write_text(f"# our services\n{first.path}\n\n{tmp_path / 'gone'}\n{second.path}\n")
     out = tmp_path / "out"
-    result = cli("scrape", "--repos-file", listing, "--output-dir", out)
+    result = cli("scrape", "--repos-file", listing, "--output-dir", out, "--set", "scrape.format=diff")
     assert result.code == 0, result.err
     scrape = read_json(out / "MANIFEST.json")["scrape"]
     assert [entry["name"] for entry in scrape["per_repository"]] == ["alpha", "beta"]

@@ -14,9 +14,9 @@ from pipeline.packing import IGNORE_INDEX, count_blocks, layout
 
 def pack(token_lists, block_size, pad_id=0):
     """The real packer, fed an Arrow split as the token cache stores it."""
-    from datasets import Dataset
+    import pyarrow as pa
 
-    arrays, real_tokens = pack_arrays(Dataset.from_dict({"input_ids": token_lists}), block_size, pad_id)
+    arrays, real_tokens = pack_arrays(pa.table({"input_ids": token_lists}), block_size, pad_id)
     return {name: array.tolist() for name, array in arrays.items()}, real_tokens
 
 

@@ -49,7 +49,7 @@ def messy_repo(tmp_path) -> GitRepo:
 
 
 def test_every_skip_reason_is_counted(cli, messy_repo, tmp_path):
-    config = ["--set", "scrape.max_file_bytes=100000"]
+    config = ["--set", "scrape.max_file_bytes=100000", "--set", "scrape.format=diff"]
     result = cli("scrape", "--repo", messy_repo.path, "--output-dir", tmp_path / "out", *config)
     assert result.code == 0, result.err
     scrape_section = read_json(tmp_path / "out" / "MANIFEST.json")["scrape"]
@@ -110,7 +110,12 @@ def test_rev_since_until_and_max_commits(cli, tmp_path):
 
     def kept(*options):
         out = tmp_path / "out"
-        assert cli("scrape", "--repo", repo.path, "--output-dir", out, *options).code == 0
+        assert (
+            cli(
+                "scrape", "--repo", repo.path, "--output-dir", out, *options, "--set", "scrape.format=diff"
+            ).code
+            == 0
+        )
         return [record["commit"] for record in sequences(out / "sequences.jsonl")]
 
     assert kept("--rev", "v1.0..main") == shas[:3:-1]

@@ -51,7 +51,7 @@ def test_binary_files_are_marked(sample_repo):
 def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    result = scrape([sample_repo.path], ScrapeConfig(), out)
+    result = scrape([sample_repo.path], ScrapeConfig(format="diff"), out)
     lines = [orjson.loads(line) for line in (out / "sequences.jsonl").read_bytes().splitlines()]
     assert len(lines) == 11
     assert result.stats.skipped == {"no_text_changes": 1}

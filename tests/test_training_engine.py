@@ -51,9 +51,15 @@ def test_held_out_loss_falls_and_samples_are_recorded(trained_run):
     assert before["blocks"] == after["blocks"] >= 1
     assert evaluation["history"] and all(entry["step"] >= 1 for entry in evaluation["history"])
     samples = evaluation["samples"]
-    assert len(samples["before"]) == len(samples["after"]) == 1  # one held-out commit
-    assert samples["after"][0]["prompt"] == "Add compute_30 and describe_30\n\n"
-    assert samples["after"][0]["reference"].startswith("diff --git a/pkg/feature_30.py")
+    # One held-out commit, asked both ways: its message from its diff, its diff from its message.
+    assert [sample["task"] for sample in samples["after"]] == ["message", "diff"]
+    assert len(samples["before"]) == 2
+    message, change = samples["after"]
+    assert message["reference"] == change["prompt"] == "Add compute_30 and describe_30"
+    assert change["reference"].startswith("diff --git a/pkg/feature_30.py")
+    assert message["prompt"].startswith("diff --git a/pkg/feature_30.py")
+    tasks = evaluation["tasks"]["after"]
+    assert tasks["message"]["samples"] == tasks["diff"]["samples"] == 1
 
 
 def test_packing_throughput_and_bottleneck_are_reported(trained_run):
@@ -106,10 +112,7 @@ def test_second_run_hits_the_token_cache_and_a_change_misses_it(cli, tmp_path):
     assert cli("plan", "--repo", repo.path, "--output-dir", out).code == 0
     second = read_json(out / "MANIFEST.json")["dataset"]["cache"]
     assert (first["hit"], second["hit"], second["key"]) == (False, True, first["key"])
-    assert (
-        cli("plan", "--repo", repo.path, "--output-dir", out, "--set", "scrape.format=[diff, message]").code
-        == 0
-    )
+    assert cli("plan", "--repo", repo.path, "--output-dir", out, "--set", "scrape.format=diff").code == 0
     third = read_json(out / "MANIFEST.json")["dataset"]["cache"]
     assert third["hit"] is False and third["key"] != first["key"]
 

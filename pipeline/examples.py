@@ -1,0 +1,133 @@
+"""Training examples: a sequence record → token ids and a loss mask, in the planned text style.
+
+- `chat` (instruct models, whose tokenizer has a chat template): each format
+  becomes a conversation rendered with `apply_chat_template`. `message`: the
+  user gives the diff, the assistant writes the commit message; `diff` and
+  `rich`: the user gives the intent, the assistant writes the change. The
+  loss covers the assistant's tokens only (its closing end-of-turn token
+  included, so the model learns where to stop). A prompt longer than
+  `max_prompt_tokens`, or too long for `max_tokens` with its answer, is cut,
+  never the answer, so every example keeps its target.
+- `raw` (base models and `tiny`): the scraped text as it is, then EOS; the
+  loss covers every token, or with `loss_on: response` only the part after
+  the prompt (the change for `diff`, the message for `message`).
+
+Evaluation prompts are rendered by the same functions, so the model is asked
+exactly what it was trained to answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scrapers.formats import MESSAGE_HEADING, prompt_and_response
+
+SYSTEM_PROMPT = (
+    "You are a developer on this repository. You write its changes and its commit messages "
+    "in its own style and conventions."
+)
+INSTRUCTIONS = {
+    "message": "Write the commit message for this change.",
+    "diff": "Write the change (a unified diff) for this commit message.",
+    "rich": "Write the change (a unified diff) for this commit.",
+}
+MIN_PROMPT_TOKENS = 64  # a prompt is never cut below this, even for a very long answer
+
+
+@dataclass(frozen=True)
+class TextStyle:
+    style: str
+    """`chat` or `raw`."""
+    loss_on: str
+    """`response` (the answer's tokens only) or `all`."""
+
+    def to_key(self) -> dict[str, Any]:
+        """What the token cache's key must know about how texts become tokens."""
+        return {
+            "style": self.style,
+            "loss_on": self.loss_on,
+            "system": SYSTEM_PROMPT if self.style == "chat" else None,
+            "instructions": INSTRUCTIONS if self.style == "chat" else None,
+        }
+
+
+def chat_messages(format_name: str, content: str) -> list[dict[str, str]]:
+    """The system and user turns that ask for a format's answer."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"{INSTRUCTIONS[format_name]}\n\n{content}"},
+    ]
+
+
+def prompt_content(format_name: str, prompt: str) -> str:
+    """What a record's prompt part gives: the diff (for a message) or the intent (for a change)."""
+    return (
+        prompt.removesuffix(f"\n{MESSAGE_HEADING}\n").strip() if format_name == "message" else prompt.strip()
+    )
+
+
+def render_prompt(
+    tokenizer, style: TextStyle, format_name: str, content: str, room: int | None = None
+) -> str:
+    """The text a model continues to answer `content`, as the scraped format or the chat template
+    writes it; with `room`, `content` is cut from its end so that the text takes at most that many
+    tokens (never fewer than MIN_PROMPT_TOKENS)."""
+    text = _render(tokenizer, style, format_name, content)
+    if room is None:
+        return text
+    excess = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - max(MIN_PROMPT_TOKENS, room)
+    if excess <= 0:
+        return text
+    ids = tokenizer(content, add_special_tokens=False)["input_ids"]
+    return _render(tokenizer, style, format_name, tokenizer.decode(ids[: max(0, len(ids) - excess)]))
+
+
+def _render(tokenizer, style: TextStyle, format_name: str, content: str) -> str:
+    if style.style == "chat":
+        return tokenizer.apply_chat_template(
+            chat_messages(format_name, content), tokenize=False, add_generation_prompt=True
+        )
+    return f"{content}\n{MESSAGE_HEADING}\n" if format_name == "message" else f"{content}\n\n"
+
+
+def encode_batch(
+    tokenizer, style: TextStyle, formats: list[str], texts: list[str], max_tokens: int, max_prompt_tokens: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids and loss masks (1 where a token carries a loss) for a batch of records."""
+    if style.style == "chat":
+        return _encode_chat(tokenizer, style, formats, texts, max_tokens, max_prompt_tokens)
+    eos = tokenizer.eos_token_id
+    if style.loss_on == "all":
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [[*row, eos] for row in ids], [[1] * (len(row) + 1) for row in ids]
+    parts = [prompt_and_response(name, text) for name, text in zip(formats, texts, strict=True)]
+    prompts = tokenizer([p for p, _ in parts], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([r for _, r in parts], add_special_tokens=False)["input_ids"]
+    return (
+        [[*p, *r, eos] for p, r in zip(prompts, answers, strict=True)],
+        [[0] * len(p) + [1] * (len(r) + 1) for p, r in zip(prompts, answers, strict=True)],
+    )
+
+
+def _encode_chat(
+    tokenizer, style: TextStyle, formats: list[str], texts: list[str], max_tokens: int, max_prompt_tokens: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    ids, masks = [], []
+    for name, text in zip(formats, texts, strict=True):
+        prompt, response = prompt_and_response(name, text)
+        content = prompt_content(name, prompt)
+        messages = chat_messages(name, content)
+        asked = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        whole = tokenizer.apply_chat_template(
+            [*messages, {"role": "assistant", "content": response.strip()}], tokenize=False
+        )
+        # The answer is what the whole conversation adds to the prompt: the reply and its end-of-turn.
+        answer = tokenizer(whole[len(asked) :], add_special_tokens=False)["input_ids"]
+        room = min(max_prompt_tokens, max_tokens - len(answer))
+        asked_ids = tokenizer(render_prompt(tokenizer, style, name, content, room), add_special_tokens=False)[
+            "input_ids"
+        ]
+        ids.append([*asked_ids, *answer])
+        masks.append([0] * len(asked_ids) + [1] * len(answer))
+    return ids, masks

