@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.examples import TextStyle, prompt_content, render_prompt
+from pipeline.examples import TextStyle, answer_prefix, prompt_content, render_prompt
 from scrapers.formats import prompt_and_response
 
 TASKS = ("message", "diff")
@@ -81,7 +81,7 @@ def task_prompts(
 
 
 def generate_batched(
-    model, tokenizer, prompts: Sequence[str], max_new_tokens: int, precision: str, batch_size: int = 8
+    model, tokenizer, prompts: Sequence[str], max_new_tokens: int, precision: str, batch_size: int = 16
 ) -> list[str]:
     """Greedy continuations of `prompts`, batched with left padding and the KV cache."""
     import torch
@@ -166,7 +166,9 @@ def _pct(count: int, total: int) -> float:
     return round(100 * count / total, 1)
 
 
-def run_tasks(model, tokenizer, prompts: Sequence[TaskPrompt], tokens: dict[str, int], precision: str):
+def run_tasks(
+    model, tokenizer, style: TextStyle, prompts: Sequence[TaskPrompt], tokens: dict[str, int], precision: str
+):
     """Generate every prompt's answer (each task with its own length) and score them;
     returns (scores, samples)."""
     started = time.perf_counter()
@@ -177,7 +179,7 @@ def run_tasks(model, tokenizer, prompts: Sequence[TaskPrompt], tokens: dict[str,
             model, tokenizer, [prompts[i].text for i in indexes], tokens[task], precision
         )
         for index, answer in zip(indexes, answers, strict=True):
-            outputs[index] = answer
+            outputs[index] = answer_prefix(style, task) + answer  # the part of the answer the prompt gave
     scores = score_tasks(prompts, outputs, time.perf_counter() - started)
     samples = [
         {

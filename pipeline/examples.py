@@ -5,7 +5,8 @@
   user gives the diff, the assistant writes the commit message; `diff` and
   `rich`: the user gives the intent, the assistant writes the change. The
   loss covers the assistant's tokens only (its closing end-of-turn token
-  included, so the model learns where to stop). A prompt longer than
+  included, so the model learns where to stop). A change's answer starts
+  with `diff --git a/` given in the prompt (`ANSWER_PREFIX`). A prompt longer than
   `max_prompt_tokens`, or too long for `max_tokens` with its answer, is cut,
   never the answer, so every example keeps its target.
 - `raw` (base models and `tiny`): the scraped text as it is, then EOS; the
@@ -33,6 +34,9 @@ INSTRUCTIONS = {
     "rich": "Write the change (a unified diff) for this commit.",
 }
 MIN_PROMPT_TOKENS = 64  # a prompt is never cut below this, even for a very long answer
+ANSWER_PREFIX = {"diff": "diff --git a/", "rich": "diff --git a/"}
+"""How a chat answer for a change always begins. It is given with the prompt, so the model is never
+asked to choose between writing a diff and writing a message: the prompt says which."""
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,16 @@ def render_prompt(
     return _render(tokenizer, style, format_name, tokenizer.decode(ids[: max(0, len(ids) - excess)]))
 
 
+def answer_prefix(style: TextStyle, format_name: str) -> str:
+    """What the prompt already says of the answer (its text belongs in front of a generated answer)."""
+    return ANSWER_PREFIX.get(format_name, "") if style.style == "chat" else ""
+
+
 def _render(tokenizer, style: TextStyle, format_name: str, content: str) -> str:
     if style.style == "chat":
         return tokenizer.apply_chat_template(
             chat_messages(format_name, content), tokenize=False, add_generation_prompt=True
-        )
+        ) + answer_prefix(style, format_name)
     return f"{content}\n{MESSAGE_HEADING}\n" if format_name == "message" else f"{content}\n\n"
 
 
@@ -118,11 +127,12 @@ def _encode_chat(
         prompt, response = prompt_and_response(name, text)
         content = prompt_content(name, prompt)
         messages = chat_messages(name, content)
-        asked = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        asked = _render(tokenizer, style, name, content)
         whole = tokenizer.apply_chat_template(
             [*messages, {"role": "assistant", "content": response.strip()}], tokenize=False
         )
-        # The answer is what the whole conversation adds to the prompt: the reply and its end-of-turn.
+        # The answer is what the whole conversation adds to the prompt: the reply (less the prefix the
+        # prompt gives) and its end-of-turn.
         answer = tokenizer(whole[len(asked) :], add_special_tokens=False)["input_ids"]
         room = min(max_prompt_tokens, max_tokens - len(answer))
         asked_ids = tokenizer(render_prompt(tokenizer, style, name, content, room), add_special_tokens=False)[

@@ -46,13 +46,15 @@ def generate(path: str | Path, prompt: str, max_new_tokens: int, task: str | Non
     """The model's greedy continuation of `prompt`; with `task`, the prompt is asked as training asked
     it (`message`: write the commit message for this diff; `diff`: write the change for this message)."""
     from pipeline.evaluation import generate_batched
-    from pipeline.examples import render_prompt
+    from pipeline.examples import answer_prefix, render_prompt
     from pipeline.model import adapter_style
 
     model, tokenizer = load_adapter(path)
+    given = ""
     if task:
-        prompt = render_prompt(tokenizer, adapter_style(adapter_directory(path)), task, prompt.strip())
-    return generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32")[0]
+        style = adapter_style(adapter_directory(path))
+        prompt, given = render_prompt(tokenizer, style, task, prompt.strip()), answer_prefix(style, task)
+    return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32")[0]
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

@@ -143,29 +143,63 @@ def _training(m: dict[str, Any]) -> str:
     return "<h2>Training</h2>" + _figure(draw, "loss and learning-rate curves")
 
 
+TASK_METRICS = {
+    "message": (
+        "commit message from diff",
+        ["chrf", "edit_similarity", "subject_exact_match_pct", "first_word_match_pct", "output_chars_mean",
+         "reference_chars_mean", "whitespace_only"],
+    ),
+    "diff": ("change from message", ["chrf", "edit_similarity", "output_chars_mean", "whitespace_only"]),
+}  # fmt: skip
+
+
 def _evaluation(m: dict[str, Any]) -> str:
     evaluation = (m.get("training_report") or {}).get("evaluation") or {}
     if not evaluation.get("before") and not evaluation.get("after"):
         return f'<h2>Evaluation</h2><p class="muted">{_e(evaluation.get("note") or "not measured")}</p>'
-    rows = [
-        (
-            when,
-            _fmt((evaluation.get(when) or {}).get("loss")),
-            _fmt((evaluation.get(when) or {}).get("perplexity")),
-        )
-        for when in ("before", "after")
+    before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
+    rows = [("held-out loss", _fmt(before.get("loss")), _fmt(after.get("loss")))]
+    rows.append(("± standard error", _fmt(before.get("loss_stderr")), _fmt(after.get("loss_stderr"))))
+    rows.append(("perplexity", _fmt(before.get("perplexity")), _fmt(after.get("perplexity"))))
+    for name, scored in (before.get("per_format") or {}).items():
+        later = (after.get("per_format") or {}).get(name) or {}
+        rows.append((f"  {name} perplexity", _fmt(scored.get("perplexity")), _fmt(later.get("perplexity"))))
+    tasks = evaluation.get("tasks") or {}
+    was, now = tasks.get("before") or {}, tasks.get("after") or {}
+    for task, (label, metrics) in TASK_METRICS.items():
+        if not (was.get(task) or now.get(task)):
+            continue
+        for metric in metrics:
+            rows.append(
+                (
+                    f"{label}: {metric}",
+                    _fmt((was.get(task) or {}).get(metric)),
+                    _fmt((now.get(task) or {}).get(metric)),
+                )
+            )
+    parts = [
+        "<h2>Evaluation (held-out commits, never trained on)</h2>",
+        _table(("", "before training", "after training"), rows),
+        f"<p>relative change of the held-out loss: {_e(_fmt(evaluation.get('relative_change')))}; "
+        f"{_e(_fmt(after.get('tokens') or before.get('tokens')))} tokens scored</p>",
     ]
-    parts = ["<h2>Evaluation (held-out commits)</h2>", _table(("", "loss", "perplexity"), rows)]
-    parts.append(f"<p>relative change: {_e(_fmt(evaluation.get('relative_change')))}</p>")
     samples = evaluation.get("samples") or {}
-    for before, after in zip(samples.get("before") or [], samples.get("after") or [], strict=False):
+    for was_sample, now_sample in zip(samples.get("before") or [], samples.get("after") or [], strict=False):
+        asked = "its commit message, from its diff" if was_sample.get("task") == "message" else "its change"
         parts.append(
-            f'<h3>{_e(before["prompt"].strip())}</h3><p class="muted">{_e(before["commit"][:12])}</p>'
+            f"<h3>{_e(was_sample['commit'][:12])}: {_e(asked)}</h3><pre>{_e(was_sample['prompt'][:300])}</pre>"
             f'<table class="samples"><tr><th>before training</th><th>after training</th><th>what git has</th></tr><tr>'
-            f"<td><pre>{_e(before['output'])}</pre></td><td><pre>{_e(after['output'])}</pre></td>"
-            f"<td><pre>{_e(before['reference'])}</pre></td></tr></table>"
+            f"<td>{_output(was_sample)}</td><td>{_output(now_sample)}</td>"
+            f"<td><pre>{_e(was_sample['reference'])}</pre></td></tr></table>"
         )
     return "\n".join(parts)
+
+
+def _output(sample: dict[str, Any]) -> str:
+    """A generation; a blank one says so instead of rendering as empty space."""
+    if not sample["output"].strip():
+        return f'<p class="muted">(blank: {len(sample["output"])} whitespace characters)</p>'
+    return f"<pre>{_e(sample['output'])}</pre>"
 
 
 def _hardware(m: dict[str, Any]) -> str:

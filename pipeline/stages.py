@@ -555,7 +555,7 @@ def _evaluate(run: Run, model, prepared: Prepared, plan: Plan, held_out: dict[st
         return loss, None, []
     eval_config = run.config.eval
     tokens = {"message": eval_config.message_tokens, "diff": eval_config.diff_tokens}
-    scores, samples = run_tasks(model, prepared.tokenizer, prompts, tokens, plan["precision"])
+    scores, samples = run_tasks(model, prepared.tokenizer, prepared.style, prompts, tokens, plan["precision"])
     return loss, scores, samples
 
 

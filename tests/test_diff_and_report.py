@@ -245,6 +245,23 @@ def test_report_escapes_what_the_repository_wrote(two_runs, tmp_path):
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
 
 
+def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
+    from pipeline.report import render_report
+
+    manifest = read_json(two_runs[0])
+    manifest["training_report"]["evaluation"]["samples"]["after"][0]["output"] = "\n\n  \n"
+    page = render_report(manifest)
+    assert "commit message from diff: chrf" in page and "change from message: edit_similarity" in page
+    assert "diff perplexity" in page
+    assert "(blank: 5 whitespace characters)" in page
+
+
+def test_diff_compares_the_task_metrics(cli, two_runs):
+    changed = cli("diff", *two_runs, "--json", "--all").out
+    paths = {change["path"] for change in orjson.loads(changed)["changes"]}
+    assert any(path.startswith("training_report.evaluation.tasks.after.") for path in paths)
+
+
 def cookbook_queries() -> list[str]:
     """Every jq filter in the README's cookbook, as a user would copy it."""
     import shlex

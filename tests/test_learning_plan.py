@@ -1,0 +1,178 @@
+"""What a run learns from and how it is bounded: text style, answers-only loss, time budget, CPU
+precision, evaluation cadence and the task metrics (pure functions, exact values)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pipeline.config import budget_seconds, load_config
+from pipeline.errors import ConfigError
+from pipeline.evaluation import TaskPrompt, score_tasks
+from pipeline.examples import TextStyle, encode_batch
+from pipeline.planner import DataStats, ModelFacts, Speed, make_plan
+from pipeline.trainer import per_answer_loss
+from scrapers.formats import prompt_and_response
+from tests.test_planner import TINY, cpu_machine
+
+SMOLLM2 = ModelFacts(
+    "smollm2-135m",
+    False,
+    8192,
+    chat_template=True,
+    parameters=134_515_008,
+    hidden_size=576,
+    num_layers=30,
+    vocab_size=49152,
+)
+DIFF = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
+
+
+def test_prompt_and_response_cut_where_the_answer_begins():
+    assert prompt_and_response("diff", f"Fix a\n\nBecause.\n\n{DIFF}") == ("Fix a\n\nBecause.\n\n", DIFF)
+    assert prompt_and_response("message", f"{DIFF}\nCommit message:\nFix a\n") == (
+        f"{DIFF}\nCommit message:\n",
+        "Fix a\n",
+    )
+    assert prompt_and_response("diff", "no change here") == ("", "no change here")
+
+
+class CharTokenizer:
+    """One token per character: enough to check which tokens carry a loss."""
+
+    eos_token_id = 0
+
+    def __call__(self, texts, add_special_tokens=False):
+        return {"input_ids": [[ord(c) for c in text] for text in texts]}
+
+
+def test_raw_text_learns_every_token_or_only_the_answer():
+    texts = ["Fix a\n\n" + DIFF]
+    ids, masks = encode_batch(CharTokenizer(), TextStyle("raw", "all"), ["diff"], texts, 1024, 256)
+    assert len(ids[0]) == len(texts[0]) + 1 and set(masks[0]) == {1}
+    ids, masks = encode_batch(CharTokenizer(), TextStyle("raw", "response"), ["diff"], texts, 1024, 256)
+    learned = "".join(chr(t) for t, m in zip(ids[0], masks[0], strict=True) if m and t)
+    assert learned == DIFF and masks[0][-1] == 1  # the change and the end-of-sequence
+
+
+def test_text_style_follows_the_chat_template_and_says_why():
+    loaded = load_config(None)
+    chat = make_plan(DataStats({100: 10}), cpu_machine(), SMOLLM2, loaded)
+    assert (chat["style"], chat["loss_on"], chat["loss_average"]) == ("chat", "response", "answer")
+    raw = make_plan(DataStats({100: 10}), cpu_machine(), TINY, loaded)
+    assert (raw["style"], raw["loss_on"], raw["loss_average"]) == ("raw", "all", "token")
+    assert "chat template" in chat.decisions["style"].reason
+    forced = load_config(None, ["train.style=chat"])
+    with pytest.raises(
+        ConfigError, match=r"`train\.style` is chat but tiny's tokenizer has no chat template"
+    ):
+        make_plan(DataStats({100: 10}), cpu_machine(), TINY, forced)
+
+
+def test_cpu_precision_is_bf16_only_with_native_instructions():
+    loaded, data = load_config(None), DataStats({100: 10})
+    fast = make_plan(data, dataclasses.replace(cpu_machine(), cpu_bf16="avx512_bf16"), SMOLLM2, loaded)
+    assert fast["precision"] == "bf16" and "avx512_bf16" in fast.decisions["precision"].reason
+    plain = make_plan(data, cpu_machine(), SMOLLM2, loaded)
+    assert plain["precision"] == "fp32" and "no avx512_bf16 or AMX" in plain.decisions["precision"].reason
+
+
+def newest_first(count: int, tokens: int) -> DataStats:
+    return DataStats.from_lengths([tokens] * count)
+
+
+def test_a_budget_trains_the_newest_sequences_that_fit_and_says_what_is_left_out():
+    loaded = load_config(None)
+    data = newest_first(1000, 512)  # blocks of 512 tokens, one sequence each
+    plan = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=Speed(200.0, "a test"), eval_tokens=4096)
+    # 600 s × 80% × 200 tokens/s = 96,000 tokens: 187 blocks of 512.
+    assert plan["time_budget_s"] == 600.0 and plan["measured_tokens_per_s"] == 200.0
+    assert (plan["train_sequences"], plan["train_blocks"], plan["epochs"]) == (187, 187, 1)
+    assert "the 813 older ones (416256 tokens) are left out" in plan.decisions["train_sequences"].reason
+    # At least 48 optimizer steps: an effective batch of 3 blocks (187 // 48), 63 steps.
+    assert (plan["effective_batch_size"], plan["total_steps"]) == (3, 63)
+    assert plan["learning_rate"] == 5e-4 and "short run" in plan.decisions["learning_rate"].reason
+
+
+def test_a_budget_that_fits_everything_changes_nothing():
+    loaded = load_config(None)
+    data = newest_first(40, 512)
+    unbounded = make_plan(data, cpu_machine(), SMOLLM2, loaded)
+    fitted = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=Speed(10_000.0, "a test"))
+    for name in ("train_blocks", "epochs", "batch_size", "gradient_accumulation_steps", "total_steps"):
+        assert fitted[name] == unbounded[name], name
+    assert fitted["train_sequences"] == 40
+
+
+def test_no_budget_on_a_gpu_and_none_when_asked():
+    from tests.test_planner import gpu_machine
+
+    loaded = load_config(None)
+    assert make_plan(newest_first(10, 100), gpu_machine(24), SMOLLM2, loaded)["time_budget_s"] is None
+    off = load_config(None, flags={"train.time_budget": "none"})
+    assert make_plan(newest_first(10, 100), cpu_machine(), SMOLLM2, off)["time_budget_s"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("10m", 600), ("90s", 90), ("1h30m", 5400), ("2.5m", 150), ("45", 45), ("none", None)],
+)
+def test_budgets_are_durations(text, seconds):
+    assert budget_seconds(text) == seconds
+
+
+def test_a_bad_budget_is_one_line_naming_the_key():
+    with pytest.raises(ConfigError, match=r"`train.time_budget` must be a duration such as 10m, 90s, 1h30m"):
+        load_config(None, ["train.time_budget=soon"])
+
+
+def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
+    data, speed = newest_first(400, 1024), Speed(50.0, "a slow machine")
+    planned = make_plan(
+        data,
+        cpu_machine(),
+        SMOLLM2,
+        load_config(None, ["train.time_budget=1h"]),
+        speed=speed,
+        eval_tokens=20_000,
+    )
+    # 2,880 s of training at 50 tokens/s: 140 blocks, effective batch 2, 70 steps of about 41 s. The held-out
+    # loss gets about 5% of that (10 blocks per format, about 133 s): at most one evaluation per 33 steps.
+    assert (planned["eval_blocks"], planned["total_steps"], planned["eval_steps"]) == (10, 70, 33)
+    assert "at most 1/10 of the time between two" in planned.decisions["eval_steps"].reason
+    assert planned["save_steps"] == 7  # about 10 checkpoints; each step is longer than a minute's share
+    costly = load_config(None, ["train.time_budget=1h", "eval.max_blocks=64"])
+    slow = make_plan(data, cpu_machine(), SMOLLM2, costly, speed=speed, eval_tokens=200_000)
+    assert (
+        slow["eval_steps"] is None and "before and after training only" in slow.decisions["eval_steps"].reason
+    )
+
+
+def test_each_answer_counts_once():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 8, 5)
+    labels = torch.tensor([[-100, -100, 1, 2, -100, -100, 3, -100]])
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])
+    token_losses = torch.nn.functional.cross_entropy(
+        logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="none"
+    )
+    first, second = token_losses[1:3].mean(), token_losses[5]
+    assert per_answer_loss(logits, labels, positions).item() == pytest.approx(((first + second) / 2).item())
+
+
+def test_task_scores_use_chrf_edit_similarity_and_flag_blank_outputs():
+    prompts = [
+        TaskPrompt("message", "a", "", "", "Fix the parser\n\nLonger body."),
+        TaskPrompt("message", "b", "", "", "Add tests"),
+        TaskPrompt("diff", "a", "", "", DIFF),
+    ]
+    scores = score_tasks(prompts, ["Fix the parser\n\nLonger body.", "  \n", DIFF[:20]], 1.5)
+    message = scores["message"]
+    assert message["samples"] == 2 and message["whitespace_only"] == 1
+    assert (message["subject_exact_match_pct"], message["first_word_match_pct"]) == (50.0, 50.0)
+    assert message["edit_similarity"] == 50.0  # one identical (100), one blank (0)
+    assert 0 < message["chrf"] < 100
+    assert scores["diff"]["edit_similarity"] == 100.0  # compared with as much of git's diff as was written
+    assert scores["seconds"] == 1.5
