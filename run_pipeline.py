@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> None:
     with open_run(loaded_config(args), "run", args.argv, distributed=True) as record:
         setup = stages.prepare_training(record, args.repos)
         loaded = stages.load_model(record, setup)
-        setup = stages.probe_and_replan(record, setup, loaded)
+        setup = stages.probe_and_replan(record, setup, loaded, resume=args.resume)
         stages.show_plan(setup)
         stages.train(record, setup, loaded, resume=args.resume)
         record.finish("completed")

@@ -348,10 +348,12 @@ def load_model(run: Run, setup: Setup) -> Loaded:
     return Loaded(model, base_dir)
 
 
-def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None) -> Setup:
+def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None, resume: bool = False) -> Setup:
     """Measure what the plan needs from this machine, and plan again: on CUDA the largest micro-batch
     that fits (same effective batch), under a time budget the training speed (then the newest
-    sequences that fit are packed). Packs and loads the model itself when not given them (`plan`)."""
+    sequences that fit are packed). Packs and loads the model itself when not given them (`plan`).
+    `resume`: the interrupted run's measured speed is taken again, so the plan (and its data) match
+    the checkpoint's."""
     plan, prepared = setup.plan, setup.prepared
     probe_skipped, speed_skipped = _probe_skipped(run, plan), _speed_skipped(run, plan)
     run.doc["training_parameters"]["batch_probe_note"] = probe_skipped
@@ -378,7 +380,8 @@ def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None) -> Se
     if not speed_skipped:
         from pipeline.probe import remembered_speed, speed_key, training_speed
 
-        speed = remembered_speed(speed_key(run.hardware, prepared.facts.name, plan))
+        speed = _resumed_speed(run) if resume else None
+        speed = speed or remembered_speed(speed_key(run.hardware, prepared.facts.name, plan))
         if speed is None:
             with run.stage("speed_probe"):
                 speed = training_speed(
@@ -397,6 +400,11 @@ def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None) -> Se
 def show_plan(setup: Setup) -> None:
     """The plan's decisions, for the person at the terminal (the final plan, after any measurement)."""
     say(format_plan(setup.plan))
+
+
+def _resumed_speed(run: Run) -> Speed | None:
+    measured = ((run.previous or {}).get("training_parameters") or {}).get("measured_tokens_per_s")
+    return Speed(measured, "the run being resumed, whose plan it keeps") if measured else None
 
 
 def _speed_skipped(run: Run, plan: Plan) -> str | None:
