@@ -8,7 +8,8 @@
   `../shared/peers/plain_lora_loop.py` (torch + peft, batch 1, no Trainer, no packing) in fp32 on the
   same model and the same sequences.jsonl, for about the same wall time. Goal: ≥ 2×.
 - `precision`: the same model, data and steps in fp32 and in bf16 autocast (both through the CLI, the
-  whole newest-N-commits history, one epoch, no time budget), printing the tokens/s ratio (goal ≥ 1.5×
+  newest N commits, one epoch of 512-token blocks at the planned micro-batch, no time budget), printing
+  the tokens/s ratio (goal ≥ 1.5×
   on a CPU with avx512_bf16 or AMX) and each run's held-out loss after training (bf16 not worse by more
   than 2%).
 
@@ -34,7 +35,7 @@ def main() -> int:
     parser.add_argument("--only", choices=["peer", "precision"], help="run one comparison")
     parser.add_argument("--seconds", type=float, default=150, help="training time per side of `peer` (150)")
     parser.add_argument(
-        "--commits", type=int, default=24, help="newest commits trained on by `precision` (24)"
+        "--commits", type=int, default=32, help="newest commits read by `precision` (32: enough to hold one out)"
     )
     parser.add_argument("--work", default="bench-cpu-output", help="scratch directory")
     parser.add_argument("--peer", default=str(PEER), help="the plain-loop peer script")
@@ -99,7 +100,8 @@ def precision_comparison(args, work: Path) -> None:
         cli(
             "--repo", args.repo, "--output-dir", str(out), "--model", MODEL, "--budget", "none",
             "--max-commits", str(args.commits), "--set", "train.epochs=1", "--set", f"plan.precision={precision}",
-            "--set", "eval.samples=0",
+            "--set", "eval.samples=0", "--set", "plan.gradient_accumulation_steps=1",
+            "--set", "train.max_sequence_length=512",
         )  # fmt: skip
         runs[precision] = manifest(out)
     print()
