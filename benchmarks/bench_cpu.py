@@ -35,7 +35,10 @@ def main() -> int:
     parser.add_argument("--only", choices=["peer", "precision"], help="run one comparison")
     parser.add_argument("--seconds", type=float, default=150, help="training time per side of `peer` (150)")
     parser.add_argument(
-        "--commits", type=int, default=32, help="newest commits read by `precision` (32: enough to hold one out)"
+        "--commits",
+        type=int,
+        default=32,
+        help="newest commits read by `precision` (32: enough to hold one out)",
     )
     parser.add_argument("--work", default="bench-cpu-output", help="scratch directory")
     parser.add_argument("--peer", default=str(PEER), help="the plain-loop peer script")
