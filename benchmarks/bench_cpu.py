@@ -37,8 +37,8 @@ def main() -> int:
     parser.add_argument(
         "--commits",
         type=int,
-        default=32,
-        help="newest commits read by `precision` (32: enough to hold one out)",
+        default=48,
+        help="newest commits read by `precision` (48: 20 or more kept hold one out)",
     )
     parser.add_argument("--work", default="bench-cpu-output", help="scratch directory")
     parser.add_argument("--peer", default=str(PEER), help="the plain-loop peer script")
