@@ -200,6 +200,8 @@ def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str
     error of the mean over blocks; None without held-out data."""
     import torch
 
+    from pipeline.trainer import answer_logits
+
     if not splits:
         return None
     started = time.perf_counter()
@@ -216,19 +218,14 @@ def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str
                 rows = [dataset[i] for i in range(start, min(len(dataset), start + batch_size))]
                 batch = {key: torch.stack([row[key] for row in rows]).to(device) for key in rows[0]}
                 with torch.no_grad(), _autocast(device, precision):
-                    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
-                labels = batch["labels"][:, 1:]
-                losses = torch.nn.functional.cross_entropy(
-                    logits[:, :-1].float().transpose(1, 2), labels, ignore_index=-100, reduction="none"
-                )
-                counted = labels.ne(-100)
-                for block_loss, block_count in zip(
-                    losses.sum(1).tolist(), counted.sum(1).tolist(), strict=True
-                ):
-                    if block_count:
-                        block_losses.append(block_loss / block_count)
+                    logits, targets, _ = answer_logits(model, batch)
+                losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+                block = batch["labels"][:, 1:].ne(-100).nonzero()[:, 0]  # the block of each learned token
+                counts = torch.bincount(block, minlength=len(rows))
+                sums = torch.zeros(len(rows), device=losses.device).index_add_(0, block, losses)
+                block_losses += (sums[counts > 0] / counts[counts > 0]).tolist()
                 loss_sum += float(losses.sum())
-                tokens += float(counted.sum())
+                tokens += len(targets)
             loss = loss_sum / tokens if tokens else None
             per_format[name] = {
                 "loss": _round(loss),

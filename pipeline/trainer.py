@@ -48,12 +48,16 @@ class RepotuneTrainer(Trainer):
             self.loss_is_scaled_for_ga = False  # a mean per micro-batch: the Trainer divides by accumulation
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if not (self.per_answer and model.training):
+        if not (self.per_answer and model.training) or return_outputs:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        labels = inputs["labels"]
-        outputs = model(**{key: value for key, value in inputs.items() if key != "labels"})
-        loss = per_answer_loss(outputs.logits, labels, inputs["position_ids"])
-        return (loss, outputs) if return_outputs else loss
+        if self.args.world_size > 1:  # a DDP/FSDP wrapper syncs gradients through its own forward
+            logits = model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"]).logits
+            learned = inputs["labels"][:, 1:].ne(-100)
+            selected = logits[:, :-1][learned], inputs["labels"][:, 1:][learned]
+            return per_answer_loss(*selected, sequence_ids(inputs["position_ids"])[learned])
+        # accelerate puts autocast around the model's own forward; the decoder is called directly here.
+        with self.accelerator.autocast():
+            return per_answer_loss(*answer_logits(model, inputs))
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         started = time.perf_counter()
@@ -229,25 +233,39 @@ class GracefulStop(TrainerCallback):
             control.should_training_stop = True
 
 
-def per_answer_loss(logits, labels, position_ids):
-    """Cross-entropy averaged over each packed sequence's loss tokens, then over sequences: every
-    answer counts once, so a 20-token commit message weighs as much as a 700-token change."""
-    target = labels[:, 1:]
-    losses = torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().transpose(1, 2), target, ignore_index=-100, reduction="none"
-    )
-    counted = target.ne(-100)
-    # Sequence ids within the micro-batch: a new one wherever the position ids restart.
+def sequence_ids(position_ids):
+    """For each target position (1 onwards) of packed blocks, which sequence of the micro-batch it
+    belongs to: a new one wherever the position ids restart."""
     starts = position_ids.eq(0)
     starts[:, 0] = True
-    sequence = starts.flatten().cumsum(0).view_as(position_ids)[:, 1:] - 1
-    flat, weight = sequence[counted], counted.sum()
-    if not weight:
-        return losses.sum() * 0.0  # nothing to learn in this micro-batch (a prompt cut across blocks)
-    tokens = torch.zeros(int(sequence.max()) + 1, device=logits.device).index_add_(
-        0, flat, torch.ones_like(flat, dtype=torch.float)
+    return starts.flatten().cumsum(0).view_as(position_ids)[:, 1:] - 1
+
+
+def answer_logits(model, inputs):
+    """Logits only where a label is learned, with their targets and sequence ids: the decoder's
+    hidden states at those positions through the output layer. Most of a chat block is prompt, whose
+    logits (vocabulary-wide, in fp32 for the loss) nothing uses."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = causal.get_decoder()(
+        input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False
+    ).last_hidden_state
+    target = inputs["labels"][:, 1:]
+    learned = target.ne(-100)
+    logits = causal.get_output_embeddings()(hidden[:, :-1][learned])
+    return logits, target[learned], sequence_ids(inputs["position_ids"])[learned]
+
+
+def per_answer_loss(logits, targets, sequences):
+    """Cross-entropy averaged over each packed sequence's learned tokens, then over sequences: every
+    answer counts once, so a 20-token commit message weighs as much as a 700-token change.
+    `logits` [N, vocabulary], `targets` and `sequences` [N]: the learned positions only."""
+    if not len(targets):
+        return logits.sum() * 0.0  # nothing to learn in this micro-batch (a prompt cut across blocks)
+    losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+    tokens = torch.zeros(int(sequences.max()) + 1, device=logits.device).index_add_(
+        0, sequences, torch.ones_like(losses)
     )
-    sums = torch.zeros_like(tokens).index_add_(0, flat, losses[counted])
+    sums = torch.zeros_like(tokens).index_add_(0, sequences, losses)
     answered = tokens > 0
     return (sums[answered] / tokens[answered]).mean()
 

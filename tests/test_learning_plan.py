@@ -13,7 +13,7 @@ from pipeline.errors import ConfigError
 from pipeline.evaluation import TaskPrompt, score_tasks
 from pipeline.examples import TextStyle, encode_batch
 from pipeline.planner import DataStats, ModelFacts, Speed, make_plan
-from pipeline.trainer import per_answer_loss
+from pipeline.trainer import answer_logits, per_answer_loss, sequence_ids
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine
 
@@ -159,7 +159,33 @@ def test_each_answer_counts_once():
         logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="none"
     )
     first, second = token_losses[1:3].mean(), token_losses[5]
-    assert per_answer_loss(logits, labels, positions).item() == pytest.approx(((first + second) / 2).item())
+    learned = labels[:, 1:].ne(-100)
+    selected = logits[:, :-1][learned], labels[:, 1:][learned], sequence_ids(positions)[learned]
+    assert per_answer_loss(*selected).item() == pytest.approx(((first + second) / 2).item())
+
+
+def test_logits_are_computed_only_where_a_label_is_learned_and_match_the_full_forward():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules="all-linear"))
+    inputs = {
+        "input_ids": torch.randint(0, 64, (2, 12)),
+        "position_ids": torch.tensor([list(range(6)) * 2, list(range(12))]),
+        "labels": torch.full((2, 12), -100),
+    }
+    inputs["labels"][0, 3:6] = inputs["input_ids"][0, 3:6]
+    inputs["labels"][1, 8:] = inputs["input_ids"][1, 8:]
+    logits, targets, sequences = answer_logits(model, inputs)
+    full = model(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"]).logits
+    learned = inputs["labels"][:, 1:].ne(-100)
+    assert torch.allclose(logits, full[:, :-1][learned], atol=1e-5)
+    assert targets.tolist() == inputs["labels"][:, 1:][learned].tolist()
+    assert sequences.tolist() == [0, 0, 0, 2, 2, 2, 2]
 
 
 def test_task_scores_use_chrf_edit_similarity_and_flag_blank_outputs():
