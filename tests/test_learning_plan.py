@@ -91,8 +91,8 @@ def test_a_budget_trains_the_newest_sequences_that_fit_and_says_what_is_left_out
     assert plan["time_budget_s"] == 600.0 and plan["measured_tokens_per_s"] == 200.0
     assert (plan["train_sequences"], plan["train_blocks"], plan["epochs"]) == (187, 187, 1)
     assert "the 813 older ones (416256 tokens) are left out" in plan.decisions["train_sequences"].reason
-    # At least 48 optimizer steps: an effective batch of 3 blocks (187 // 48), 63 steps.
-    assert (plan["effective_batch_size"], plan["total_steps"]) == (3, 63)
+    # At least 96 optimizer steps: an effective batch of 1 block (187 // 96), 187 steps.
+    assert (plan["effective_batch_size"], plan["total_steps"]) == (1, 187)
     assert plan["learning_rate"] == 5e-4 and "short run" in plan.decisions["learning_rate"].reason
 
 
@@ -138,11 +138,11 @@ def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
         speed=speed,
         eval_tokens=20_000,
     )
-    # 2,880 s of training at 50 tokens/s: 140 blocks, effective batch 2, 70 steps of about 41 s. The held-out
-    # loss gets about 5% of that (10 blocks per format, about 133 s): at most one evaluation per 33 steps.
-    assert (planned["eval_blocks"], planned["total_steps"], planned["eval_steps"]) == (10, 70, 33)
+    # 2,880 s of training at 50 tokens/s: 140 blocks, effective batch 1, 140 steps of about 20 s. The held-out
+    # loss on 8 blocks per format costs about 109 s: at most one evaluation per 54 steps.
+    assert (planned["eval_blocks"], planned["total_steps"], planned["eval_steps"]) == (8, 140, 54)
     assert "at most 1/10 of the time between two" in planned.decisions["eval_steps"].reason
-    assert planned["save_steps"] == 7  # about 10 checkpoints; each step is longer than a minute's share
+    assert planned["save_steps"] == 14  # about 10 checkpoints; each step is longer than a minute's share
     costly = load_config(None, ["train.time_budget=1h", "eval.max_blocks=64"])
     slow = make_plan(data, cpu_machine(), SMOLLM2, costly, speed=speed, eval_tokens=200_000)
     assert (
