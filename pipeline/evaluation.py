@@ -86,6 +86,8 @@ def generate_batched(
     """Greedy continuations of `prompts`, batched with left padding and the KV cache."""
     import torch
 
+    from pipeline.model import autocast
+
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths pad less
     outputs: list[str] = [""] * len(prompts)
@@ -99,7 +101,7 @@ def generate_batched(
             batch = tokenizer(
                 [prompts[i] for i in chosen], return_tensors="pt", padding=True, add_special_tokens=False
             ).to(device)
-            with torch.no_grad(), _autocast(device, precision):
+            with torch.no_grad(), autocast(device.type, precision):
                 generated = model.generate(
                     **batch,
                     max_new_tokens=max_new_tokens,
@@ -200,6 +202,7 @@ def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str
     error of the mean over blocks; None without held-out data."""
     import torch
 
+    from pipeline.model import autocast
     from pipeline.trainer import answer_logits
 
     if not splits:
@@ -217,7 +220,7 @@ def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str
             for start in range(0, len(dataset), batch_size):
                 rows = [dataset[i] for i in range(start, min(len(dataset), start + batch_size))]
                 batch = {key: torch.stack([row[key] for row in rows]).to(device) for key in rows[0]}
-                with torch.no_grad(), _autocast(device, precision):
+                with torch.no_grad(), autocast(device.type, precision):
                     logits, targets, _ = answer_logits(model, batch)
                 losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
                 block = batch["labels"][:, 1:].ne(-100).nonzero()[:, 0]  # the block of each learned token
@@ -265,13 +268,6 @@ def perplexity(loss: float | None) -> float | None:
     if loss is None or not math.isfinite(loss) or loss > 700:  # exp() overflows a double past ~709
         return None
     return round(math.exp(loss), 4)
-
-
-def _autocast(device, precision: str):
-    import torch
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
 def evaluation_report(

@@ -190,6 +190,14 @@ def build_model(model_name: str, config, seed: int, dtype: str = "fp32", attn_im
     )
 
 
+def autocast(device_type: str, precision: str):
+    """The autocast context for a planned precision (off for fp32), as training runs it."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
+
+
 def attach_lora(model, lora_config, base_modules_to_train: list[str]):
     """Wrap `model` with LoRA adapters; `base_modules_to_train` are base modules trained in full
     (saved with the adapter), which only a random base model needs."""

@@ -22,6 +22,7 @@ from pipeline.builtin import cache_home
 from pipeline.dataset import ARRAYS
 from pipeline.hardware import GB
 from pipeline.manifest import utc_now, write_manifest
+from pipeline.model import autocast
 from pipeline.planner import ProbeRow, Speed
 from pipeline.token_cache import provenance_hash
 
@@ -62,7 +63,6 @@ def cuda_step(model, dataset, precision: str, largest: int) -> Callable[[int], t
     """A real forward/backward step on `batch` training blocks (repeated if there are fewer), on the GPU."""
     import torch
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     rows = dataset[: min(len(dataset), largest)]
     available = len(rows["input_ids"])
 
@@ -73,7 +73,7 @@ def cuda_step(model, dataset, precision: str, largest: int) -> Callable[[int], t
         torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         try:
-            with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+            with autocast("cuda", precision):
                 loss = model(**inputs, use_cache=False).loss
             loss.backward()
             torch.cuda.synchronize()
@@ -89,11 +89,9 @@ def cuda_step(model, dataset, precision: str, largest: int) -> Callable[[int], t
 def training_speed(model, dataset, precision: str, gradient_checkpointing: bool) -> Speed:
     """Tokens/s of a forward and backward on a training block, as training will run it: the second of
     two, since the first also allocates and picks kernels."""
-    import torch
 
     block = dataset[0]
     device = next(model.parameters()).device
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     was_training = model.training
@@ -102,7 +100,7 @@ def training_speed(model, dataset, precision: str, gradient_checkpointing: bool)
     try:
         for _ in range(2):
             started = time.perf_counter()
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            with autocast(device.type, precision):
                 loss = model(**inputs, use_cache=False).loss
             loss.backward()
             seconds = time.perf_counter() - started
