@@ -54,7 +54,7 @@ def main() -> int:
 def cli(*argv: str) -> None:
     command = [sys.executable, str(ROOT / "run_pipeline.py"), *argv]
     print("$ " + " ".join(command), flush=True)
-    subprocess.run(command, cwd=ROOT, check=True, stderr=subprocess.DEVNULL)
+    subprocess.run(command, check=True, stderr=subprocess.DEVNULL)  # relative paths are the caller's
 
 
 def manifest(directory: Path) -> dict:

@@ -43,7 +43,7 @@ def main() -> int:
         *[part for override in args.overrides for part in ("--set", override)],
     ]  # fmt: skip
     print("$ " + " ".join(command), flush=True)
-    finished = subprocess.run(command, cwd=ROOT)
+    finished = subprocess.run(command)  # in the caller's directory: relative paths are theirs
     if finished.returncode != 0:
         print(f"the run failed (exit {finished.returncode})", file=sys.stderr)
         return 2
