@@ -121,7 +121,9 @@ def fresh_model(name: str, config, plan, gpu: bool):
     model = build_model(
         name, config, seed=0, dtype="bf16" if gpu else "fp32", attn_implementation=plan["attention"]
     )
-    return attach_lora(model, load_config(None).config.lora, plan["base_modules_trained"])
+    return attach_lora(
+        model, load_config(None).config.lora, plan["base_modules_trained"], plan["lora_dropout"]
+    )
 
 
 def run(trainer_args: TrainingArguments, model, dataset, steps: int, history=None) -> Timed:

@@ -343,7 +343,7 @@ def load_model(run: Run, setup: Setup) -> Loaded:
                 model.save_pretrained(base_dir)
                 prepared.tokenizer.save_pretrained(base_dir)
             model.name_or_path = str(base_dir.resolve())
-        model = attach_lora(model, run.config.lora, plan["base_modules_trained"])
+        model = attach_lora(model, run.config.lora, plan["base_modules_trained"], plan["lora_dropout"])
     run.doc["model"]["parameters_trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return Loaded(model, base_dir)
 
@@ -385,7 +385,11 @@ def probe_and_replan(run: Run, setup: Setup, loaded: Loaded | None = None, resum
         if speed is None:
             with run.stage("speed_probe"):
                 speed = training_speed(
-                    loaded.model, train.dataset(), plan["precision"], plan["gradient_checkpointing"]
+                    loaded.model,
+                    train.dataset(),
+                    plan["precision"],
+                    plan["gradient_checkpointing"],
+                    plan["loss_average"] == "answer",
                 )
         plan = _make_plan(run, prepared, rows, speed=speed)
         say(

@@ -247,7 +247,7 @@ def answer_logits(model, inputs):
     logits (vocabulary-wide, in fp32 for the loss) nothing uses."""
     causal = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = causal.get_decoder()(
-        input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False
+        input_ids=inputs["input_ids"], position_ids=inputs["position_ids"]
     ).last_hidden_state
     target = inputs["labels"][:, 1:]
     learned = target.ne(-100)

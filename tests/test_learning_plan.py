@@ -12,7 +12,7 @@ from pipeline.config import budget_seconds, load_config
 from pipeline.errors import ConfigError
 from pipeline.evaluation import TaskPrompt, score_tasks
 from pipeline.examples import TextStyle, encode_batch
-from pipeline.planner import DataStats, ModelFacts, Speed, make_plan
+from pipeline.planner import DataStats, ModelFacts, Speed, evaluation_interval, make_plan
 from pipeline.trainer import answer_logits, per_answer_loss, sequence_ids
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine
@@ -130,24 +130,33 @@ def test_a_bad_budget_is_one_line_naming_the_key():
 
 def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
     data, speed = newest_first(400, 1024), Speed(50.0, "a slow machine")
-    planned = make_plan(
-        data,
-        cpu_machine(),
-        SMOLLM2,
-        load_config(None, ["train.time_budget=1h"]),
-        speed=speed,
-        eval_tokens=20_000,
+    hour, two_hours = (
+        make_plan(
+            data,
+            cpu_machine(),
+            SMOLLM2,
+            load_config(None, [f"train.time_budget={budget}"]),
+            speed=speed,
+            eval_tokens=20_000,
+        )
+        for budget in ("1h", "2h")
     )
     # 2,880 s of training at 50 tokens/s: 140 blocks, effective batch 1, 140 steps of about 20 s. The held-out
-    # loss on 8 blocks per format costs about 109 s: at most one evaluation per 54 steps.
-    assert (planned["eval_blocks"], planned["total_steps"], planned["eval_steps"]) == (8, 140, 54)
-    assert "at most 1/10 of the time between two" in planned.decisions["eval_steps"].reason
-    assert planned["save_steps"] == 14  # about 10 checkpoints; each step is longer than a minute's share
-    costly = load_config(None, ["train.time_budget=1h", "eval.max_blocks=64"])
-    slow = make_plan(data, cpu_machine(), SMOLLM2, costly, speed=speed, eval_tokens=200_000)
-    assert (
-        slow["eval_steps"] is None and "before and after training only" in slow.decisions["eval_steps"].reason
-    )
+    # loss on 8 blocks per format costs about 109 s, so one evaluation per 107 steps at most: the only one
+    # would land 33 steps before the end, where the evaluation after training follows soon. None in between.
+    assert (hour["eval_blocks"], hour["total_steps"], hour["eval_steps"]) == (8, 140, None)
+    assert "before and after training only, not 20× its cost" in hour.decisions["eval_steps"].reason
+    assert hour["save_steps"] == 14  # about 10 checkpoints; each step is longer than a minute's share
+    # Twice the budget: 141 steps of 2 blocks (about 41 s): evaluations at steps 54 and 108.
+    assert (two_hours["total_steps"], two_hours["eval_steps"]) == (141, 54)
+    assert "costs at most 1/20 of the time between two" in two_hours.decisions["eval_steps"].reason
+
+
+@pytest.mark.parametrize(
+    ("total", "least", "every"), [(150, 15, 17), (100, 50, 51), (100, 40, 40), (10, 6, 6), (10, 7, None)]
+)
+def test_no_evaluation_lands_just_before_the_one_after_training(total, least, every):
+    assert evaluation_interval(total, least) == every
 
 
 def test_each_answer_counts_once():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,36 +55,35 @@ def test_best_fit_fills_blocks():
     assert real_tokens == 2 * 64  # no padding at all
 
 
-def test_no_attention_across_packed_sequences():
-    """The same sequence gives the same logits alone or packed after another one."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "sdpa_segments"])
+def test_no_attention_across_packed_sequences(attention):
+    """The same sequence gives the same logits alone or packed after another one, with the model built
+    and called as training builds and calls it (no `use_cache` argument: the Trainer passes none)."""
+    from transformers import LlamaConfig
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=50,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-        )
-    ).eval()
-    first, second = [5, 6, 7, 8, 9], [11, 12, 13]
-    packed, _ = pack([first, second], block_size=8)
-    (ids,), (positions,) = packed["input_ids"], packed["position_ids"]
-    start = positions.index(0, 1)  # where the second sequence begins inside the block
+    from pipeline.model import build_model
+
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = build_model("tiny", config, seed=0, attn_implementation=attention).eval()
+    first, second, third = [5, 6, 7, 8, 9], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27]
+    packed, _ = pack([first, second, third], block_size=8)
+    ids, positions = torch.tensor(packed["input_ids"]), torch.tensor(packed["position_ids"])
     with torch.no_grad():
-        # use_cache=False as in training (the Trainer sets it): with a KV cache transformers skips
-        # the packed-sequence detection, since generation never packs.
-        together = model(
-            input_ids=torch.tensor([ids]), position_ids=torch.tensor([positions]), use_cache=False
-        ).logits[0]
-        alone = model(input_ids=torch.tensor([ids[start:]])).logits[0]
-    assert torch.allclose(together[start:], alone, atol=1e-5)
-    with torch.no_grad():
-        leaked = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]  # plain causal attention
-    assert not torch.allclose(leaked[start:], alone, atol=1e-3)
+        together = model(input_ids=ids, position_ids=positions).logits
+        for row, block in enumerate(packed["position_ids"]):
+            starts = [i for i, position in enumerate(block) if position == 0] + [len(block)]
+            for start, end in itertools.pairwise(starts):
+                alone = model(input_ids=ids[row : row + 1, start:end]).logits[0]
+                assert torch.allclose(together[row, start:end], alone, atol=1e-5)
+        leaked = model(input_ids=ids).logits  # plain causal attention over each whole block
+    assert not torch.allclose(leaked, together, atol=1e-3)
 
 
 def best_fit_decreasing_one_by_one(sizes: list[int], block_size: int) -> int:
