@@ -196,7 +196,14 @@ def main() -> None:
     )
 
     # (b) repotune: the plan, packed blocks.
-    packed = packed_blocks(cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id)
+    packed = packed_blocks(
+        cache.directory,
+        cache.split("train"),
+        "train",
+        length,
+        tokenizer.pad_token_id,
+        plan["long_sequences"] == "truncate",
+    )
     history = TrainingHistory(packed.real_tokens, False, lambda: None)
     nvml = import_nvml() if args.gpu else None
     with HardwareMonitor(1.0, nvml) as monitor:

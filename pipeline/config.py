@@ -170,6 +170,10 @@ class PlanConfig:
     """Fraction of GPU memory the probe leaves free."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """auto: bf16 where the GPU supports it, fp16 on older CUDA GPUs, fp32 on CPU."""
+    quantization: Literal["auto", "none", "4bit", "8bit"] = "auto"
+    """How the frozen base model's linear weights are loaded: none (the compute dtype), 4bit (NF4 with double
+    quantisation, QLoRA) or 8bit (LLM.int8), through bitsandbytes; auto: 4bit when the weights would not fit
+    beside training at micro-batch 1 (GPU memory, or 70% of a CPU machine's RAM), none otherwise."""
     tf32: bool | Auto = "auto"
     """TF32 matmuls for the fp32 parts; auto: on for CUDA compute capability 8.0 and newer."""
     attention: Literal["auto", "flash_attention_2", "sdpa", "sdpa_segments", "eager"] = "auto"

@@ -53,15 +53,17 @@ class PackedSplit:
         return BlockDataset(self.directory, self.split, min(self.blocks, limit or self.blocks))
 
 
-def packed_blocks(cache_directory: Path, table, split: str, block_size: int, pad_id: int) -> PackedSplit:
+def packed_blocks(
+    cache_directory: Path, table, split: str, block_size: int, pad_id: int, truncate: bool
+) -> PackedSplit:
     """A tokenized split (an Arrow table, see `pack_arrays`) packed into blocks of `block_size`, from the
     cache or built and stored there under the name `split`."""
-    directory = cache_directory / f"blocks-{block_size}"
+    directory = cache_directory / f"blocks-{block_size}{'-truncated' if truncate else ''}"
     meta_path = directory / f"{split}_meta.json"
     if meta_path.exists():
         meta = orjson.loads(meta_path.read_bytes())
         return PackedSplit(directory, split, meta["blocks"], meta["real_tokens"], block_size)
-    arrays, real_tokens = pack_arrays(table, block_size, pad_id)
+    arrays, real_tokens = pack_arrays(table, block_size, pad_id, truncate)
     directory.mkdir(parents=True, exist_ok=True)
     for name, array in arrays.items():
         staging = directory / f".{split}_{name}.{os.getpid()}.npy"
@@ -74,9 +76,12 @@ def packed_blocks(cache_directory: Path, table, split: str, block_size: int, pad
     return PackedSplit(directory, split, blocks, real_tokens, block_size)
 
 
-def pack_arrays(table, block_size: int, pad_id: int) -> tuple[dict[str, np.ndarray], int]:
+def pack_arrays(
+    table, block_size: int, pad_id: int, truncate: bool = False
+) -> tuple[dict[str, np.ndarray], int]:
     """Pack every sequence of a pyarrow table (column input_ids; loss_mask, where present, says which
-    tokens carry a loss) into [blocks, block_size] int32 arrays."""
+    tokens carry a loss) into [blocks, block_size] int32 arrays. A sequence longer than a block is cut
+    into block-sized pieces, or with `truncate` only its first `block_size` tokens are kept."""
     if table.num_rows == 0:
         empty = np.zeros((0, block_size), dtype=np.int32)
         return {name: empty for name in ARRAYS}, 0
@@ -89,8 +94,8 @@ def pack_arrays(table, block_size: int, pad_id: int) -> tuple[dict[str, np.ndarr
     )
     offsets = column.offsets.to_numpy()
     lengths = np.diff(offsets)
-    # Segments: every sequence cut into pieces of at most block_size tokens.
-    pieces_per_sequence = -(-lengths // block_size)
+    # Segments: every sequence cut into pieces of at most block_size tokens (or only its first piece).
+    pieces_per_sequence = np.minimum(1, lengths) if truncate else -(-lengths // block_size)
     sequence_of_piece = np.repeat(np.arange(len(lengths)), pieces_per_sequence)
     first_piece = np.cumsum(pieces_per_sequence) - pieces_per_sequence
     piece_in_sequence = np.arange(len(sequence_of_piece)) - np.repeat(first_piece, pieces_per_sequence)

@@ -136,6 +136,10 @@ def describe_model(model_name: str, config, tokenizer) -> ModelFacts:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    output = model.get_output_embeddings()
+    linears = [
+        module for module in model.modules() if isinstance(module, torch.nn.Linear) and module is not output
+    ]
     return ModelFacts(
         name=model_name,
         random_init=model_name == TINY,
@@ -143,6 +147,8 @@ def describe_model(model_name: str, config, tokenizer) -> ModelFacts:
         chat_template=chat_template,
         max_positions=getattr(text_config, "max_position_embeddings", None),
         parameters=sum(parameter.numel() for parameter in model.parameters()),
+        linear_parameters=sum(module.weight.numel() for module in linears),
+        linear_widths=sum(module.in_features + module.out_features for module in linears),
         hidden_size=text_config.hidden_size,
         num_layers=text_config.num_hidden_layers,
         vocab_size=text_config.vocab_size,

@@ -41,6 +41,7 @@ SMALL_DATASET_BLOCKS = (
 LOG_POINTS = 50  # aim for this many loss/LR records per run
 CHECKPOINTS = 10  # aim for this many checkpoints per run
 EVALUATIONS = 10  # aim for this many held-out evaluations per run
+CPU_SEQUENCE_LENGTH = 512  # measured on a 2-core CPU: 11% more tokens/s than 1024-token sequences
 CPU_EVAL_BLOCKS = 8  # held-out blocks per format scored for loss on a CPU (about 15 s for two formats)
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
 BUDGET_TRAIN_SHARE = 0.8  # of a time budget, for training; the rest loads, evaluates and saves
@@ -53,6 +54,11 @@ MIN_BUDGET_STEPS = 96  # optimizer steps a bounded run should take to learn from
 # "Reducing Activation Recomputation in Large Transformer Models", with memory-efficient attention).
 ACTIVATION_BYTES_PER_HIDDEN = 34
 LOGIT_BYTES = 6  # per vocabulary entry per token: 16-bit logits plus the fp32 copy the loss makes
+ADAPTER_BYTES = 16  # per LoRA weight: fp32 weight, its gradient and AdamW's two moments
+# Bits per quantized weight: NF4 is 4 bits plus block scales (64-weight blocks, double-quantised to about
+# 0.127 bits, QLoRA paper); LLM.int8 is 8 bits plus an fp32 scale per row (negligible).
+QUANTIZED_BITS = {"4bit": 4.127, "8bit": 8.0}
+CPU_MEMORY_SHARE = 0.7  # of a CPU machine's RAM (or its cgroup limit) a training run may plan to use
 MEMORY_SAFETY = 0.9  # use at most this share of GPU memory by the estimate (allocator fragmentation, kernels)
 
 
@@ -77,6 +83,13 @@ class DataStats:
     def from_lengths(cls, lengths) -> DataStats:
         lengths = tuple(lengths)
         return cls(Counter(lengths), lengths)
+
+    def truncated(self, length: int) -> DataStats:
+        """The same sequences cut to their first `length` tokens."""
+        counts: Counter = Counter()
+        for size, count in self.length_counts.items():
+            counts[min(size, length)] += count
+        return DataStats(counts, tuple(min(size, length) for size in self.newest_first))
 
     @property
     def sequences(self) -> int:
@@ -109,6 +122,11 @@ class ModelFacts:
     chat_template: bool = False
     """The tokenizer has a chat template (an instruct model)."""
     parameters: int = 0
+    linear_parameters: int = 0
+    """Weights of the linear layers, the ones a 4-bit or 8-bit load quantizes (not the embeddings, not
+    the output layer)."""
+    linear_widths: int = 0
+    """Input plus output width, summed over those layers: a rank-r adapter on each has r × this many weights."""
     hidden_size: int = 0
     num_layers: int = 0
     vocab_size: int = 0
@@ -241,29 +259,13 @@ def make_plan(
         device = p.planned("device", "cpu", _no_gpu_reason(hardware))
     world = p.planned("world_size", launch.world_size, launch.reason)
 
-    _text_style(p, model.name, model.chat_template)
+    style = _text_style(p, model.name, model.chat_template)
     precision = _precision(p, device, gpu, hardware)
     _tf32(p, device, gpu)
     _attention(p, device, gpu, model, precision)
-
-    max_length = min(
-        config.train.max_sequence_length, model.max_positions or config.train.max_sequence_length
-    )
-    if p.is_auto("train.sequence_length"):
-        p95 = data.percentile(95)
-        length = min(max_length, max(64, math.ceil(p95 / 64) * 64))
-        how = (
-            f"capped at {max_length} (max_sequence_length or the model's limit)"
-            if length == max_length and p95 > max_length
-            else "rounded up to a multiple of 64"
-        )
-        sequence_length = p.planned(
-            "sequence_length",
-            length,
-            f"p95 of {data.sequences} sequence lengths is {p95} tokens, {how}",
-        )
-    else:
-        sequence_length = p.from_config("sequence_length", "train.sequence_length")
+    sequence_length = _sequence_length(p, data, model, device, style)
+    if _long_sequences(p, style, sequence_length, data) == "truncate":
+        data = data.truncated(sequence_length)
 
     blocks = count_blocks(data.length_counts, sequence_length)
     p.planned(
@@ -273,7 +275,9 @@ def make_plan(
         f"({data.tokens / max(1, blocks * sequence_length):.0%} filled)",
     )
 
-    micro, accumulation = _batching(p, device, gpu, model, precision, sequence_length, world, probe, oom_cap)
+    quantization = _quantization(p, device, gpu, hardware, model, precision, sequence_length)
+    memory = Footprint(model, precision, quantization, config.lora.r, sequence_length)
+    micro, accumulation = _batching(p, device, gpu, memory, world, probe, oom_cap)
     epochs = p.from_config("epochs", "train.epochs")
     budget = _time_budget(p, device, speed)
     if budget and speed:
@@ -396,6 +400,47 @@ def _text_style(p: _Planner, model_name: str, chat_template: bool) -> TextStyle:
     return TextStyle(style, loss_on)
 
 
+def _sequence_length(p: _Planner, data: DataStats, model: ModelFacts, device: str, style: TextStyle) -> int:
+    if not p.is_auto("train.sequence_length"):
+        return p.from_config("sequence_length", "train.sequence_length")
+    config = p.loaded.config.train
+    limit = min(config.max_sequence_length, model.max_positions or config.max_sequence_length)
+    cap = f"capped at {limit} (max_sequence_length or the model's limit)"
+    if device == "cpu" and style.loss_on == "response" and not p.explicit("train.max_sequence_length"):
+        limit = min(limit, CPU_SEQUENCE_LENGTH)
+        cap = (
+            f"capped at {limit} on a CPU, where attention costs the square of a sequence's length "
+            f"(measured: 11% more tokens/s than 1024, so a time budget trains more commits; "
+            "train.max_sequence_length sets another cap)"
+        )
+    p95 = data.percentile(95)
+    length = min(limit, max(64, math.ceil(p95 / 64) * 64))
+    how = cap if length == limit and p95 > limit else "rounded up to a multiple of 64"
+    return p.planned(
+        "sequence_length", length, f"p95 of {data.sequences} sequence lengths is {p95} tokens, {how}"
+    )
+
+
+def _long_sequences(p: _Planner, style: TextStyle, length: int, data: DataStats) -> str:
+    """What happens to a sequence longer than a block: its first `length` tokens are kept (an answer needs
+    its prompt in front of it), or it is split into block-sized pieces (raw text, every token learned)."""
+    longer = sum(count for size, count in data.length_counts.items() if size > length)
+    if style.loss_on == "response":
+        return p.planned(
+            "long_sequences",
+            "truncate",
+            f"{longer} of {data.sequences} sequences are longer than {length} tokens: each keeps its "
+            "first tokens (the prompt and the start of its answer), since a piece of an answer cut off "
+            "from its prompt teaches nothing about answering it",
+        )
+    return p.planned(
+        "long_sequences",
+        "split",
+        f"{longer} of {data.sequences} sequences are longer than {length} tokens: each is split into "
+        "block-sized pieces (raw text: every token is learned, in whatever piece it lands)",
+    )
+
+
 def _precision(p: _Planner, device: str, gpu, hardware: Hardware) -> str:
     if not p.is_auto("plan.precision"):
         return p.from_config("precision", "plan.precision")
@@ -460,7 +505,50 @@ def _attention(p: _Planner, device: str, gpu, model: ModelFacts, precision: str)
         p.planned("attention", "eager", f"{model.name} has no SDPA implementation")
 
 
-def _batching(p, device, gpu, model, precision, sequence_length, world, probe, oom_cap) -> tuple[int, int]:
+def _quantization(
+    p: _Planner, device: str, gpu, hardware: Hardware, model: ModelFacts, precision: str, length: int
+) -> str:
+    """Load the frozen base in 4 bits (QLoRA) when its weights would not fit beside the activations,
+    the adapters and their optimizer state at micro-batch 1 (with checkpointing)."""
+    if not p.is_auto("plan.quantization"):
+        chosen = p.from_config("quantization", "plan.quantization")
+        if chosen != "none" and device not in ("cuda", "cpu"):
+            raise ConfigError(
+                f"`plan.quantization` {chosen} needs CUDA or a CPU (bitsandbytes has no {device} kernels); "
+                "set plan.quantization=none"
+            )
+        return chosen
+    if model.random_init:
+        return p.planned(
+            "quantization", "none", "a random base built in code: its weights are few and trained"
+        )
+    if device == "cuda":
+        room, where = gpu.memory_gb * MEMORY_SAFETY, f"{gpu.name}'s {gpu.memory_gb:g} GB"
+    elif device == "cpu" and (hardware.memory_limit_gb or hardware.ram_total_gb):
+        memory_gb = hardware.memory_limit_gb or hardware.ram_total_gb
+        room, where = memory_gb * CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE:.0%} of {memory_gb:g} GB of RAM"
+    else:
+        return p.planned("quantization", "none", f"{device}: bitsandbytes' 4-bit kernels need CUDA or a CPU")
+    rank = p.loaded.config.lora.r
+    dense = Footprint(model, precision, "none", rank, length)
+    needed = dense.total_gb(1, checkpointing=True)
+    weights = f"{dense.weights_gb:.1f} GB of {precision} weights"
+    if needed <= room:
+        return p.planned(
+            "quantization", "none", f"{weights} train in {needed:.1f} GB at micro-batch 1, within {where}"
+        )
+    nf4 = Footprint(model, precision, "4bit", rank, length)
+    reason = (
+        f"{weights} need {needed:.1f} GB to train at micro-batch 1, more than {where} hold "
+        f"({room:.1f} GB usable): NF4 4-bit weights with double quantisation, {precision} compute "
+        f"({nf4.weights_gb:.1f} GB of weights, {nf4.total_gb(1, checkpointing=True):.1f} GB in all)"
+    )
+    if nf4.total_gb(1, checkpointing=True) > room:
+        reason += "; still over: expect to run out of memory (a smaller model or a shorter train.max_sequence_length)"
+    return p.planned("quantization", "4bit", reason)
+
+
+def _batching(p, device, gpu, memory: Footprint, world, probe, oom_cap) -> tuple[int, int]:
     """Micro-batch and accumulation for a fixed effective-batch target; records both."""
     plan = p.loaded.config.plan
     tier, tier_reason = _batch_tier(device, gpu, p.loaded)
@@ -484,7 +572,7 @@ def _batching(p, device, gpu, model, precision, sequence_length, world, probe, o
 
     if explicit_micro:
         micro = p.from_config("batch_size", "plan.batch_size")
-        _fit_memory(p, device, gpu, model, precision, sequence_length, micro, shrink=False)
+        _fit_memory(p, device, gpu, memory, micro, shrink=False)
     else:
         fitting = [row.batch_size for row in probe if row.fits]
         if fitting:
@@ -493,15 +581,12 @@ def _batching(p, device, gpu, model, precision, sequence_length, world, probe, o
                 f"largest micro-batch the probe fitted with {plan.probe_headroom:.0%} memory headroom"
             )
         else:
-            micro_limit = max(1, tier * plan.batch_reference_tokens // sequence_length)
+            length = memory.sequence_length
+            micro_limit = max(1, tier * plan.batch_reference_tokens // length)
             limit_reason = f"{tier_reason}: batch {tier}"
-            if sequence_length != plan.batch_reference_tokens:
-                limit_reason += (
-                    f", × {plan.batch_reference_tokens}/{sequence_length} for {sequence_length}-token blocks"
-                )
-        micro_limit, memory_reason = _fit_memory(
-            p, device, gpu, model, precision, sequence_length, micro_limit
-        )
+            if length != plan.batch_reference_tokens:
+                limit_reason += f", × {plan.batch_reference_tokens}/{length} for {length}-token blocks"
+        micro_limit, memory_reason = _fit_memory(p, device, gpu, memory, micro_limit)
         if explicit_accumulation:
             micro = p.planned("batch_size", micro_limit, f"{limit_reason}{memory_reason}")
         else:
@@ -539,31 +624,29 @@ def _batching(p, device, gpu, model, precision, sequence_length, world, probe, o
     return micro, accumulation
 
 
-def _fit_memory(
-    p, device, gpu, model, precision, sequence_length, micro, shrink: bool = True
-) -> tuple[int, str]:
+def _fit_memory(p, device, gpu, memory: Footprint, micro, shrink: bool = True) -> tuple[int, str]:
     """Turn on gradient checkpointing, and halve the micro-batch, until the memory estimate fits;
     with `shrink` off (the user fixed the micro-batch) only checkpointing is decided."""
     if not p.is_auto("plan.gradient_checkpointing"):
         checkpointing = p.from_config("gradient_checkpointing", "plan.gradient_checkpointing")
         wanted = micro
-        if shrink and device == "cuda" and model.parameters:
-            while micro > 1 and not _fits(gpu, model, precision, sequence_length, micro, checkpointing):
+        if shrink and device == "cuda" and memory.model.parameters:
+            while micro > 1 and not _fits(gpu, memory, micro, checkpointing):
                 micro //= 2
         return micro, _halved(wanted, micro, gpu)
-    if device != "cuda" or not model.parameters:
+    if device != "cuda" or not memory.model.parameters:
         p.planned(
             "gradient_checkpointing", False, f"{device}: activations live in RAM, which is not the limit here"
         )
         return micro, ""
-    if _fits(gpu, model, precision, sequence_length, micro, checkpointing=False):
+    if _fits(gpu, memory, micro, checkpointing=False):
         p.planned(
             "gradient_checkpointing",
             False,
             f"micro-batch {micro} is estimated to fit {gpu.memory_gb:g} GB without it",
         )
         return micro, ""
-    if not shrink or _fits(gpu, model, precision, sequence_length, micro, checkpointing=True):
+    if not shrink or _fits(gpu, memory, micro, checkpointing=True):
         p.planned(
             "gradient_checkpointing",
             True,
@@ -571,7 +654,7 @@ def _fit_memory(
         )
         return micro, ""
     wanted = micro
-    while micro > 1 and not _fits(gpu, model, precision, sequence_length, micro, checkpointing=True):
+    while micro > 1 and not _fits(gpu, memory, micro, checkpointing=True):
         micro //= 2
     p.planned(
         "gradient_checkpointing", True, f"memory is tight on {gpu.memory_gb:g} GB: recompute activations"
@@ -586,28 +669,50 @@ def _halved(wanted: int, micro: int, gpu) -> str:
     return f", halved from {wanted} to {micro} to fit {gpu.memory_gb:g} GB by the estimate"
 
 
-def estimated_memory_gb(
-    model: ModelFacts, precision: str, sequence_length: int, micro: int, checkpointing: bool
-) -> float:
-    """Rough training memory on one GPU: weights, activations and logits (LoRA states are negligible)."""
-    weight_bytes = 4 if precision in ("fp32", "fp16") else 2  # fp16 trains on fp32 master weights
-    activation_scale = 2 if precision == "fp32" else 1
-    tokens = micro * sequence_length
-    per_layer = ACTIVATION_BYTES_PER_HIDDEN * model.hidden_size * activation_scale
-    # Checkpointing keeps each layer's input plus one layer's full activations at a time.
-    layers = (
-        (model.num_layers * 2 * activation_scale / ACTIVATION_BYTES_PER_HIDDEN + 1)
-        if checkpointing
-        else model.num_layers
-    )
-    activations = tokens * per_layer * layers
-    logits = tokens * model.vocab_size * LOGIT_BYTES
-    return (model.parameters * weight_bytes + activations + logits) / GB
+@dataclass(frozen=True)
+class Footprint:
+    """Training memory on one device, estimated from the model's config alone (no weights loaded)."""
+
+    model: ModelFacts
+    precision: str
+    quantization: str
+    """`none`, `4bit` (NF4) or `8bit` (LLM.int8): how the frozen linear weights are stored."""
+    lora_rank: int
+    sequence_length: int
+
+    @property
+    def weights_gb(self) -> float:
+        """The frozen base in the compute dtype (fp32 or 16-bit), its linear layers quantized if planned;
+        the embeddings and the output layer stay dense, as bitsandbytes leaves them."""
+        dense_bytes = 4 if self.precision == "fp32" else 2
+        quantized = self.model.linear_parameters if self.quantization != "none" else 0
+        bits = QUANTIZED_BITS.get(self.quantization, 0.0)
+        return ((self.model.parameters - quantized) * dense_bytes + quantized * bits / 8) / GB
+
+    @property
+    def adapters_gb(self) -> float:
+        """The LoRA weights with their gradients and AdamW moments, in fp32."""
+        return self.lora_rank * self.model.linear_widths * ADAPTER_BYTES / GB
+
+    def activations_gb(self, micro: int, checkpointing: bool) -> float:
+        """What the backward pass keeps (fp32 doubles it), and the logits the loss computes."""
+        scale = 2 if self.precision == "fp32" else 1
+        tokens = micro * self.sequence_length
+        per_layer = ACTIVATION_BYTES_PER_HIDDEN * self.model.hidden_size * scale
+        # Checkpointing keeps each layer's input plus one layer's full activations at a time.
+        layers = (
+            (self.model.num_layers * 2 * scale / ACTIVATION_BYTES_PER_HIDDEN + 1)
+            if checkpointing
+            else self.model.num_layers
+        )
+        return (tokens * per_layer * layers + tokens * self.model.vocab_size * LOGIT_BYTES) / GB
+
+    def total_gb(self, micro: int, checkpointing: bool) -> float:
+        return self.weights_gb + self.adapters_gb + self.activations_gb(micro, checkpointing)
 
 
-def _fits(gpu, model, precision, sequence_length, micro, checkpointing) -> bool:
-    needed = estimated_memory_gb(model, precision, sequence_length, micro, checkpointing)
-    return needed <= gpu.memory_gb * MEMORY_SAFETY
+def _fits(gpu, memory: Footprint, micro: int, checkpointing: bool) -> bool:
+    return memory.total_gb(micro, checkpointing) <= gpu.memory_gb * MEMORY_SAFETY
 
 
 def _dataloader(p: _Planner, device: str, blocks: int, hardware: Hardware) -> None:

@@ -288,8 +288,11 @@ def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, dict[st
     from pipeline.dataset import packed_blocks
 
     tokenizer, cache, length = prepared.tokenizer, prepared.cache, plan["sequence_length"]
+    truncate = plan["long_sequences"] == "truncate"
     with run.stage("pack"):
-        train = packed_blocks(cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id)
+        train = packed_blocks(
+            cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id, truncate
+        )
         held_out = {}
         if prepared.eval_tokens:
             import pyarrow.compute as pc
@@ -298,7 +301,7 @@ def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, dict[st
             for name in sorted(set(split.column("format").to_pylist())):
                 rows = split.filter(pc.equal(split.column("format"), name))
                 held_out[name] = packed_blocks(
-                    cache.directory, rows, f"eval-{name}", length, tokenizer.pad_token_id
+                    cache.directory, rows, f"eval-{name}", length, tokenizer.pad_token_id, truncate
                 )
     run.doc["dataset"].update(
         {
@@ -313,6 +316,11 @@ def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, dict[st
                 "; prompt tokens masked (loss on the answer only)"
                 if prepared.style.loss_on == "response"
                 else ""
+            )
+            + (
+                f"; a sequence longer than {length} tokens keeps its first {length}"
+                if truncate
+                else f"; a sequence longer than {length} tokens is split into {length}-token pieces"
             ),
         }
     )
@@ -437,6 +445,7 @@ def _bounded(run: Run, prepared: Prepared, plan: Plan, train: PackedSplit) -> Pa
             f"train-newest-{kept}",
             plan["sequence_length"],
             prepared.tokenizer.pad_token_id,
+            plan["long_sequences"] == "truncate",
         )
     left_out = prepared.stats.tokens - sum(prepared.stats.newest_first[:kept])
     run.doc["dataset"].update(

@@ -129,27 +129,27 @@ def test_a_bad_budget_is_one_line_naming_the_key():
 
 
 def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
-    data, speed = newest_first(400, 1024), Speed(50.0, "a slow machine")
-    hour, two_hours = (
+    data, speed = newest_first(400, 512), Speed(50.0, "a slow machine")
+    cheap, costly = (
         make_plan(
             data,
             cpu_machine(),
             SMOLLM2,
-            load_config(None, [f"train.time_budget={budget}"]),
+            load_config(None, ["train.time_budget=1h", f"eval.max_blocks={blocks}"]),
             speed=speed,
             eval_tokens=20_000,
         )
-        for budget in ("1h", "2h")
+        for blocks in (8, 16)
     )
-    # 2,880 s of training at 50 tokens/s: 140 blocks, effective batch 1, 140 steps of about 20 s. The held-out
-    # loss on 8 blocks per format costs about 109 s, so one evaluation per 107 steps at most: the only one
-    # would land 33 steps before the end, where the evaluation after training follows soon. None in between.
-    assert (hour["eval_blocks"], hour["total_steps"], hour["eval_steps"]) == (8, 140, None)
-    assert "before and after training only, not 20× its cost" in hour.decisions["eval_steps"].reason
-    assert hour["save_steps"] == 14  # about 10 checkpoints; each step is longer than a minute's share
-    # Twice the budget: 141 steps of 2 blocks (about 41 s): evaluations at steps 54 and 108.
-    assert (two_hours["total_steps"], two_hours["eval_steps"]) == (141, 54)
-    assert "costs at most 1/20 of the time between two" in two_hours.decisions["eval_steps"].reason
+    # 2,880 s of training at 50 tokens/s: 281 blocks of 512, effective batch 2, 141 steps of about 20 s. The
+    # held-out loss on 8 blocks per format costs about 55 s: at most one evaluation per 54 steps.
+    assert (cheap["train_blocks"], cheap["total_steps"], cheap["eval_steps"]) == (281, 141, 54)
+    assert "costs at most 1/20 of the time between two" in cheap.decisions["eval_steps"].reason
+    assert cheap["save_steps"] == 15  # about 10 checkpoints; each step is longer than a minute's share
+    # Twice the blocks: about 109 s, so one evaluation per 108 steps at most; the only one would land 33 steps
+    # before the end, where the evaluation after training follows soon. None in between.
+    assert costly["eval_steps"] is None
+    assert "before and after training only, not 20× its cost" in costly.decisions["eval_steps"].reason
 
 
 @pytest.mark.parametrize(

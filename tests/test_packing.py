@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 
 from pipeline.dataset import pack_arrays
 from pipeline.packing import IGNORE_INDEX, count_blocks, layout
+from pipeline.planner import DataStats
 
 
-def pack(token_lists, block_size, pad_id=0):
+def pack(token_lists, block_size, pad_id=0, truncate=False):
     """The real packer, fed an Arrow split as the token cache stores it."""
     import pyarrow as pa
 
-    arrays, real_tokens = pack_arrays(pa.table({"input_ids": token_lists}), block_size, pad_id)
+    arrays, real_tokens = pack_arrays(pa.table({"input_ids": token_lists}), block_size, pad_id, truncate)
     return {name: array.tolist() for name, array in arrays.items()}, real_tokens
 
 
@@ -47,6 +48,23 @@ def test_every_token_lands_once_and_positions_restart_per_sequence(token_lists, 
         assert all(
             label == IGNORE_INDEX for position, label in zip(positions, labels, strict=True) if position == 0
         )
+
+
+@settings(max_examples=100, deadline=None)
+@given(token_lists=sequences, block_size=st.sampled_from([8, 16, 64]))
+def test_truncation_keeps_each_sequence_start_once_and_the_planner_counts_it(token_lists, block_size):
+    packed, real_tokens = pack(token_lists, block_size, truncate=True)
+    cut = [t[:block_size] for t in token_lists]
+    stats = DataStats.from_lengths(len(t) for t in token_lists).truncated(block_size)
+    assert len(packed["input_ids"]) == count_blocks(stats.length_counts, block_size)
+    assert real_tokens == sum(len(t) for t in cut) == stats.tokens
+    segments = []
+    for ids, positions in zip(packed["input_ids"], packed["position_ids"], strict=True):
+        for token, position in zip(ids, positions, strict=True):
+            if position == 0:
+                segments.append([])
+            segments[-1].append(token)
+    assert sorted(tuple(s) for s in segments if any(s)) == sorted(tuple(t) for t in cut)
 
 
 def test_best_fit_fills_blocks():

@@ -14,7 +14,7 @@ from pipeline.config import load_config
 from pipeline.distributed import launch_for_profile
 from pipeline.hardware import PROFILES_DIR, GpuInfo, Hardware, load_hardware_profile
 from pipeline.packing import count_blocks
-from pipeline.planner import DataStats, Launch, ModelFacts, ProbeRow, estimated_memory_gb, make_plan
+from pipeline.planner import DataStats, Footprint, Launch, ModelFacts, ProbeRow, make_plan
 from pipeline.probe import ProbeOutOfMemory, candidate_sizes, probe_batch_sizes
 
 TINY = ModelFacts(
@@ -32,6 +32,8 @@ QWEN_05B = ModelFacts(
     False,
     32768,
     parameters=494_032_768,
+    linear_parameters=357_898_112,  # all but the (tied) 151,936 × 896 embedding
+    linear_widths=24 * 22_912,  # per layer: q, k, v, o, gate, up, down (in + out)
     hidden_size=896,
     num_layers=24,
     vocab_size=151936,
@@ -41,6 +43,8 @@ QWEN_7B = ModelFacts(
     False,
     32768,
     parameters=7_615_616_512,
+    linear_parameters=6_525_621_760,  # all but the embedding and the (untied) output layer, 152,064 × 3,584 each
+    linear_widths=28 * 90_112,
     hidden_size=3584,
     num_layers=28,
     vocab_size=152064,
@@ -147,7 +151,8 @@ def test_memory_estimate_turns_on_checkpointing_then_shrinks_the_micro_batch():
     assert tight["gradient_checkpointing"] is True
     assert tight["batch_size"] < 8
     assert tight["effective_batch_size"] >= 16  # the target survives: accumulation makes up for it
-    assert estimated_memory_gb(QWEN_7B, "bf16", 1024, tight["batch_size"], True) <= 24 * 0.9
+    memory = Footprint(QWEN_7B, "bf16", "none", 16, 1024)
+    assert memory.total_gb(tight["batch_size"], checkpointing=True) <= 24 * 0.9
 
 
 def test_a_micro_batch_shrunk_under_configured_checkpointing_says_so():

@@ -6,6 +6,8 @@ directory happens once per test session, in the session's own cache.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import orjson
 import pytest
@@ -77,7 +79,7 @@ def test_prompt_tokens_carry_no_loss(pretrained_run):
     manifest = read_json(pretrained_run / "MANIFEST.json")
     cache = manifest["dataset"]["cache"]["dir"]
     tokenizer = AutoTokenizer.from_pretrained(f"{cache}/tokenizer")
-    blocks = f"{cache}/blocks-{manifest['dataset']['block_size']}"
+    (blocks,) = Path(cache).glob(f"blocks-{manifest['dataset']['block_size']}*")  # -truncated: chat answers
     inputs, labels = np.load(f"{blocks}/train_input_ids.npy"), np.load(f"{blocks}/train_labels.npy")
     learned = tokenizer.decode(inputs[labels != -100])
     assert "You are a developer" not in learned and "Write the commit message" not in learned
