@@ -202,7 +202,7 @@ def main() -> None:
         "train",
         length,
         tokenizer.pad_token_id,
-        plan["long_sequences"] == "truncate",
+        plan["truncate_at"],
     )
     history = TrainingHistory(packed.real_tokens, False, lambda: None)
     nvml = import_nvml() if args.gpu else None

@@ -176,9 +176,9 @@ class PlanConfig:
     beside training at micro-batch 1 (GPU memory, or 70% of a CPU machine's RAM), none otherwise."""
     tf32: bool | Auto = "auto"
     """TF32 matmuls for the fp32 parts; auto: on for CUDA compute capability 8.0 and newer."""
-    attention: Literal["auto", "flash_attention_2", "sdpa", "sdpa_segments", "eager"] = "auto"
-    """auto: flash-attention 2 when installed and supported, else on a CPU SDPA once per packed sequence
-    (sdpa_segments), else PyTorch SDPA, else eager."""
+    attention: Literal["auto", "flash_attention_2", "sdpa", "segments", "eager"] = "auto"
+    """auto: flash-attention 2 when installed and supported, else on a CPU attention once per packed
+    sequence (segments), else PyTorch SDPA, else eager."""
     gradient_checkpointing: bool | Auto = "auto"
     """Recompute activations in the backward pass; auto: only when the estimate says memory is tight."""
     drop_last: bool = False

@@ -54,16 +54,18 @@ class PackedSplit:
 
 
 def packed_blocks(
-    cache_directory: Path, table, split: str, block_size: int, pad_id: int, truncate: bool
+    cache_directory: Path, table, split: str, block_size: int, pad_id: int, truncate_at: int | None
 ) -> PackedSplit:
     """A tokenized split (an Arrow table, see `pack_arrays`) packed into blocks of `block_size`, from the
     cache or built and stored there under the name `split`."""
-    directory = cache_directory / f"blocks-{block_size}{'-truncated' if truncate else ''}"
+    directory = (
+        cache_directory / f"blocks-{block_size}" / (f"first-{truncate_at}" if truncate_at else "pieces")
+    )
     meta_path = directory / f"{split}_meta.json"
     if meta_path.exists():
         meta = orjson.loads(meta_path.read_bytes())
         return PackedSplit(directory, split, meta["blocks"], meta["real_tokens"], block_size)
-    arrays, real_tokens = pack_arrays(table, block_size, pad_id, truncate)
+    arrays, real_tokens = pack_arrays(table, block_size, pad_id, truncate_at)
     directory.mkdir(parents=True, exist_ok=True)
     for name, array in arrays.items():
         staging = directory / f".{split}_{name}.{os.getpid()}.npy"
@@ -77,11 +79,12 @@ def packed_blocks(
 
 
 def pack_arrays(
-    table, block_size: int, pad_id: int, truncate: bool = False
+    table, block_size: int, pad_id: int, truncate_at: int | None = None
 ) -> tuple[dict[str, np.ndarray], int]:
     """Pack every sequence of a pyarrow table (column input_ids; loss_mask, where present, says which
     tokens carry a loss) into [blocks, block_size] int32 arrays. A sequence longer than a block is cut
-    into block-sized pieces, or with `truncate` only its first `block_size` tokens are kept."""
+    into block-sized pieces, or with `truncate_at` (at most the block size) only its first that many
+    tokens are kept."""
     if table.num_rows == 0:
         empty = np.zeros((0, block_size), dtype=np.int32)
         return {name: empty for name in ARRAYS}, 0
@@ -94,13 +97,15 @@ def pack_arrays(
     )
     offsets = column.offsets.to_numpy()
     lengths = np.diff(offsets)
+    if truncate_at:
+        lengths = np.minimum(lengths, truncate_at)
     # Segments: every sequence cut into pieces of at most block_size tokens (or only its first piece).
-    pieces_per_sequence = np.minimum(1, lengths) if truncate else -(-lengths // block_size)
+    pieces_per_sequence = -(-lengths // block_size)
     sequence_of_piece = np.repeat(np.arange(len(lengths)), pieces_per_sequence)
     first_piece = np.cumsum(pieces_per_sequence) - pieces_per_sequence
     piece_in_sequence = np.arange(len(sequence_of_piece)) - np.repeat(first_piece, pieces_per_sequence)
     piece_start = offsets[sequence_of_piece] + piece_in_sequence * block_size
-    piece_length = np.minimum(block_size, offsets[sequence_of_piece + 1] - piece_start)
+    piece_length = np.minimum(block_size, lengths[sequence_of_piece] - piece_in_sequence * block_size)
 
     placed = layout(Counter(piece_length.tolist()), block_size)
     # Pieces of each size, in sequence order, are handed out to the layout's groups in turn.

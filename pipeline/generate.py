@@ -20,15 +20,24 @@ def adapter_directory(path: str | Path) -> Path:
     )
 
 
-def load_adapter(path: str | Path):
-    """The base model (from the adapter's config; tiny's saved base for tiny runs) with the adapter, and its tokenizer."""
+def load_adapter(path: str | Path, dense: bool = False):
+    """The base model (from the adapter's config; tiny's saved base for tiny runs), loaded as it was in
+    training (4 or 8 bits where it was quantized; with `dense` dequantized first), with the adapter; and
+    its tokenizer."""
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipeline.model import load_pretrained, load_saved_tokenizer, quiet_library_output
+    from pipeline.model import (
+        adapter_facts,
+        load_pretrained,
+        load_saved_tokenizer,
+        quantized_loading,
+        quiet_library_output,
+    )
 
     quiet_library_output()
     directory = adapter_directory(path)
+    facts = adapter_facts(directory)
     # A random base is saved beside its adapter: use that copy, wherever the run directory went since
     # (the adapter records the absolute path it had when it trained).
     beside = directory.parent / BASE_MODEL_DIR
@@ -37,7 +46,13 @@ def load_adapter(path: str | Path):
         if (beside / "config.json").exists()
         else PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
     )
-    base = load_pretrained(AutoModelForCausalLM, base_name)
+    base = load_pretrained(
+        AutoModelForCausalLM, base_name, **quantized_loading(facts.quantization, "fp32", "cpu")
+    )
+    if dense and facts.quantization != "none":
+        # Before any forward pass: bitsandbytes' CPU kernel repacks 4-bit weights on the first one, after
+        # which they no longer dequantize to what they were.
+        base = base.dequantize()
     model = PeftModel.from_pretrained(base, str(directory))
     return model.eval(), load_saved_tokenizer(directory)
 
@@ -47,19 +62,20 @@ def generate(path: str | Path, prompt: str, max_new_tokens: int, task: str | Non
     it (`message`: write the commit message for this diff; `diff`: write the change for this message)."""
     from pipeline.evaluation import generate_batched
     from pipeline.examples import answer_prefix, render_prompt
-    from pipeline.model import adapter_style
+    from pipeline.model import adapter_facts
 
     model, tokenizer = load_adapter(path)
     given = ""
     if task:
-        style = adapter_style(adapter_directory(path))
+        style = adapter_facts(adapter_directory(path)).style
         prompt, given = render_prompt(tokenizer, style, task, prompt.strip()), answer_prefix(style, task)
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32")[0]
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:
-    """Fold the adapter into the base weights and save a standalone model (plus tokenizer)."""
-    model, tokenizer = load_adapter(path)
+    """Fold the adapter into the base weights and save a standalone model (plus tokenizer); a quantized
+    base is dequantized first, so the merged model holds the weights the adapter was trained against."""
+    model, tokenizer = load_adapter(path, dense=True)
     destination = Path(destination).expanduser()
     model.merge_and_unload().save_pretrained(destination)
     tokenizer.save_pretrained(destination)

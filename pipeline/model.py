@@ -28,6 +28,8 @@ TINY = "tiny"
 TINY_VOCAB_SIZE = 1024  # enough merges for code on a small corpus, few enough rows to learn in a short run
 TINY_MAX_POSITIONS = 2048
 EOS_TOKEN = "<|endoftext|>"
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""A planned precision's torch dtype, by name (torch is imported only where a model is built)."""
 
 
 @dataclass(frozen=True)
@@ -177,13 +179,22 @@ def train_tiny_tokenizer(corpus: Iterable[str]):
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
 
 
-def build_model(model_name: str, config, seed: int, dtype: str = "fp32", attn_implementation: str = "sdpa"):
-    """The base model: tiny from its config (seeded), or the pretrained weights."""
+def build_model(
+    model_name: str,
+    config,
+    seed: int,
+    dtype: str = "fp32",
+    attn_implementation: str = "sdpa",
+    quantization: str = "none",
+    device: str = "cpu",
+):
+    """The base model: tiny from its config (seeded), or the pretrained weights in the compute dtype
+    (only the fp32 adapters train, so the frozen base needs no fp32 copy), or with `quantization` its
+    linear layers in 4 or 8 bits on `device` (a quantized model is placed where it loads)."""
     import torch
 
-    import pipeline.attention  # noqa: F401  (registers sdpa_segments with transformers)
+    import pipeline.attention  # noqa: F401  (registers segments with transformers)
 
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     if model_name == TINY:
         from transformers import LlamaForCausalLM
 
@@ -193,10 +204,12 @@ def build_model(model_name: str, config, seed: int, dtype: str = "fp32", attn_im
     else:
         from transformers import AutoModelForCausalLM
 
-        # fp16 training keeps fp32 master weights (the Trainer's AMP scales the loss), so load fp16 in fp32.
-        load_dtype = torch.float32 if dtype == "fp16" else torch_dtype
         model = load_pretrained(
-            AutoModelForCausalLM, model_name, dtype=load_dtype, attn_implementation=attn_implementation
+            AutoModelForCausalLM,
+            model_name,
+            dtype=DTYPES[dtype],
+            attn_implementation=attn_implementation,
+            **quantized_loading(quantization, dtype, device),
         )
     # A forward that builds a KV cache turns off transformers' packed-sequence detection, so tokens would
     # attend across the commits of a block; training and scoring never need a cache (generation asks for
@@ -205,12 +218,38 @@ def build_model(model_name: str, config, seed: int, dtype: str = "fp32", attn_im
     return model
 
 
+def quantized_loading(quantization: str, dtype: str, device: str) -> dict:
+    """from_pretrained's keywords for a base whose linear layers bitsandbytes stores in 4 bits (NF4 with
+    double quantisation, computing in `dtype`) or 8 bits (LLM.int8); none for `none`."""
+    if quantization == "none":
+        return {}
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelLoadError(
+            f"plan.quantization {quantization} needs bitsandbytes: pip install 'bitsandbytes>=0.45' "
+            "(or set plan.quantization=none)"
+        )
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "4bit":
+        settings = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=DTYPES[dtype],
+        )
+    else:
+        settings = BitsAndBytesConfig(load_in_8bit=True)
+    return {"quantization_config": settings, "device_map": {"": device}}
+
+
 def autocast(device_type: str, precision: str):
     """The autocast context for a planned precision (off for fp32), as training runs it."""
     import torch
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
+    mixed = precision != "fp32"
+    return torch.autocast(device_type, dtype=getattr(torch, DTYPES[precision]), enabled=mixed)
 
 
 def attach_lora(model, lora_config, base_modules_to_train: list[str], dropout: float):
@@ -243,30 +282,46 @@ def attach_lora(model, lora_config, base_modules_to_train: list[str], dropout: f
     return model
 
 
-ADAPTER_STYLE_FILE = "repotune.json"
-"""Beside an adapter: its base model and how it was trained to read prompts (text style)."""
+ADAPTER_FACTS_FILE = "repotune.json"
+"""Beside an adapter: its base model, how that base was loaded, and how prompts were read (text style)."""
 
 
-def record_base(adapter_dir: Path, model_name: str, style: TextStyle) -> None:
+@dataclass(frozen=True)
+class AdapterFacts:
+    model: str
+    style: TextStyle
+    quantization: str
+    """How the base was loaded in training (`none`, `4bit`, `8bit`): the adapter is used on the same base."""
+
+
+def record_base(adapter_dir: Path, facts: AdapterFacts) -> None:
     """Write what `generate` needs to use the adapter as it was trained. A built-in base is recorded
     by its name, which resolves on any machine, not by this machine's cache path (which peft needs
     while training and saving)."""
-    if is_builtin(model_name):
+    if is_builtin(facts.model):
         path = adapter_dir / "adapter_config.json"
         config = orjson.loads(path.read_bytes())
-        config["base_model_name_or_path"] = model_name
+        config["base_model_name_or_path"] = facts.model
         path.write_bytes(orjson.dumps(config, option=orjson.OPT_INDENT_2))
-    facts = {"model": model_name, "style": style.style, "loss_on": style.loss_on}
-    (adapter_dir / ADAPTER_STYLE_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
+    record = {
+        "model": facts.model,
+        "style": facts.style.style,
+        "loss_on": facts.style.loss_on,
+        "quantization": facts.quantization,
+    }
+    (adapter_dir / ADAPTER_FACTS_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
 
 
-def adapter_style(adapter_dir: Path) -> TextStyle:
-    """How an adapter was trained to read prompts (raw for adapters written before this was recorded)."""
-    path = adapter_dir / ADAPTER_STYLE_FILE
-    if not path.exists():
-        return TextStyle("raw", "all")
-    facts = orjson.loads(path.read_bytes())
-    return TextStyle(facts["style"], facts["loss_on"])
+def adapter_facts(adapter_dir: Path) -> AdapterFacts:
+    """How an adapter was trained (raw text on an unquantized base for adapters written before this was
+    recorded)."""
+    path = adapter_dir / ADAPTER_FACTS_FILE
+    record = orjson.loads(path.read_bytes()) if path.exists() else {}
+    return AdapterFacts(
+        record.get("model", ""),
+        TextStyle(record.get("style", "raw"), record.get("loss_on", "all")),
+        record.get("quantization", "none"),
+    )
 
 
 def load_pretrained(cls, name: str, **kwargs):

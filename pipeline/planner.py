@@ -41,7 +41,9 @@ SMALL_DATASET_BLOCKS = (
 LOG_POINTS = 50  # aim for this many loss/LR records per run
 CHECKPOINTS = 10  # aim for this many checkpoints per run
 EVALUATIONS = 10  # aim for this many held-out evaluations per run
-CPU_SEQUENCE_LENGTH = 512  # measured on a 2-core CPU: 11% more tokens/s than 1024-token sequences
+CPU_SEQUENCE_TOKENS = (
+    512  # longest answer-with-prompt on a CPU (measured on 2 cores: 11% more tokens/s than 1024)
+)
 CPU_EVAL_BLOCKS = 8  # held-out blocks per format scored for loss on a CPU (about 15 s for two formats)
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
 BUDGET_TRAIN_SHARE = 0.8  # of a time budget, for training; the rest loads, evaluates and saves
@@ -132,7 +134,7 @@ class ModelFacts:
     vocab_size: int = 0
     supports_sdpa: bool = True
     supports_attention_backend: bool = False
-    """The model class takes a registered attention function (so `sdpa_segments` can run it)."""
+    """The model class takes a registered attention function (so `segments` can run it)."""
     supports_flash_attention: bool = False
     """The model class has a flash-attention path and the flash_attn package is installed."""
 
@@ -263,9 +265,10 @@ def make_plan(
     precision = _precision(p, device, gpu, hardware)
     _tf32(p, device, gpu)
     _attention(p, device, gpu, model, precision)
-    sequence_length = _sequence_length(p, data, model, device, style)
-    if _long_sequences(p, style, sequence_length, data) == "truncate":
-        data = data.truncated(sequence_length)
+    sequence_length = _sequence_length(p, data, model)
+    cut = _truncate_at(p, style, sequence_length, device, data)
+    if cut:
+        data = data.truncated(cut)
 
     blocks = count_blocks(data.length_counts, sequence_length)
     p.planned(
@@ -400,44 +403,50 @@ def _text_style(p: _Planner, model_name: str, chat_template: bool) -> TextStyle:
     return TextStyle(style, loss_on)
 
 
-def _sequence_length(p: _Planner, data: DataStats, model: ModelFacts, device: str, style: TextStyle) -> int:
+def _sequence_length(p: _Planner, data: DataStats, model: ModelFacts) -> int:
     if not p.is_auto("train.sequence_length"):
         return p.from_config("sequence_length", "train.sequence_length")
     config = p.loaded.config.train
     limit = min(config.max_sequence_length, model.max_positions or config.max_sequence_length)
-    cap = f"capped at {limit} (max_sequence_length or the model's limit)"
-    if device == "cpu" and style.loss_on == "response" and not p.explicit("train.max_sequence_length"):
-        limit = min(limit, CPU_SEQUENCE_LENGTH)
-        cap = (
-            f"capped at {limit} on a CPU, where attention costs the square of a sequence's length "
-            f"(measured: 11% more tokens/s than 1024, so a time budget trains more commits; "
-            "train.max_sequence_length sets another cap)"
-        )
     p95 = data.percentile(95)
     length = min(limit, max(64, math.ceil(p95 / 64) * 64))
-    how = cap if length == limit and p95 > limit else "rounded up to a multiple of 64"
+    how = (
+        f"capped at {limit} (max_sequence_length or the model's limit)"
+        if length == limit and p95 > limit
+        else "rounded up to a multiple of 64"
+    )
     return p.planned(
         "sequence_length", length, f"p95 of {data.sequences} sequence lengths is {p95} tokens, {how}"
     )
 
 
-def _long_sequences(p: _Planner, style: TextStyle, length: int, data: DataStats) -> str:
-    """What happens to a sequence longer than a block: its first `length` tokens are kept (an answer needs
-    its prompt in front of it), or it is split into block-sized pieces (raw text, every token learned)."""
-    longer = sum(count for size, count in data.length_counts.items() if size > length)
-    if style.loss_on == "response":
+def _truncate_at(p: _Planner, style: TextStyle, length: int, device: str, data: DataStats) -> int | None:
+    """Where a long sequence is cut: an answer keeps its prompt in front of it, so such a sequence keeps
+    its first tokens (on a CPU at most CPU_SEQUENCE_TOKENS, since attention costs the square of a
+    sequence's length); raw text is split into block-sized pieces instead (None), every token learned."""
+    if style.loss_on != "response":
+        longer = sum(count for size, count in data.length_counts.items() if size > length)
         return p.planned(
-            "long_sequences",
-            "truncate",
-            f"{longer} of {data.sequences} sequences are longer than {length} tokens: each keeps its "
-            "first tokens (the prompt and the start of its answer), since a piece of an answer cut off "
-            "from its prompt teaches nothing about answering it",
+            "truncate_at",
+            None,
+            f"raw text, every token learned: the {longer} sequences longer than a {length}-token block are "
+            "split into block-sized pieces",
         )
+    cut, why = length, f"the {length}-token block"
+    if device == "cpu" and length > CPU_SEQUENCE_TOKENS and not p.explicit("train.sequence_length"):
+        cut = CPU_SEQUENCE_TOKENS
+        why = (
+            f"{cut} tokens on a CPU, where attention costs the square of a sequence's length (measured: "
+            f"11% more tokens/s than {length}-token sequences, so a time budget trains more commits); "
+            "blocks still pack two"
+        )
+    longer = sum(count for size, count in data.length_counts.items() if size > cut)
     return p.planned(
-        "long_sequences",
-        "split",
-        f"{longer} of {data.sequences} sequences are longer than {length} tokens: each is split into "
-        "block-sized pieces (raw text: every token is learned, in whatever piece it lands)",
+        "truncate_at",
+        cut,
+        f"{longer} of {data.sequences} sequences are longer than {why}: each keeps its first {cut} tokens "
+        "(its prompt and the start of its answer), since a piece of an answer cut off from its prompt "
+        "teaches nothing about answering it",
     )
 
 
@@ -488,9 +497,9 @@ def _attention(p: _Planner, device: str, gpu, model: ModelFacts, precision: str)
     elif device == "cpu" and model.supports_sdpa and model.supports_attention_backend:
         p.planned(
             "attention",
-            "sdpa_segments",
-            "CPU: PyTorch's causal SDPA kernel once per packed sequence, instead of one block-wide masked "
-            "call that scores every token against the whole block",
+            "segments",
+            "CPU: causal attention once per packed sequence (matmuls up to 512 tokens, the fused kernel "
+            "above), instead of one block-wide masked call that scores every token against the whole block",
         )
     elif model.supports_sdpa:
         why = (
@@ -512,6 +521,11 @@ def _quantization(
     the adapters and their optimizer state at micro-batch 1 (with checkpointing)."""
     if not p.is_auto("plan.quantization"):
         chosen = p.from_config("quantization", "plan.quantization")
+        if chosen != "none" and model.random_init:
+            raise ConfigError(
+                f"`plan.quantization` {chosen} loads a pretrained base in fewer bits; {model.name} is built in "
+                "code with random weights: set plan.quantization=none, or choose a pretrained --model"
+            )
         if chosen != "none" and device not in ("cuda", "cpu"):
             raise ConfigError(
                 f"`plan.quantization` {chosen} needs CUDA or a CPU (bitsandbytes has no {device} kernels); "

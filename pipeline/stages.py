@@ -18,7 +18,7 @@ from pipeline.dataset import PackedSplit, read_sequences
 from pipeline.distributed import launch_for_profile
 from pipeline.errors import PipelineError, RepositoryError
 from pipeline.examples import TextStyle
-from pipeline.hardware import detect_hardware, load_hardware_profile
+from pipeline.hardware import GB, detect_hardware, load_hardware_profile
 from pipeline.manifest import sha256_file
 from pipeline.planner import DataStats, ModelFacts, Plan, Speed, make_plan, text_style
 from pipeline.run import Run
@@ -288,10 +288,10 @@ def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, dict[st
     from pipeline.dataset import packed_blocks
 
     tokenizer, cache, length = prepared.tokenizer, prepared.cache, plan["sequence_length"]
-    truncate = plan["long_sequences"] == "truncate"
+    cut = plan["truncate_at"]
     with run.stage("pack"):
         train = packed_blocks(
-            cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id, truncate
+            cache.directory, cache.split("train"), "train", length, tokenizer.pad_token_id, cut
         )
         held_out = {}
         if prepared.eval_tokens:
@@ -301,7 +301,7 @@ def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, dict[st
             for name in sorted(set(split.column("format").to_pylist())):
                 rows = split.filter(pc.equal(split.column("format"), name))
                 held_out[name] = packed_blocks(
-                    cache.directory, rows, f"eval-{name}", length, tokenizer.pad_token_id, truncate
+                    cache.directory, rows, f"eval-{name}", length, tokenizer.pad_token_id, cut
                 )
     run.doc["dataset"].update(
         {
@@ -318,8 +318,8 @@ def pack(run: Run, prepared: Prepared, plan: Plan) -> tuple[PackedSplit, dict[st
                 else ""
             )
             + (
-                f"; a sequence longer than {length} tokens keeps its first {length}"
-                if truncate
+                f"; a sequence longer than {cut} tokens keeps its first {cut}"
+                if cut
                 else f"; a sequence longer than {length} tokens is split into {length}-token pieces"
             ),
         }
@@ -339,9 +339,19 @@ def load_model(run: Run, setup: Setup) -> Loaded:
 
     quiet_library_output()  # on every rank: the others skip `prepare`, where rank 0 did this
     prepared, plan = setup.prepared, setup.plan
+    device = f"cuda:{run.launch.local_rank}" if plan["device"] == "cuda" else plan["device"]
     with run.stage("load_model"):
         model = build_model(
-            run.config.train.model, prepared.model_config, plan["seed"], plan["precision"], plan["attention"]
+            run.config.train.model,
+            prepared.model_config,
+            plan["seed"],
+            plan["precision"],
+            plan["attention"],
+            plan["quantization"],
+            device,
+        )
+        run.doc["model"].update(
+            quantization=plan["quantization"], weights_gb=round(model.get_memory_footprint() / GB, 3)
         )
         base_dir = None
         if prepared.facts.random_init:
@@ -445,7 +455,7 @@ def _bounded(run: Run, prepared: Prepared, plan: Plan, train: PackedSplit) -> Pa
             f"train-newest-{kept}",
             plan["sequence_length"],
             prepared.tokenizer.pad_token_id,
-            plan["long_sequences"] == "truncate",
+            plan["truncate_at"],
         )
     left_out = prepared.stats.tokens - sum(prepared.stats.newest_first[:kept])
     run.doc["dataset"].update(
@@ -478,7 +488,7 @@ def train(run: Run, setup: Setup, loaded: Loaded, resume: bool = False) -> None:
     from torch.utils.data import ConcatDataset
 
     from pipeline.evaluation import evaluation_report, format_evaluation, task_prompts
-    from pipeline.model import record_base
+    from pipeline.model import AdapterFacts, record_base
     from pipeline.monitor import HardwareMonitor, import_nvml
     from pipeline.trainer import Job, TrainingHistory
     from pipeline.trainer import train as run_trainer
@@ -554,7 +564,7 @@ def train(run: Run, setup: Setup, loaded: Loaded, resume: bool = False) -> None:
         with run.stage("save"):
             adapter_dir = run.output_dir / ADAPTER_DIR
             loaded.model.save_pretrained(adapter_dir)
-            record_base(adapter_dir, config.train.model, prepared.style)
+            record_base(adapter_dir, AdapterFacts(config.train.model, prepared.style, plan["quantization"]))
             prepared.tokenizer.save_pretrained(adapter_dir)
         run.record(outputs=_outputs(run, adapter_dir, loaded.base_dir))
 

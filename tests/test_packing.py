@@ -15,11 +15,11 @@ from pipeline.packing import IGNORE_INDEX, count_blocks, layout
 from pipeline.planner import DataStats
 
 
-def pack(token_lists, block_size, pad_id=0, truncate=False):
+def pack(token_lists, block_size, pad_id=0, truncate_at=None):
     """The real packer, fed an Arrow split as the token cache stores it."""
     import pyarrow as pa
 
-    arrays, real_tokens = pack_arrays(pa.table({"input_ids": token_lists}), block_size, pad_id, truncate)
+    arrays, real_tokens = pack_arrays(pa.table({"input_ids": token_lists}), block_size, pad_id, truncate_at)
     return {name: array.tolist() for name, array in arrays.items()}, real_tokens
 
 
@@ -51,11 +51,12 @@ def test_every_token_lands_once_and_positions_restart_per_sequence(token_lists, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(token_lists=sequences, block_size=st.sampled_from([8, 16, 64]))
-def test_truncation_keeps_each_sequence_start_once_and_the_planner_counts_it(token_lists, block_size):
-    packed, real_tokens = pack(token_lists, block_size, truncate=True)
-    cut = [t[:block_size] for t in token_lists]
-    stats = DataStats.from_lengths(len(t) for t in token_lists).truncated(block_size)
+@given(token_lists=sequences, block_size=st.sampled_from([8, 16, 64]), share=st.sampled_from([1, 2, 4]))
+def test_truncation_keeps_each_sequence_start_once_and_the_planner_counts_it(token_lists, block_size, share):
+    cut_at = block_size // share
+    packed, real_tokens = pack(token_lists, block_size, truncate_at=cut_at)
+    cut = [t[:cut_at] for t in token_lists]
+    stats = DataStats.from_lengths(len(t) for t in token_lists).truncated(cut_at)
     assert len(packed["input_ids"]) == count_blocks(stats.length_counts, block_size)
     assert real_tokens == sum(len(t) for t in cut) == stats.tokens
     segments = []
@@ -73,13 +74,17 @@ def test_best_fit_fills_blocks():
     assert real_tokens == 2 * 64  # no padding at all
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "sdpa_segments"])
-def test_no_attention_across_packed_sequences(attention):
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "segments", "segments, fused kernel"])
+def test_no_attention_across_packed_sequences(attention, monkeypatch):
     """The same sequence gives the same logits alone or packed after another one, with the model built
     and called as training builds and calls it (no `use_cache` argument: the Trainer passes none)."""
     from transformers import LlamaConfig
 
     from pipeline.model import build_model
+
+    if attention == "segments, fused kernel":  # sequences longer than COMPOSED_MAX
+        attention = "segments"
+        monkeypatch.setattr("pipeline.attention.COMPOSED_MAX", 4)
 
     config = LlamaConfig(
         vocab_size=50,
@@ -102,6 +107,28 @@ def test_no_attention_across_packed_sequences(attention):
                 assert torch.allclose(together[row, start:end], alone, atol=1e-5)
         leaked = model(input_ids=ids).logits  # plain causal attention over each whole block
     assert not torch.allclose(leaked, together, atol=1e-3)
+
+
+@pytest.mark.parametrize("composed_max", [512, 4])
+def test_segments_attention_trains_as_sdpa_does(composed_max, monkeypatch):
+    """Same loss and same gradients as transformers' SDPA with its packed-sequence mask."""
+    from transformers import LlamaConfig
+
+    from pipeline.model import build_model
+
+    monkeypatch.setattr("pipeline.attention.COMPOSED_MAX", composed_max)
+    config = LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    packed, _ = pack([[5, 6, 7, 8, 9], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27]], block_size=8)
+    batch = {name: torch.tensor(values) for name, values in packed.items()}
+    gradients = []
+    for attention in ("sdpa", "segments"):
+        model = build_model("tiny", LlamaConfig(**config.to_dict()), seed=0, attn_implementation=attention)
+        model(**batch).loss.backward()
+        gradients.append({name: p.grad for name, p in model.named_parameters()})
+    for name, expected in gradients[0].items():
+        assert torch.allclose(gradients[1][name], expected, atol=1e-5), name
 
 
 def best_fit_decreasing_one_by_one(sizes: list[int], block_size: int) -> int:

@@ -79,7 +79,9 @@ def test_prompt_tokens_carry_no_loss(pretrained_run):
     manifest = read_json(pretrained_run / "MANIFEST.json")
     cache = manifest["dataset"]["cache"]["dir"]
     tokenizer = AutoTokenizer.from_pretrained(f"{cache}/tokenizer")
-    (blocks,) = Path(cache).glob(f"blocks-{manifest['dataset']['block_size']}*")  # -truncated: chat answers
+    (blocks,) = Path(cache).glob(
+        f"blocks-{manifest['dataset']['block_size']}/first-*"
+    )  # answers keep prompts
     inputs, labels = np.load(f"{blocks}/train_input_ids.npy"), np.load(f"{blocks}/train_labels.npy")
     learned = tokenizer.decode(inputs[labels != -100])
     assert "You are a developer" not in learned and "Write the commit message" not in learned
