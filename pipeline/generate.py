@@ -50,9 +50,16 @@ def load_adapter(path: str | Path, dense: bool = False):
         AutoModelForCausalLM, base_name, **quantized_loading(facts.quantization, "fp32", "cpu")
     )
     if dense and facts.quantization != "none":
+        import transformers
+
         # Before any forward pass: bitsandbytes' CPU kernel repacks 4-bit weights on the first one, after
-        # which they no longer dequantize to what they were.
-        base = base.dequantize()
+        # which they no longer dequantize to what they were. (Quietly: it notes the dtype it casts to.)
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
+        try:
+            base = base.dequantize()
+        finally:
+            transformers.logging.set_verbosity(verbosity)
     model = PeftModel.from_pretrained(base, str(directory))
     return model.eval(), load_saved_tokenizer(directory)
 

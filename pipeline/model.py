@@ -230,8 +230,13 @@ def quantized_loading(quantization: str, dtype: str, device: str) -> dict:
             f"plan.quantization {quantization} needs bitsandbytes: pip install 'bitsandbytes>=0.45' "
             "(or set plan.quantization=none)"
         )
+    import logging
+
     from transformers import BitsAndBytesConfig
 
+    # bitsandbytes offers an optional CPU kernel from the Hugging Face hub and warns when it is absent;
+    # repotune downloads nothing at run time, and bitsandbytes' own CPU kernels run instead.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     if quantization == "4bit":
         settings = BitsAndBytesConfig(
             load_in_4bit=True,

@@ -126,6 +126,47 @@ def repotune_cache(tmp_path_factory) -> Path:
         os.environ["XDG_CACHE_HOME"] = previous
 
 
+SIMULATED_GPU = os.environ.get("REPOTUNE_TEST_GPU")
+"""A hardware profile (`h100-80gb`, or a file): with it, hardware detection and the monitor see that
+profile's GPUs, as on a GPU host, so no test's outcome depends on the host. `make test` runs the suite
+once without it and once with it."""
+
+
+@pytest.fixture(autouse=True)
+def simulated_gpu(monkeypatch):
+    """Under REPOTUNE_TEST_GPU, torch.cuda reports the profile's GPUs and NVML reads them (fakes: there is
+    no GPU here); a test that would launch CUDA kernels is skipped, with the reason, at the first one."""
+    if not SIMULATED_GPU:
+        return
+    import torch
+
+    from pipeline.hardware import load_hardware_profile
+    from tests.fakes import FakeCuda, FakeNvml
+
+    gpus = [
+        {
+            "name": gpu.name,
+            "memory_gb": gpu.memory_gb,
+            "used_gb": 0,
+            "capability": gpu.compute_capability,
+            "utilization_pct": 0,
+            "temperature_c": 30,
+        }
+        for gpu in load_hardware_profile(SIMULATED_GPU).gpus
+    ]
+
+    def needs_a_gpu(*args, **kwargs):
+        pytest.skip(f"launches CUDA kernels on the simulated {gpus[0]['name']}: needs a real GPU")
+
+    fake = FakeCuda(gpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("device_count", "get_device_properties", "mem_get_info"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "_lazy_init", needs_a_gpu)
+    for module in ("pipeline.monitor", "pipeline.watch"):
+        monkeypatch.setattr(f"{module}.import_nvml", lambda: FakeNvml(gpus))
+
+
 @pytest.fixture
 def cli(capsys):
     """Run the CLI in-process (torch is imported once per session, not per test). Commands train the
@@ -161,6 +202,36 @@ def assert_valid_manifest(document) -> None:
         for error in validator.iter_errors(document)
     ]
     assert not problems, "MANIFEST.json does not match the schema:\n" + "\n".join(problems[:20])
+
+
+PRETRAINED = "smollm2-135m"
+
+
+def short_pretrained_run(root: Path, *overrides: str) -> Path:
+    """A few steps of the built-in pretrained model on 24 commits in one style, the newest held out;
+    returns the output directory. `overrides`: more `--set` values."""
+    repo = GitRepo(root / "repo")
+    for index in range(1, 25):
+        repo.commit(
+            f"Add compute_{index} and describe_{index}", {f"pkg/feature_{index}.py": module_source(index)}
+        )
+    out = root / "out"
+    argv = [
+        "--repo", str(repo.path), "--output-dir", str(out), "--model", PRETRAINED, "--budget", "none",
+        "--set", "scrape.format=[diff, message]",
+        "--set", "train.epochs=1",
+        "--set", "train.max_sequence_length=256",
+        "--set", "train.learning_rate=1e-3",
+        "--set", "plan.batch_size=4",
+        "--set", "plan.gradient_accumulation_steps=1",
+        "--set", "eval.samples=1",
+        "--set", "eval.message_tokens=16",
+        "--set", "eval.diff_tokens=24",
+        "--set", "monitor.collection_interval_seconds=1",
+        *[part for override in overrides for part in ("--set", override)],
+    ]  # fmt: skip
+    assert run_pipeline.main(argv) == 0
+    return out
 
 
 FAST_TRAINING = (

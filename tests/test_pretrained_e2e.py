@@ -13,38 +13,13 @@ import orjson
 import pytest
 
 from pipeline.builtin import SOURCE_FILE, builtin_directory, models_cache, source_of
-from tests.conftest import GitRepo, module_source, read_json
-
-MODEL = "smollm2-135m"
+from tests.conftest import PRETRAINED as MODEL
+from tests.conftest import read_json, short_pretrained_run
 
 
 @pytest.fixture(scope="module")
 def pretrained_run(tmp_path_factory):
-    """One short run: 24 commits in the repository's style, the newest held out."""
-    import run_pipeline
-
-    root = tmp_path_factory.mktemp("pretrained")
-    repo = GitRepo(root / "repo")
-    for index in range(1, 25):
-        repo.commit(
-            f"Add compute_{index} and describe_{index}", {f"pkg/feature_{index}.py": module_source(index)}
-        )
-    out = root / "out"
-    argv = [
-        "--repo", str(repo.path), "--output-dir", str(out), "--model", MODEL, "--budget", "none",
-        "--set", "scrape.format=[diff, message]",
-        "--set", "train.epochs=1",
-        "--set", "train.max_sequence_length=256",
-        "--set", "train.learning_rate=1e-3",
-        "--set", "plan.batch_size=4",
-        "--set", "plan.gradient_accumulation_steps=1",
-        "--set", "eval.samples=1",
-        "--set", "eval.message_tokens=16",
-        "--set", "eval.diff_tokens=24",
-        "--set", "monitor.collection_interval_seconds=1",
-    ]  # fmt: skip
-    assert run_pipeline.main(argv) == 0
-    return out
+    return short_pretrained_run(tmp_path_factory.mktemp("pretrained"))
 
 
 def test_the_model_says_what_it_is(pretrained_run):
