@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -132,12 +134,14 @@ profile's GPUs, as on a GPU host, so no test's outcome depends on the host. `mak
 once without it and once with it."""
 
 
-@pytest.fixture(autouse=True)
-def simulated_gpu(monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def simulated_gpu():
     """Under REPOTUNE_TEST_GPU, torch.cuda reports the profile's GPUs and NVML reads them (fakes: there is
     no GPU here); a test that would launch CUDA kernels is skipped, with the reason, at the first one."""
     if not SIMULATED_GPU:
+        yield
         return
+    import bitsandbytes  # noqa: F401  (imported before CUDA is faked: its CUDA backend needs a CUDA build)
     import torch
 
     from pipeline.hardware import load_hardware_profile
@@ -159,12 +163,35 @@ def simulated_gpu(monkeypatch):
         pytest.skip(f"launches CUDA kernels on the simulated {gpus[0]['name']}: needs a real GPU")
 
     fake = FakeCuda(gpus)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for name in ("device_count", "get_device_properties", "mem_get_info"):
-        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
-    monkeypatch.setattr(torch.cuda, "_lazy_init", needs_a_gpu)
-    for module in ("pipeline.monitor", "pipeline.watch"):
-        monkeypatch.setattr(f"{module}.import_nvml", lambda: FakeNvml(gpus))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        for name in ("device_count", "get_device_properties", "mem_get_info"):
+            patch.setattr(torch.cuda, name, getattr(fake, name))
+        patch.setattr(torch.cuda, "_lazy_init", needs_a_gpu)  # every CUDA tensor goes through it
+        patch.setattr(torch.Tensor, "pin_memory", needs_a_gpu)  # pinned host memory is CUDA's too
+        patch.setitem(
+            sys.modules, "pynvml", FakeNvml(gpus)
+        )  # what `import pynvml` gives detection and monitor
+        yield
+
+
+@contextmanager
+def cpu_only_host():
+    """This machine as a host without GPUs sees it, whatever the host (or REPOTUNE_TEST_GPU) has: for
+    tests that assert what a CPU-only machine is planned or monitored with, or that need real runs on
+    any host (diff and report read their manifests)."""
+    import torch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        patch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+        yield
+
+
+@pytest.fixture
+def cpu_only():
+    with cpu_only_host():
+        yield
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from pipeline.diff import compare
-from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+from tests.conftest import FAST_TRAINING, GitRepo, cpu_only_host, module_source, read_json
 
 
 @pytest.fixture(scope="module")
@@ -26,17 +26,18 @@ def two_runs(tmp_path_factory):
     manifests = []
     for name, batch in (("before", "1"), ("after", "2")):
         out = base / name
-        code = run_pipeline.main(
-            [
-                "--repo",
-                str(repo.path),
-                "--output-dir",
-                str(out),
-                *FAST_TRAINING,
-                "--set",
-                f"plan.batch_size={batch}",
-            ]
-        )
+        with cpu_only_host():
+            code = run_pipeline.main(
+                [
+                    "--repo",
+                    str(repo.path),
+                    "--output-dir",
+                    str(out),
+                    *FAST_TRAINING,
+                    "--set",
+                    f"plan.batch_size={batch}",
+                ]
+            )
         assert code == 0
         manifests.append(out / "MANIFEST.json")
     return manifests
@@ -93,7 +94,7 @@ def test_every_kind_of_change(two_runs):
     after = copy.deepcopy(before)
     after["training_parameters"]["seed"] = 7  # changed
     after["scrape"]["skipped"]["merge"] = 3  # added
-    del after["hardware"]["notes"]["cuda_version"]  # removed
+    del after["config"]["overrides"]["train.epochs"]  # removed
     after["training_parameters"]["lr_scheduler"] = 5  # type_changed
     after["training_report"]["evaluation"]["after"] = None  # became_null
     after["error"] = "boom"  # became_non_null
@@ -101,7 +102,7 @@ def test_every_kind_of_change(two_runs):
     assert kinds == {
         "training_parameters.seed": "changed",
         "scrape.skipped.merge": "added",
-        "hardware.notes.cuda_version": "removed",
+        "config.overrides.train.epochs": "removed",
         "training_parameters.lr_scheduler": "type_changed",
         "training_report.evaluation.after": "became_null",
         "error": "became_non_null",

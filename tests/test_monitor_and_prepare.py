@@ -18,7 +18,7 @@ from tests.fakes import H100, RTX_2060, FakeNvml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_monitor_writes_a_manifest_shaped_report(cli, tmp_path):
+def test_monitor_writes_a_manifest_shaped_report(cli, tmp_path, cpu_only):
     report = tmp_path / "r.json"
     result = cli("monitor", "--duration", "2", "--interval", "0.5", "--output", report)
     assert result.code == 0, result.err

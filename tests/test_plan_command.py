@@ -8,7 +8,7 @@ from pipeline.hardware import PROFILES_DIR
 from tests.conftest import read_json
 
 
-def test_plan_prints_the_table_and_writes_a_planned_manifest(cli, sample_repo, tmp_path):
+def test_plan_prints_the_table_and_writes_a_planned_manifest(cli, sample_repo, tmp_path, cpu_only):
     out = tmp_path / "out"
     result = cli("plan", "--repo", sample_repo.path, "--output-dir", out)
     assert result.code == 0, result.err
