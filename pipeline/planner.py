@@ -948,7 +948,16 @@ def _lora_dropout(p: _Planner, device: str) -> None:
 
 def _evaluation_bound(p: _Planner, device: str) -> int | None:
     """Held-out blocks per format scored for loss: all on a GPU; on a CPU a fixed few (not fitted to the
-    measured speed, which varies: the same held-out blocks make runs comparable)."""
+    measured speed, which varies: the same held-out blocks make runs comparable). And the generation
+    tasks' bound: commits and new tokens."""
+    config = p.loaded.config.eval
+    p.from_config(
+        "eval_samples",
+        "eval.samples",
+        f"the {config.samples} newest held-out commits, asked both tasks before and after training: answers of at "
+        f"most {config.message_tokens} (message) and {config.diff_tokens} (change) new tokens, greedy, "
+        "generated in batches with the KV cache",
+    )
     if not p.is_auto("eval.max_blocks"):
         return p.from_config("eval_blocks", "eval.max_blocks")
     if device != "cpu":

@@ -485,8 +485,6 @@ def _probe_skipped(run: Run, plan: Plan) -> str | None:
 
 def train(run: Run, setup: Setup, loaded: Loaded, resume: bool = False) -> None:
     """Evaluate, train (resuming, retrying out-of-memory), evaluate again, save the adapter (rank 0)."""
-    from torch.utils.data import ConcatDataset
-
     from pipeline.evaluation import evaluation_report, format_evaluation, task_prompts
     from pipeline.model import AdapterFacts, record_base
     from pipeline.monitor import HardwareMonitor, import_nvml
@@ -508,9 +506,16 @@ def train(run: Run, setup: Setup, loaded: Loaded, resume: bool = False) -> None:
     }
     checkpoints = run.output_dir / CHECKPOINT_DIR
     dataset = setup.train.dataset()
-    during = ConcatDataset(list(held_out.values())) if held_out else None
     job = Job(
-        loaded.model, dataset, during, plan, config, checkpoints, history, stamp, agree=run.coordinator.any
+        loaded.model,
+        dataset,
+        held_out or None,
+        plan,
+        config,
+        checkpoints,
+        history,
+        stamp,
+        agree=run.coordinator.any,
     )
     if plan["time_budget_s"]:
         job.time_limit_s = plan["time_budget_s"] * TRAINING_TIME_LIMIT
@@ -519,10 +524,10 @@ def train(run: Run, setup: Setup, loaded: Loaded, resume: bool = False) -> None:
         _resume(run, job)
     writes = run.launch.writes
     prompts = []
-    if writes and config.eval.samples:
+    if writes and plan["eval_samples"]:
         records = read_sequences(run.output_dir / SEQUENCES_FILE)
         prompts = task_prompts(
-            records, prepared.tokenizer, prepared.style, config.eval.samples, config.train.max_prompt_tokens
+            records, prepared.tokenizer, prepared.style, plan["eval_samples"], config.train.max_prompt_tokens
         )
     note = None if held_out else "no held-out commits: fewer than 20 were kept, or scrape.eval_fraction is 0"
 

@@ -29,7 +29,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import Config
 from pipeline.errors import Interrupted, TrainingError
-from pipeline.evaluation import perplexity
+from pipeline.evaluation import held_out_loss, perplexity
 from pipeline.manifest import finite, write_manifest
 from pipeline.planner import Plan
 
@@ -40,9 +40,10 @@ class RepotuneTrainer(Trainer):
     """The Hugging Face Trainer, measuring data waits and trained tokens per optimizer step, and
     averaging the loss over answers instead of tokens when the plan says so."""
 
-    def __init__(self, *args, history: TrainingHistory, per_answer: bool = False, **kwargs):
+    def __init__(self, *args, history: TrainingHistory, precision: str, per_answer: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.history = history
+        self.precision = precision
         self.per_answer = per_answer
         if per_answer:
             self.loss_is_scaled_for_ga = False  # a mean per micro-batch: the Trainer divides by accumulation
@@ -58,6 +59,20 @@ class RepotuneTrainer(Trainer):
         # accelerate puts autocast around the model's own forward; the decoder is called directly here.
         with self.accelerator.autocast():
             return per_answer_loss(*answer_logits(model, inputs))
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """Held-out loss as the evaluations before and after training score it (token-weighted over every
+        format's blocks), so the history during training compares with them."""
+        scored = held_out_loss(
+            self.model,
+            eval_dataset or self.eval_dataset,
+            self.args.per_device_eval_batch_size,
+            self.precision,
+        )
+        metrics = {f"{metric_key_prefix}_loss": scored["loss"]}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         started = time.perf_counter()
@@ -123,9 +138,11 @@ class TrainingHistory(TrainerCallback):
         now = time.perf_counter()
         self.step_time_s.append(now - self._last_step_end)
         self._last_step_end = now
-        # Always record the final step, so the history (and summary.last) ends where training did.
+        # Always record the final step, so the history (and summary.last) ends where training did; the
+        # Trainer's own evaluation there would repeat the one after training, which scores the tasks too.
         if state.global_step == state.max_steps:
             control.should_log = True
+            control.should_evaluate = False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
@@ -360,7 +377,8 @@ class Job:
 
     model: Any
     train_dataset: Any
-    eval_dataset: Any | None
+    held_out: dict[str, Any] | None
+    """Held-out blocks by format, scored during training as before and after it."""
     plan: Plan
     config: Config
     checkpoint_dir: Path
@@ -378,11 +396,12 @@ def build_trainer(job: Job) -> RepotuneTrainer:
         model=job.model,
         args=training_arguments(job.plan, job.config, job.checkpoint_dir),
         train_dataset=job.train_dataset,
-        eval_dataset=job.eval_dataset,
+        eval_dataset=job.held_out,
         data_collator=default_data_collator,
         callbacks=[job.history, CheckpointStamp(job.stamp)]
         + ([TimeLimit(job.time_limit_s, job.history)] if job.time_limit_s else []),
         history=job.history,
+        precision=job.plan["precision"],
         per_answer=job.plan["loss_average"] == "answer",
     )
     # Both print raw log dicts to stdout; TrainingHistory reports progress on stderr instead.

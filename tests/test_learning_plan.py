@@ -12,7 +12,7 @@ from pipeline.config import budget_seconds, load_config
 from pipeline.errors import ConfigError
 from pipeline.evaluation import TaskPrompt, score_tasks
 from pipeline.examples import TextStyle, encode_batch
-from pipeline.planner import DataStats, ModelFacts, Speed, evaluation_interval, make_plan
+from pipeline.planner import DataStats, Footprint, ModelFacts, Speed, evaluation_interval, make_plan
 from pipeline.trainer import answer_logits, per_answer_loss, sequence_ids
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine
@@ -211,3 +211,52 @@ def test_task_scores_use_chrf_edit_similarity_and_flag_blank_outputs():
     assert 0 < message["chrf"] < 100
     assert scores["diff"]["edit_similarity"] == 100.0  # compared with as much of git's diff as was written
     assert scores["seconds"] == 1.5
+
+
+def test_a_cpu_trains_answers_with_segments_attention_no_dropout_and_512_token_sequences():
+    from tests.test_planner import gpu_machine
+
+    model = dataclasses.replace(SMOLLM2, supports_attention_backend=True)
+    data = DataStats.from_lengths([2000] * 10 + [300] * 90)  # p95 past 1024: 1024-token blocks
+    cpu = make_plan(data, cpu_machine(), model, load_config(None))
+    assert (cpu["attention"], cpu["lora_dropout"], cpu["sequence_length"], cpu["truncate_at"]) == (
+        "segments",
+        0.0,
+        1024,
+        512,
+    )
+    assert cpu.decisions["truncate_at"].reason.startswith(
+        "10 of 100 sequences are longer than 512 tokens on a CPU"
+    )
+    # Ten 2000-token sequences cut at 512 pack two to a 1024-token block, ninety of 300 tokens three: 5 + 30.
+    assert cpu["train_blocks"] == 35
+    gpu = make_plan(data, gpu_machine(24), model, load_config(None))
+    assert (gpu["attention"], gpu["lora_dropout"], gpu["truncate_at"]) == ("sdpa", 0.05, 1024)
+    raw = make_plan(data, cpu_machine(), TINY, load_config(None))
+    assert (
+        raw["truncate_at"] is None and "split into block-sized pieces" in raw.decisions["truncate_at"].reason
+    )
+    chosen = make_plan(data, cpu_machine(), model, load_config(None, ["lora.dropout=0.1"]))
+    assert (chosen["lora_dropout"], chosen.decisions["lora_dropout"].source) == (0.1, "cli")
+
+
+def test_quantization_follows_memory_and_refuses_what_cannot_be_quantized():
+    from tests.test_planner import QWEN_7B, gpu_machine
+
+    data = DataStats.from_lengths([1024] * 100)
+    big_gpu = make_plan(data, gpu_machine(80), QWEN_7B, load_config(None))
+    assert (
+        big_gpu["quantization"] == "none"
+        and "within GPU 80 GB's 80 GB" in big_gpu.decisions["quantization"].reason
+    )
+    small_gpu = make_plan(data, gpu_machine(12), QWEN_7B, load_config(None))
+    assert small_gpu["quantization"] == "4bit"
+    dense, nf4 = (Footprint(QWEN_7B, "bf16", q, 16, 1024) for q in ("none", "4bit"))
+    assert round(dense.weights_gb, 1) == 14.2 and round(nf4.weights_gb, 1) == 5.2
+    with pytest.raises(
+        ConfigError, match=r"`plan.quantization` 4bit loads a pretrained base in fewer bits; tiny"
+    ):
+        make_plan(data, cpu_machine(), TINY, load_config(None, ["plan.quantization=4bit"]))
+    apple = dataclasses.replace(cpu_machine(), mps=True)
+    with pytest.raises(ConfigError, match=r"bitsandbytes has no mps kernels"):
+        make_plan(data, apple, QWEN_7B, load_config(None, ["plan.quantization=4bit"]))
