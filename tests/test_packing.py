@@ -23,6 +23,17 @@ def pack(token_lists, block_size, pad_id=0, truncate_at=None):
     return {name: array.tolist() for name, array in arrays.items()}, real_tokens
 
 
+def segments_of(packed) -> list[tuple[int, ...]]:
+    """The packed sequences (or pieces) as the position ids delimit them, sorted; padding left out."""
+    segments = []
+    for ids, positions in zip(packed["input_ids"], packed["position_ids"], strict=True):
+        for token, position in zip(ids, positions, strict=True):
+            if position == 0:
+                segments.append([])
+            segments[-1].append(token)
+    return sorted(tuple(s) for s in segments if any(s))
+
+
 sequences = st.lists(st.lists(st.integers(1, 99), min_size=1, max_size=300), min_size=1, max_size=60)
 
 
@@ -33,16 +44,9 @@ def test_every_token_lands_once_and_positions_restart_per_sequence(token_lists, 
     assert len(packed["input_ids"]) == count_blocks(Counter(len(t) for t in token_lists), block_size)
     assert all(len(block) == block_size for block in packed["input_ids"])
     assert real_tokens == sum(len(t) for t in token_lists)
-    # Rebuild the segments from the position ids: they must be exactly the sequences' pieces.
-    segments = []
-    for ids, positions in zip(packed["input_ids"], packed["position_ids"], strict=True):
-        for token, position in zip(ids, positions, strict=True):
-            if position == 0:
-                segments.append([])
-            segments[-1].append(token)
+    # The segments rebuilt from the position ids must be exactly the sequences' pieces.
     pieces = sorted(tuple(t[i : i + block_size]) for t in token_lists for i in range(0, len(t), block_size))
-    real = sorted(tuple(s) for s in segments if any(s))
-    assert real == pieces
+    assert segments_of(packed) == pieces
     # The first token of every segment is never a training target (it would be predicted from another sequence).
     for positions, labels in zip(packed["position_ids"], packed["labels"], strict=True):
         assert all(
@@ -59,13 +63,7 @@ def test_truncation_keeps_each_sequence_start_once_and_the_planner_counts_it(tok
     stats = DataStats.from_lengths(len(t) for t in token_lists).truncated(cut_at)
     assert len(packed["input_ids"]) == count_blocks(stats.length_counts, block_size)
     assert real_tokens == sum(len(t) for t in cut) == stats.tokens
-    segments = []
-    for ids, positions in zip(packed["input_ids"], packed["position_ids"], strict=True):
-        for token, position in zip(ids, positions, strict=True):
-            if position == 0:
-                segments.append([])
-            segments[-1].append(token)
-    assert sorted(tuple(s) for s in segments if any(s)) == sorted(tuple(t) for t in cut)
+    assert segments_of(packed) == sorted(tuple(t) for t in cut)
 
 
 def test_best_fit_fills_blocks():
