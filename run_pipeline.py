@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline import stages
 from pipeline.cli import (
     Command,
     diff_options,
@@ -25,49 +24,153 @@ from pipeline.cli import (
     resume_option,
     run_command,
 )
-from pipeline.run import open_run
+from pipeline.config import LoadedConfig
+from pipeline.record import Record, open_run
+from pipeline.types import Data, Evaluation, Loaded, Packed, Plan, TrainOutcome
 
 
 def run(args: argparse.Namespace) -> None:
-    """Scrape → tokenize → plan → train (→ evaluate), then print the manifest path.
-    Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
-    with open_run(loaded_config(args), "run", args.argv, distributed=True) as record:
-        setup = stages.prepare_training(record, args.repos)
-        loaded = stages.load_model(record, setup)
-        setup = stages.probe_and_replan(record, setup, loaded, resume=args.resume)
-        stages.show_plan(setup)
-        stages.train(record, setup, loaded, resume=args.resume)
+    """Scrape → tokenize → plan → pack → load → measure → evaluate → train → evaluate → save, then print
+    the manifest path. Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
+    from pipeline.model import save_adapter
+
+    loaded = loaded_config(args)
+    with open_run(loaded, "run", args.argv, distributed=True) as record:
+        data = record.shared(lambda: prepare_data(record, loaded, args.repos))
+        model, plan, packed = fit_to_machine(record, loaded, data, args.resume)
+        outcome = train_and_evaluate(record, loaded, data, model, plan, packed, args.resume)
+        if record.writes:
+            record.step("save", save_adapter, model, data.prepared, outcome.plan, record.output_dir)
         record.finish("completed")
     record.announce()
 
 
+def prepare_data(
+    record: Record, loaded: LoadedConfig, repos: list[str], hardware_profile: str | None = None
+) -> Data:
+    """Scrape (or reuse the scrape) → tokenize → plan → pack: what training needs from the history."""
+    from pipeline.dataset import pack
+    from pipeline.hardware import machine
+    from pipeline.planner import plan_for
+    from pipeline.sources import scrape as scrape_sources
+    from pipeline.token_cache import prepare
+
+    config = loaded.config
+    scraped = record.step("scrape", scrape_sources, repos, config.scrape, record.output_dir, record.previous)
+    prepared = record.step("tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir))
+    planned_for = record.step("detect", machine, hardware_profile, record.launch)
+    plan = record.step("plan", plan_for, prepared, planned_for, loaded)
+    packed = record.step("pack", pack, prepared, plan)
+    return Data(scraped, prepared, planned_for, plan, packed)
+
+
+def fit_to_machine(
+    record: Record, loaded: LoadedConfig, data: Data, resume: bool
+) -> tuple[Loaded, Plan, Packed]:
+    """Load the model, measure what the plan needs from this machine (the largest micro-batch that fits a
+    GPU, the training speed for a time budget) and plan again, keep the blocks that plan trains on."""
+    from pipeline.dataset import keep_newest
+    from pipeline.model import load_model
+    from pipeline.planner import format_plan
+    from pipeline.probe import measure, resumed_speed
+    from pipeline.progress import say
+
+    config, prepared = loaded.config, data.prepared
+    model = record.step(
+        "load_model", load_model, config.train.model, prepared, data.plan, config.lora, record.launch,
+        record.output_dir,
+    )  # fmt: skip
+    resumed = resumed_speed(record.previous) if resume else None
+    plan = record.step(
+        "measure", measure, prepared, data.machine, loaded, data.plan, model.model, data.packed.train, resumed
+    )
+    packed = record.step("pack", keep_newest, data.packed, prepared, plan)
+    say(format_plan(plan))
+    return model, plan, packed
+
+
+def train_and_evaluate(
+    record: Record, loaded: LoadedConfig, data: Data, model: Loaded, plan: Plan, packed: Packed, resume: bool
+) -> TrainOutcome:
+    """Evaluate on the held-out commits, train (resuming, retrying an out-of-memory), evaluate again."""
+    from pipeline.dataset import read_sequences
+    from pipeline.evaluation import evaluate, format_evaluation, task_prompts
+    from pipeline.planner import plan_for
+    from pipeline.probe import remember_speed
+    from pipeline.progress import say
+    from pipeline.trainer import CHECKPOINT_DIR, Job, train
+
+    config, prepared = loaded.config, data.prepared
+    held_out = packed.held_out_blocks(plan.eval_blocks)
+    records = read_sequences(data.scraped.sequences_path) if record.writes else ()
+    prompts = task_prompts(
+        records, prepared.tokenizer, prepared.style, plan.eval_samples, config.train.max_prompt_tokens
+    )
+    before = record.step(
+        "evaluate_before", evaluate, model.model, held_out, prompts, plan, prepared, config.eval
+    )
+    record.add(Evaluation(before, None, []))
+
+    say(
+        f"training {plan.total_steps} steps on {plan.device} × {plan.world_size} ({model.trainable_parameters:,} trainable parameters)"
+    )
+    job = Job(
+        model.model, packed.train, held_out, plan, record.output_dir / CHECKPOINT_DIR, prepared.cache.key,
+        config.monitor, record.coordinator, resume, record.progress,
+    )  # fmt: skip
+    smaller = lambda cap: plan_for(prepared, data.machine, loaded, plan.probe, cap, plan.speed)  # noqa: E731
+    outcome = record.step("train", train, job, smaller)
+
+    after = record.step(
+        "evaluate_after", evaluate, model.model, held_out, prompts, outcome.plan, prepared, config.eval
+    )
+    evaluation = Evaluation(before, after, outcome.evaluations)
+    record.add(evaluation)
+    for line in format_evaluation(evaluation):
+        say(line)
+    if record.writes:
+        remember_speed(outcome, data.machine, prepared.facts.name)
+    return outcome
+
+
 def scrape(args: argparse.Namespace) -> None:
     """Scrape only: sequences.jsonl and the scrape sections of the manifest."""
-    with open_run(loaded_config(args), "scrape", args.argv) as record:
-        stages.scrape(record, args.repos)
+    from pipeline.sources import scrape as scrape_sources
+
+    loaded = loaded_config(args)
+    with open_run(loaded, "scrape", args.argv) as record:
+        record.step("scrape", scrape_sources, args.repos, loaded.config.scrape, record.output_dir)
         record.finish("scraped")
     record.announce()
 
 
 def plan(args: argparse.Namespace) -> None:
     """Scrape (or reuse the scrape), plan, print the decisions; train nothing."""
-    with open_run(loaded_config(args), "plan", args.argv) as record:
-        prepared = stages.prepare(record, stages.scrape(record, args.repos, reuse=True))
-        decisions = stages.plan(record, prepared, args.hardware_profile)
-        decisions = stages.probe_and_replan(record, stages.Setup(prepared, decisions, None, None)).plan
+    from pipeline.planner import format_plan
+    from pipeline.probe import needs_measuring
+
+    loaded = loaded_config(args)
+    with open_run(loaded, "plan", args.argv) as record:
+        data = prepare_data(record, loaded, args.repos, args.hardware_profile)
+        decided = data.plan
+        if needs_measuring(
+            decided, data.machine, loaded
+        ):  # (it loads the model: a time budget on this machine)
+            decided = fit_to_machine(record, loaded, data, resume=False)[1]
         record.finish("planned")
-    print(stages.format_plan(decisions))
+    print(format_plan(decided))
     record.announce()
 
 
 def prepare(args: argparse.Namespace) -> None:
     """Scrape, tokenize into the token cache and pack, without training: a later `run` hits the cache."""
-    with open_run(loaded_config(args), "prepare", args.argv) as record:
-        prepared = stages.prepare(record, stages.scrape(record, args.repos, reuse=True))
-        decisions = stages.plan(record, prepared, args.hardware_profile)
-        stages.pack(record, prepared, decisions)
+    from pipeline.token_cache import cache_summary
+
+    loaded = loaded_config(args)
+    with open_run(loaded, "prepare", args.argv) as record:
+        data = prepare_data(record, loaded, args.repos, args.hardware_profile)
         record.finish("prepared")
-    print(stages.cache_summary(record))
+    print(cache_summary(data, record.elapsed_s))
     record.announce()
 
 

@@ -45,7 +45,7 @@ def raw_git_log(git_dir: str, rev: str) -> None:
 
 def repotune_scrape(path: str, config: ScrapeConfig) -> None:
     with tempfile.TemporaryDirectory() as out:
-        scrape([path], config, Path(out))
+        scrape([path], config, Path(out), usable_cores())
 
 
 def pydriller_scrape(path: str, rev: str) -> None:
@@ -99,7 +99,9 @@ def main() -> None:
     commits = len(rev_list(repo, args.rev, None, None, None))
     config = ScrapeConfig(rev=args.rev)
     print(f"repository: {args.repo}  range: {args.rev}  commits: {commits}")
-    print(f"usable cores: {usable_cores()}  repotune workers: {shard_count(config.workers, commits)}")
+    print(
+        f"usable cores: {usable_cores()}  repotune workers: {shard_count(config.workers, commits, usable_cores())}"
+    )
 
     times = paired_rounds(
         {

@@ -31,7 +31,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import load_config
 from pipeline.dataset import packed_blocks, read_sequences
-from pipeline.hardware import detect_hardware
+from pipeline.hardware import detect_hardware, usable_cores
 from pipeline.model import (
     attach_lora,
     build_model,
@@ -119,11 +119,9 @@ class PaddedSequences(torch.utils.data.Dataset):
 
 def fresh_model(name: str, config, plan, gpu: bool):
     model = build_model(
-        name, config, seed=0, dtype="bf16" if gpu else "fp32", attn_implementation=plan["attention"]
+        name, config, seed=0, dtype="bf16" if gpu else "fp32", attn_implementation=plan.attention
     )
-    return attach_lora(
-        model, load_config(None).config.lora, plan["base_modules_trained"], plan["lora_dropout"]
-    )
+    return attach_lora(model, load_config(None).config.lora, plan.base_modules_trained, plan.lora_dropout)
 
 
 def run(trainer_args: TrainingArguments, model, dataset, steps: int, history=None) -> Timed:
@@ -165,7 +163,7 @@ def main() -> None:
 
     loaded = load_config(None, [f"scrape.max_commits={args.max_commits}"])
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    scrape([args.repo], loaded.config.scrape, work)
+    scrape([args.repo], loaded.config.scrape, work, usable_cores())
     records = list(read_sequences(work / "sequences.jsonl"))
     tokenizer = train_tiny_tokenizer([r["text"] for r in records if r["split"] == "train"])
     cache = open_or_build(
@@ -177,12 +175,12 @@ def main() -> None:
             setattr(config, key, value)
     facts = describe_model("tiny", config)
     plan = make_plan(cache.stats(), detect_hardware(), facts, loaded)
-    length = plan["sequence_length"]
+    length = plan.sequence_length
     print(
         f"data: {cache.meta()['train_sequences']} sequences, {cache.meta()['train_tokens']} tokens; block/max length {length}"
     )
     print(
-        f"model: {facts.parameters / 1e6:.1f}M parameters ({'Qwen2.5-0.5B shape' if args.gpu else 'tiny'}), device {plan['device']}"
+        f"model: {facts.parameters / 1e6:.1f}M parameters ({'Qwen2.5-0.5B shape' if args.gpu else 'tiny'}), device {plan.device}"
     )
 
     # (a) the baseline: Trainer defaults, padded sequences.
@@ -202,7 +200,7 @@ def main() -> None:
         "train",
         length,
         tokenizer.pad_token_id,
-        plan["truncate_at"],
+        plan.truncate_at,
     )
     history = TrainingHistory(packed.real_tokens, False, lambda: None)
     nvml = import_nvml() if args.gpu else None
@@ -217,7 +215,7 @@ def main() -> None:
 
     rows = [
         ("baseline (defaults, padded, fp32)", baseline),
-        (f"repotune ({plan['precision']}, packed {packed.efficiency:.0%})", ours),
+        (f"repotune ({plan.precision}, packed {packed.efficiency:.0%})", ours),
     ]
     print(f"\n{'run':<40}{'tokens':>10}{'seconds':>10}{'tokens/s':>12}")
     for name, timed in rows:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
-from pipeline.errors import PipelineError
+from pipeline.errors import USER_ERRORS
 
 DEFAULT_COMMAND = "run"
 DESCRIPTION = "Fine-tune a code language model (LoRA) on a git repository's own history."
@@ -245,12 +245,12 @@ def loaded_config(args: argparse.Namespace) -> LoadedConfig:
 
 
 def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
-    """Run a command; a PipelineError becomes one line on stderr and its exit code."""
+    """Run a command; an error the user can fix becomes one line on stderr and its exit code."""
     # Under torchrun every rank fails alike; only rank 0 says so, so the user reads one line.
     speaks = os.environ.get("RANK", "0") == "0"
     try:
         return handler(args) or 0
-    except PipelineError as err:
+    except USER_ERRORS as err:
         if speaks:
             print(f"repotune: error: {err}", file=sys.stderr)
         return err.exit_code

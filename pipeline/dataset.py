@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from pipeline.packing import IGNORE_INDEX, layout
+from pipeline.types import Packed, Plan, Prepared
 
 ARRAYS = ("input_ids", "position_ids", "labels")
 
@@ -179,3 +180,52 @@ class BlockDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_arrays": None}
+
+
+def pack(prepared: Prepared, plan: Plan) -> Packed:
+    """The training blocks, and the held-out blocks of each format (scored apart: a commit message and a
+    change are different tasks), from the token cache or built into it."""
+    cache, length, cut = prepared.cache, plan.sequence_length, plan.truncate_at
+    pad = prepared.tokenizer.pad_token_id
+    train = packed_blocks(cache.directory, cache.split("train"), "train", length, pad, cut)
+    held_out = {}
+    if prepared.counts["eval_tokens"]:
+        import pyarrow.compute as pc
+
+        split = cache.split("eval")
+        for name in sorted(set(split.column("format").to_pylist())):
+            rows = split.filter(pc.equal(split.column("format"), name))
+            held_out[name] = packed_blocks(cache.directory, rows, f"eval-{name}", length, pad, cut)
+    method = (
+        "best-fit-decreasing blocks; position_ids restart per sequence "
+        f"(block-diagonal causal attention with {plan.attention}); first label of each sequence masked"
+    )
+    if prepared.style.loss_on == "response":
+        method += "; prompt tokens masked (loss on the answer only)"
+    if cut:
+        method += f"; a sequence longer than {cut} tokens keeps its first {cut}"
+    else:
+        method += f"; a sequence longer than {length} tokens is split into {length}-token pieces"
+    return Packed(train, held_out, method)
+
+
+def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:
+    """The training blocks the plan keeps: all, or those of the newest sequences a time budget fits
+    (packed apart and cached under their count)."""
+    kept, total = plan.train_sequences, prepared.stats.sequences
+    if kept >= total:
+        return packed
+    newest = packed_blocks(
+        prepared.cache.directory,
+        prepared.cache.split("train").slice(0, kept),
+        f"train-newest-{kept}",
+        plan.sequence_length,
+        prepared.tokenizer.pad_token_id,
+        plan.truncate_at,
+    )
+    left_out = {
+        "sequences": total - kept,
+        "tokens": prepared.stats.tokens - sum(prepared.stats.newest_first[:kept]),
+        "reason": "time budget (train.time_budget)",
+    }
+    return replace(packed, train=newest, left_out=left_out)

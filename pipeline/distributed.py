@@ -17,9 +17,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from pipeline.config import DistributedConfig
-from pipeline.errors import PipelineError
-from pipeline.hardware import Hardware
-from pipeline.planner import Launch
+from pipeline.errors import USER_ERRORS, PipelineError
+from pipeline.types import Launch
 
 T = TypeVar("T")
 TRAINING_TIMEOUT = timedelta(minutes=30)  # the Trainer's own default (ddp_timeout) for training collectives
@@ -45,16 +44,6 @@ def launch_from_environment() -> Launch:
         local_world_size=local_world,
         launcher=launcher,
     )
-
-
-def launch_for_profile(hardware: Hardware) -> Launch:
-    """A described machine trains with one process per GPU (torchrun --nproc_per_node GPUS)."""
-    gpus = len(hardware.gpus)
-    if gpus > 1:
-        return Launch(
-            gpus, f"{hardware.source}: {gpus} GPUs, one process each (torchrun --nproc_per_node {gpus})"
-        )
-    return Launch(1, f"{hardware.source}: one process")
 
 
 def backend_for(config: DistributedConfig) -> str:
@@ -100,7 +89,7 @@ class Coordinator:
         if self.launch.rank == 0:
             try:
                 message[0] = ("ok", work())
-            except PipelineError as err:
+            except USER_ERRORS as err:
                 message[0] = ("error", str(err), err.exit_code)
                 dist.broadcast_object_list(message, src=0, group=self._setup_group)
                 raise

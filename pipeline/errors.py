@@ -3,6 +3,8 @@
 Anything else that escapes is a bug: the CLI reports it as an internal error.
 """
 
+from scrapers.errors import ScrapeError
+
 
 class PipelineError(Exception):
     """A problem the user can fix; its message names what is wrong and how to fix it."""
@@ -12,10 +14,6 @@ class PipelineError(Exception):
 
 class ConfigError(PipelineError):
     """The config file or a `--set` override is invalid."""
-
-
-class RepositoryError(PipelineError):
-    """The path is not a usable git repository (missing, empty, unreadable history)."""
 
 
 class OutputDirError(PipelineError):
@@ -38,3 +36,7 @@ class Interrupted(PipelineError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+USER_ERRORS = (PipelineError, ScrapeError)
+"""What the user can fix: the scraper's errors (a repository that cannot be read) and the pipeline's."""

@@ -26,7 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.examples import TextStyle, answer_prefix, prompt_content, render_prompt
+from pipeline.config import EvalConfig
+from pipeline.examples import answer_prefix, prompt_content, render_prompt
+from pipeline.types import Evaluation, Plan, Prepared, Scores, TextStyle
 from scrapers.formats import prompt_and_response
 
 TASKS = ("message", "diff")
@@ -270,32 +272,45 @@ def perplexity(loss: float | None) -> float | None:
     return round(math.exp(loss), 4)
 
 
-def evaluation_report(
-    before: dict[str, Any] | None,
-    after: dict[str, Any] | None,
-    tasks_before: dict[str, Any] | None,
-    tasks_after: dict[str, Any] | None,
-    samples_before: list[dict[str, Any]],
-    samples_after: list[dict[str, Any]],
-    history: list[dict[str, Any]],
-    note: str | None,
-) -> dict[str, Any]:
+def evaluate(
+    model,
+    held_out: dict[str, Any],
+    prompts: list[TaskPrompt],
+    plan: Plan,
+    prepared: Prepared,
+    config: EvalConfig,
+) -> Scores:
+    """Held-out loss on every rank (the same on each); the task metrics where there are prompts (rank 0)."""
+    loss = held_out_loss(model, held_out, plan.batch_size, plan.precision)
+    if not prompts:
+        return Scores(loss, None, [])
+    tokens = {"message": config.message_tokens, "diff": config.diff_tokens}
+    tasks, samples = run_tasks(model, prepared.tokenizer, prepared.style, prompts, tokens, plan.precision)
+    return Scores(loss, tasks, samples)
+
+
+def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
+    """The manifest's `training_report.evaluation`."""
+    before, after = evaluation.before, evaluation.after or Scores(None, None, [])
     change = None
-    if before and after and before["loss"] and after["loss"] is not None:
-        change = round((after["loss"] - before["loss"]) / before["loss"], 6)
+    if before.loss and after.loss and before.loss["loss"] and after.loss["loss"] is not None:
+        change = round((after.loss["loss"] - before.loss["loss"]) / before.loss["loss"], 6)
     return {
-        "before": before,
-        "after": after,
+        "before": before.loss,
+        "after": after.loss,
         "relative_change": change,
-        "history": history,
-        "tasks": {"before": tasks_before, "after": tasks_after},
-        "samples": {"before": samples_before, "after": samples_after},
-        "note": note,
+        "history": evaluation.history,
+        "tasks": {"before": before.tasks, "after": after.tasks},
+        "samples": {"before": before.samples, "after": after.samples},
+        "note": None
+        if before.loss
+        else "no held-out commits: fewer than 20 were kept, or scrape.eval_fraction is 0",
     }
 
 
-def format_evaluation(evaluation: dict[str, Any]) -> list[str]:
+def format_evaluation(result: Evaluation) -> list[str]:
     """Lines for the end of a run: held-out loss (per format) and each task's scores, before → after."""
+    evaluation = evaluation_report(result)
     lines = []
     before, after = evaluation.get("before"), evaluation.get("after")
     if before and after and before["loss"] is not None and after["loss"] is not None:

@@ -19,9 +19,9 @@ exactly what it was trained to answer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from pipeline.types import TextStyle
 from scrapers.formats import MESSAGE_HEADING, prompt_and_response
 
 SYSTEM_PROMPT = (
@@ -39,21 +39,14 @@ ANSWER_PREFIX = {"diff": "diff --git a/", "rich": "diff --git a/"}
 asked to choose between writing a diff and writing a message: the prompt says which."""
 
 
-@dataclass(frozen=True)
-class TextStyle:
-    style: str
-    """`chat` or `raw`."""
-    loss_on: str
-    """`response` (the answer's tokens only) or `all`."""
-
-    def to_key(self) -> dict[str, Any]:
-        """What the token cache's key must know about how texts become tokens."""
-        return {
-            "style": self.style,
-            "loss_on": self.loss_on,
-            "system": SYSTEM_PROMPT if self.style == "chat" else None,
-            "instructions": INSTRUCTIONS if self.style == "chat" else None,
-        }
+def style_key(style: TextStyle) -> dict[str, Any]:
+    """What the token cache's key must know about how texts become tokens."""
+    return {
+        "style": style.style,
+        "loss_on": style.loss_on,
+        "system": SYSTEM_PROMPT if style.style == "chat" else None,
+        "instructions": INSTRUCTIONS if style.style == "chat" else None,
+    }
 
 
 def chat_messages(format_name: str, content: str) -> list[dict[str, str]]:

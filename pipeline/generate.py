@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ModelLoadError
-from pipeline.stages import ADAPTER_DIR, BASE_MODEL_DIR
+from pipeline.model import ADAPTER_DIR, BASE_MODEL_DIR
 
 
 def adapter_directory(path: str | Path) -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from pipeline.errors import ConfigError
+from pipeline.types import Launch, Machine
 
 GB = 1024**3
 
@@ -410,3 +411,21 @@ def _key_problems(data: dict, schema: dict, prefix: str) -> list[str]:
         elif (isinstance(value, bool) and schema[key] is not bool) or not isinstance(value, schema[key]):
             problems.append(f"`{prefix}{key}` has the wrong type: {value!r}")
     return problems
+
+
+def machine(hardware_profile: str | None, launch: Launch) -> Machine:
+    """What to plan for: this machine and this launch, or the machine a hardware profile describes."""
+    if hardware_profile:
+        hardware = load_hardware_profile(hardware_profile)
+        return Machine(hardware, launch_for_profile(hardware))
+    return Machine(detect_hardware(), launch)
+
+
+def launch_for_profile(hardware: Hardware) -> Launch:
+    """A described machine trains with one process per GPU (torchrun --nproc_per_node GPUS)."""
+    gpus = len(hardware.gpus)
+    if gpus > 1:
+        return Launch(
+            gpus, f"{hardware.source}: {gpus} GPUs, one process each (torchrun --nproc_per_node {gpus})"
+        )
+    return Launch(1, f"{hardware.source}: one process")

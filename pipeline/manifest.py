@@ -150,5 +150,16 @@ def write_manifest(path: Path, document: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+def schema_problems(document: dict[str, Any]) -> list[str]:
+    """Where `document` breaks the manifest schema (empty when it matches), one line per problem."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return [
+        f"{'.'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
+        for error in validator.iter_errors(document)
+    ]
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     return orjson.loads(path.read_bytes())

@@ -21,13 +21,14 @@ import orjson
 
 from pipeline.builtin import builtin_directory, is_builtin, source_of
 from pipeline.errors import ModelLoadError
-from pipeline.examples import TextStyle
-from pipeline.planner import ModelFacts
+from pipeline.types import Launch, Loaded, ModelFacts, Outputs, Plan, Prepared, TextStyle
 
 TINY = "tiny"
 TINY_VOCAB_SIZE = 1024  # enough merges for code on a small corpus, few enough rows to learn in a short run
 TINY_MAX_POSITIONS = 2048
 EOS_TOKEN = "<|endoftext|>"
+ADAPTER_DIR = "adapter"
+BASE_MODEL_DIR = "base_model"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """A planned precision's torch dtype, by name (torch is imported only where a model is built)."""
 
@@ -47,6 +48,7 @@ class TinyShape:
 
 def quiet_library_output() -> None:
     """Keep stdout and the log for what matters: no save progress bars, no notice that is not ours to act on."""
+    import logging
     import warnings
 
     import transformers
@@ -58,7 +60,7 @@ def quiet_library_output() -> None:
     )
     # Printed at every checkpoint rotation on filesystems with coarse timestamps; the ordering is still right.
     # On the handler: a logger's own filters never see the records its child loggers propagate to it.
-    for handler in transformers.utils.logging._get_library_root_logger().handlers:
+    for handler in logging.getLogger("transformers").handlers:
         handler.addFilter(lambda record: "mtime may not be reliable" not in record.getMessage())
 
 
@@ -373,3 +375,53 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 
 def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def load_model(
+    model_name: str, prepared: Prepared, plan: Plan, lora_config, launch: Launch, output_dir: Path
+) -> Loaded:
+    """The base model as the plan loads it, with LoRA attached (every rank builds its own copy). A random
+    base is saved into `output_dir` beside where the adapter will go: it cannot be downloaded again."""
+    from pipeline.hardware import GB
+
+    quiet_library_output()  # on every rank: the others skip tokenizing, where rank 0 did this
+    device = f"cuda:{launch.local_rank}" if plan.device == "cuda" else plan.device
+    model = build_model(
+        model_name,
+        prepared.model_config,
+        plan.seed,
+        plan.precision,
+        plan.attention,
+        plan.quantization,
+        device,
+    )
+    weights_gb = round(model.get_memory_footprint() / GB, 3)
+    base_dir = None
+    if prepared.facts.random_init:
+        base_dir = output_dir / BASE_MODEL_DIR
+        if launch.writes:
+            model.save_pretrained(base_dir)
+            prepared.tokenizer.save_pretrained(base_dir)
+        model.name_or_path = str(base_dir.resolve())
+    model = attach_lora(model, lora_config, plan.base_modules_trained, plan.lora_dropout)
+    if plan.quantization == "none":  # a quantized base was placed on its device as it loaded
+        model.to(device)
+    trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+    return Loaded(model, base_dir, trainable, plan.quantization, weights_gb)
+
+
+def save_adapter(loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Path) -> Outputs:
+    """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`)."""
+    from pipeline.manifest import sha256_file
+    from scrapers.scrape import SEQUENCES_FILE
+
+    adapter_dir = output_dir / ADAPTER_DIR
+    loaded.model.save_pretrained(adapter_dir)
+    record_base(adapter_dir, AdapterFacts(prepared.facts.name, prepared.style, plan.quantization))
+    prepared.tokenizer.save_pretrained(adapter_dir)
+    files = [
+        {"path": str(path.relative_to(output_dir)), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in sorted(adapter_dir.rglob("*"))
+        if path.is_file()
+    ]
+    return Outputs(output_dir, adapter_dir, files, loaded.base_dir, output_dir / SEQUENCES_FILE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.monitor import summarize_values
-from pipeline.planner import Plan
+from pipeline.types import Plan
 
 DATA_BOUND_SHARE = (
     0.2  # waiting for batches more than this share of step time means the input pipeline limits
@@ -18,7 +18,7 @@ def throughput_report(
 ) -> dict[str, Any]:
     """`efficiency`: real tokens per block slot of the trained blocks (the rest is padding)."""
     runtime = history.train_runtime_s or 0.0
-    processed = round(history.blocks * plan["sequence_length"] * efficiency)
+    processed = round(history.blocks * plan.sequence_length * efficiency)
     step_total = sum(history.step_time_s)
     wait_share = sum(history.data_wait_s) / step_total if step_total else None
     verdict, suggestion = _bottleneck(wait_share, plan, monitor_report, usable_cores)
@@ -41,10 +41,10 @@ def _bottleneck(wait_share, plan: Plan, monitor_report, usable_cores: int) -> tu
     if wait_share is None:
         return None, None
     if wait_share > DATA_BOUND_SHARE:
-        workers, most = plan["num_workers"], max(0, usable_cores - 1)
+        workers, most = plan.num_workers, max(0, usable_cores - 1)
         if workers < most:
             advice = f"raise plan.num_workers from {workers} to {most}"
-        elif plan["device"] == "cuda" and not plan["pin_memory"]:
+        elif plan.device == "cuda" and not plan.pin_memory:
             advice = "set plan.pin_memory=true"
         else:
             advice = (
@@ -58,6 +58,6 @@ def _bottleneck(wait_share, plan: Plan, monitor_report, usable_cores: int) -> tu
             f"GPU utilisation averages {min(busy):.0f}% with little data wait: raise plan.batch_size "
             "(or keep plan.batch_probe on), or try train.torch_compile=true"
         )
-    if plan["device"] == "cpu":
+    if plan.device == "cpu":
         return "compute-bound", "the CPU is the limit: a CUDA GPU would train this many times faster"
     return "compute-bound", "the accelerator is busy; more speed needs a faster device or more of them"

@@ -18,16 +18,27 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import LoadedConfig, budget_seconds
 from pipeline.errors import ConfigError
-from pipeline.examples import TextStyle
 from pipeline.hardware import GB, Hardware
 from pipeline.packing import count_blocks
+from pipeline.types import (
+    DataStats,
+    Decision,
+    Launch,
+    Machine,
+    ModelFacts,
+    Plan,
+    Prepared,
+    ProbeRow,
+    Speed,
+    TextStyle,
+)
 
+ONE_PROCESS = Launch()
 TINY_LEARNING_RATE = 5e-3  # measured: the random tiny model's loss falls ~2.5 nats in 80 steps at this rate
 PRETRAINED_LEARNING_RATE = 2e-4  # the usual LoRA rate for pretrained code models (QLoRA paper, peft examples)
 SHORT_RUN_LEARNING_RATE = (
@@ -62,141 +73,6 @@ ADAPTER_BYTES = 16  # per LoRA weight: fp32 weight, its gradient and AdamW's two
 QUANTIZED_BITS = {"4bit": 4.127, "8bit": 8.0}
 CPU_MEMORY_SHARE = 0.7  # of a CPU machine's RAM (or its cgroup limit) a training run may plan to use
 MEMORY_SAFETY = 0.9  # use at most this share of GPU memory by the estimate (allocator fragmentation, kernels)
-
-
-@dataclass(frozen=True)
-class Decision:
-    value: Any
-    source: str
-    """`planned` (derived here), `config` (a config value) or `cli` (a --set or flag)."""
-    reason: str
-
-
-@dataclass(frozen=True)
-class DataStats:
-    """What the planner needs to know about the tokenized training data."""
-
-    length_counts: Mapping[int, int]
-    """Histogram of tokens per training sequence (EOS included) → how many sequences."""
-    newest_first: tuple[int, ...] = ()
-    """The same lengths in the training split's order, newest commit first (what a time budget keeps)."""
-
-    @classmethod
-    def from_lengths(cls, lengths) -> DataStats:
-        lengths = tuple(lengths)
-        return cls(Counter(lengths), lengths)
-
-    def truncated(self, length: int) -> DataStats:
-        """The same sequences cut to their first `length` tokens."""
-        counts: Counter = Counter()
-        for size, count in self.length_counts.items():
-            counts[min(size, length)] += count
-        return DataStats(counts, tuple(min(size, length) for size in self.newest_first))
-
-    @property
-    def sequences(self) -> int:
-        return sum(self.length_counts.values())
-
-    @property
-    def tokens(self) -> int:
-        return sum(length * count for length, count in self.length_counts.items())
-
-    def percentile(self, pct: float) -> int:
-        """Nearest-rank percentile of the sequence lengths (an actual length from the data)."""
-        rank = max(1, math.ceil(pct / 100 * self.sequences))
-        seen = 0
-        for length in sorted(self.length_counts):
-            seen += self.length_counts[length]
-            if seen >= rank:
-                return length
-        return 0
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    name: str
-    random_init: bool
-    """The tiny model: randomly initialised, so it needs a higher learning rate."""
-    max_positions: int | None
-    """Longest context the model supports (tokens), if it says."""
-    source: dict[str, str] | None = None
-    """A built-in model's origin: package, version, file and sha256."""
-    chat_template: bool = False
-    """The tokenizer has a chat template (an instruct model)."""
-    parameters: int = 0
-    linear_parameters: int = 0
-    """Weights of the linear layers, the ones a 4-bit or 8-bit load quantizes (not the embeddings, not
-    the output layer)."""
-    linear_widths: int = 0
-    """Input plus output width, summed over those layers: a rank-r adapter on each has r × this many weights."""
-    hidden_size: int = 0
-    num_layers: int = 0
-    vocab_size: int = 0
-    supports_sdpa: bool = True
-    supports_attention_backend: bool = False
-    """The model class takes a registered attention function (so `segments` can run it)."""
-    supports_flash_attention: bool = False
-    """The model class has a flash-attention path and the flash_attn package is installed."""
-
-
-@dataclass(frozen=True)
-class Launch:
-    """How many processes train together, which one this is, and how we know."""
-
-    world_size: int = 1
-    reason: str = "one process"
-    rank: int = 0
-    local_rank: int = 0
-    local_world_size: int = 1
-    launcher: str | None = None
-    """`torchrun` or `accelerate`; None for a plain process (or a plan for a described machine)."""
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
-
-    @property
-    def writes(self) -> bool:
-        """Only rank 0 writes the manifest, the sequences, the cache and the adapter."""
-        return self.rank == 0
-
-
-@dataclass(frozen=True)
-class ProbeRow:
-    batch_size: int
-    peak_memory_gb: float | None
-    step_time_s: float | None
-    fits: bool
-
-
-@dataclass(frozen=True)
-class Speed:
-    """Measured training throughput on this machine, for a time budget."""
-
-    tokens_per_s: float
-    how: str
-    """How it was measured, e.g. `a forward and backward pass on a 1024-token block in bf16`."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    decisions: dict[str, Decision]
-    probe: tuple[ProbeRow, ...] = field(default=())
-    speed: Speed | None = None
-    """The measured training speed the plan was fitted to (a time budget)."""
-
-    def __getitem__(self, name: str) -> Any:
-        return self.decisions[name].value
-
-    def to_manifest(self) -> dict[str, Any]:
-        """Flat values (the paths users' jq scripts read) plus every decision with its reason."""
-        flat = {name: decision.value for name, decision in self.decisions.items()}
-        flat["decisions"] = {
-            name: {"value": d.value, "source": d.source, "reason": d.reason}
-            for name, d in self.decisions.items()
-        }
-        flat["batch_probe"] = [vars(row) for row in self.probe]
-        return flat
 
 
 class _Planner:
@@ -237,7 +113,7 @@ def make_plan(
     hardware: Hardware,
     model: ModelFacts,
     loaded: LoadedConfig,
-    launch: Launch = Launch(),
+    launch: Launch = ONE_PROCESS,
     probe: tuple[ProbeRow, ...] = (),
     oom_cap: int | None = None,
     eval_tokens: int = 0,
@@ -339,6 +215,8 @@ def make_plan(
         "adamw_torch_fused",
         "AdamW with PyTorch's fused kernel: one launch per step for all parameters",
     )
+    p.from_config("weight_decay", "train.weight_decay")
+    p.from_config("max_grad_norm", "train.max_grad_norm")
     if model.random_init:
         p.planned(
             "base_modules_trained",
@@ -353,9 +231,35 @@ def make_plan(
     step_s = micro * accumulation * world * sequence_length / speed.tokens_per_s if speed else None
     eval_blocks = _evaluation_bound(p, device)
     _cadence(p, total_steps, eval_tokens, step_s, eval_blocks, sequence_length, speed)
+    p.from_config("save_total_limit", "train.save_total_limit")
+    for name in ("fsdp", "fsdp_config", "deepspeed"):  # passed to the Trainer as they are (see README)
+        p.from_config(name, f"distributed.{name}")
     p.from_config("torch_compile", "train.torch_compile")
     p.from_config("seed", "train.seed")
-    return Plan(dict(p.decisions), probe, speed)
+    return Plan.from_decisions(p.decisions, probe, speed)
+
+
+def plan_for(
+    prepared: Prepared,
+    machine: Machine,
+    loaded: LoadedConfig,
+    probe: tuple[ProbeRow, ...] = (),
+    oom_cap: int | None = None,
+    speed: Speed | None = None,
+) -> Plan:
+    """The plan for this data and model on this machine (again after a probe, a speed measurement or an
+    out-of-memory: see `make_plan`)."""
+    return make_plan(
+        prepared.stats,
+        machine.hardware,
+        prepared.facts,
+        loaded,
+        machine.launch,
+        probe,
+        oom_cap,
+        prepared.counts["eval_tokens"],
+        speed,
+    )
 
 
 def text_style(loaded: LoadedConfig, model_name: str, chat_template: bool) -> TextStyle:
@@ -1020,3 +924,20 @@ def _no_gpu_reason(hardware: Hardware) -> str:
 def _cc(gpu) -> str:
     capability = gpu.compute_capability
     return f"{capability[0]}.{capability[1]}" if capability else "unknown"
+
+
+def format_plan(plan: Plan) -> str:
+    rows = [("parameter", "value", "source", "reason")]
+    rows += [(name, _show(d.value), d.source, d.reason) for name, d in plan.decisions.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(
+        f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}" for row in rows
+    )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "-"
+    return str(value)

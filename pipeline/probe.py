@@ -14,17 +14,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from pipeline.builtin import cache_home
-from pipeline.dataset import ARRAYS
+from pipeline.config import LoadedConfig
+from pipeline.dataset import ARRAYS, PackedSplit
 from pipeline.hardware import GB
 from pipeline.manifest import utc_now, write_manifest
 from pipeline.model import autocast
-from pipeline.planner import ProbeRow, Speed
+from pipeline.progress import say
 from pipeline.token_cache import provenance_hash
+from pipeline.types import Machine, Plan, Prepared, ProbeRow, Speed, TrainOutcome
+
+MIN_STEPS_FOR_SPEED = 5  # a run this long measures its speed well enough for the next run's budget
 
 
 class ProbeOutOfMemory(Exception):
@@ -119,7 +125,7 @@ def training_speed(model, dataset, precision: str, gradient_checkpointing: bool,
     )
 
 
-def speed_key(hardware, model_name: str, plan) -> str:
+def speed_key(hardware, model_name: str, plan: Plan) -> str:
     """What a training speed depends on: the machine, the model and how it trains."""
     parts = [
         hardware.platform,
@@ -128,10 +134,13 @@ def speed_key(hardware, model_name: str, plan) -> str:
         [gpu.name for gpu in hardware.gpus],
         hardware.torch_version,
         model_name,
-        plan["precision"],
-        plan["sequence_length"],
-        plan["gradient_checkpointing"],
-        plan["attention"],
+        plan.precision,
+        plan.sequence_length,
+        plan.gradient_checkpointing,
+        plan.attention,
+        plan.truncate_at,
+        plan.quantization,
+        plan.lora_dropout,
     ]
     return provenance_hash({"speed": parts})[:20]
 
@@ -145,8 +154,23 @@ def remembered_speed(key: str) -> Speed | None:
     return Speed(entry["tokens_per_s"], f"an earlier run's training on this machine, {entry['measured_at']}")
 
 
-def remember_speed(key: str, tokens_per_s: float) -> None:
-    """Keep a finished run's training speed for the next run's time budget (best effort)."""
+def resumed_speed(earlier: dict[str, Any] | None) -> Speed | None:
+    """The speed the run being resumed was planned with (`earlier`: its manifest), so the plan (and its
+    data) match the checkpoint's."""
+    measured = ((earlier or {}).get("training_parameters") or {}).get("measured_tokens_per_s")
+    return Speed(measured, "the run being resumed, whose plan it keeps") if measured else None
+
+
+def remember_speed(outcome: TrainOutcome, machine: Machine, model_name: str) -> None:
+    """Keep a finished run's training speed on this machine for the next run's time budget."""
+    tokens_per_s = (outcome.throughput or {}).get("tokens_per_s")
+    steps = outcome.history["training"]["global_step"] or 0
+    if tokens_per_s and machine.hardware.source == "detected" and steps >= MIN_STEPS_FOR_SPEED:
+        _store_speed(speed_key(machine.hardware, model_name, outcome.plan), tokens_per_s)
+
+
+def _store_speed(key: str, tokens_per_s: float) -> None:
+    """Best effort: a read-only cache only costs the next run a measurement."""
     path = _speeds_file()
     try:
         speeds = orjson.loads(path.read_bytes())
@@ -157,8 +181,85 @@ def remember_speed(key: str, tokens_per_s: float) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_manifest(path, speeds)
     except OSError:
-        pass  # a read-only cache only costs the next run a measurement
+        pass
 
 
 def _speeds_file() -> Path:
     return cache_home() / "speeds.json"
+
+
+def measure(
+    prepared: Prepared,
+    machine: Machine,
+    loaded: LoadedConfig,
+    plan: Plan,
+    model,
+    train: PackedSplit,
+    resumed: Speed | None = None,
+) -> Plan:
+    """Measure what the plan needs from this machine, and plan again: on CUDA the largest micro-batch
+    that fits (same effective batch), under a time budget the training speed. `model`: the loaded model
+    (with LoRA); `resumed`: the speed of the run being resumed, taken again so the plan (and its data)
+    match the checkpoint's."""
+    from pipeline.planner import plan_for
+
+    probe_note, speed_note = batch_probe_skipped(plan, machine, loaded), speed_skipped(plan, machine)
+    rows = plan.probe
+    if not probe_note:
+        largest = plan.effective_batch_size // plan.world_size
+        gpu = min(machine.hardware.gpus, key=lambda g: g.memory_gb)
+        model.cuda()
+        step = cuda_step(model, train.dataset(), plan.precision, largest)
+        rows = probe_batch_sizes(step, largest, gpu.memory_gb, loaded.config.plan.probe_headroom)
+        plan = plan_for(prepared, machine, loaded, rows)
+        say(
+            f"batch probe: {[(row.batch_size, row.peak_memory_gb, row.fits) for row in rows]} → micro-batch {plan.batch_size}"
+        )
+    if not speed_note:
+        speed = resumed or remembered_speed(speed_key(machine.hardware, prepared.facts.name, plan))
+        if speed is None:
+            speed = training_speed(
+                model,
+                train.dataset(),
+                plan.precision,
+                plan.gradient_checkpointing,
+                plan.loss_average == "answer",
+            )
+        plan = plan_for(prepared, machine, loaded, rows, speed=speed)
+        say(
+            f"training speed {speed.tokens_per_s:.0f} tokens/s, measured by {speed.how}: "
+            f"{plan.train_sequences} of {prepared.stats.sequences} sequences fit the "
+            f"{plan.time_budget_s:.0f} s budget"
+        )
+    return replace(plan, probe_note=probe_note)
+
+
+def needs_measuring(plan: Plan, machine: Machine, loaded: LoadedConfig) -> bool:
+    """Whether `measure` would run anything (it needs the model loaded then)."""
+    return not (batch_probe_skipped(plan, machine, loaded) and speed_skipped(plan, machine))
+
+
+def speed_skipped(plan: Plan, machine: Machine) -> str | None:
+    if not plan.time_budget_s:
+        return "no time budget"
+    if machine.launch.world_size > 1:  # (only rank 0 knows the hardware it planned for)
+        return "several processes: set plan.batch_size and train.epochs instead of a time budget"
+    if machine.hardware.source != "detected":
+        return f"planning for {machine.hardware.source}, which is not this machine"
+    return None
+
+
+def batch_probe_skipped(plan: Plan, machine: Machine, loaded: LoadedConfig) -> str | None:
+    if not loaded.config.plan.batch_probe:
+        return "plan.batch_probe is off"
+    if machine.launch.world_size > 1:
+        return "skipped with several processes: probe once on one GPU (the `plan` command) or set plan.batch_size"
+    if machine.hardware.source != "detected":
+        return f"skipped: planning for {machine.hardware.source}, which is not this machine"
+    if plan.device != "cuda":
+        return f"skipped: the probe measures GPU memory and the device is {plan.device}"
+    if loaded.explicit("plan.batch_size"):
+        return "skipped: plan.batch_size was set explicitly"
+    if plan.fsdp or plan.deepspeed:
+        return "skipped: FSDP/DeepSpeed shard the model; set plan.batch_size"
+    return None

@@ -31,9 +31,12 @@ from typing import Any
 
 import orjson
 
-from pipeline.examples import TextStyle, encode_batch
+from pipeline.config import LoadedConfig
+from pipeline.examples import encode_batch, style_key
 from pipeline.hardware import usable_cores
-from pipeline.planner import DataStats
+from pipeline.progress import say
+from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle
+from scrapers.errors import RepositoryError
 
 CACHE_FORMAT = 2  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
@@ -92,7 +95,7 @@ def cache_key(
         "scrape": scrape_provenance,
         "model": model_name,
         "tokenizer": tokenizer_recipe,
-        "text": style.to_key(),
+        "text": style_key(style),
         "max_tokens": max_tokens,
     }
     return provenance_hash(payload)[:20]
@@ -164,3 +167,73 @@ def tokenize_sequences(
         counts[f"{split}_sequences"] = len(dataset)
         counts[f"{split}_tokens"] = pc.sum(dataset.data.column("length")).as_py()
     return counts
+
+
+def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepared:
+    """Tokenize the sequences into the provenance-keyed cache (or load them from it), and describe the
+    model for the planner (its config only: no weights are loaded)."""
+    from pipeline.dataset import read_sequences
+    from pipeline.model import (
+        describe_model,
+        load_saved_tokenizer,
+        model_config,
+        pretrained_tokenizer,
+        quiet_library_output,
+        tokenizer_recipe,
+        train_tiny_tokenizer,
+    )
+    from pipeline.planner import text_style
+    from pipeline.sources import skipped
+
+    quiet_library_output()
+    if not scraped.summary["split"]["train_sequences"]:
+        raise RepositoryError(
+            f"{scraped.where}: no commit survived the filters (skipped: {skipped(scraped)}); nothing to train on"
+        )
+    model_name = loaded.config.train.model
+    pretrained = pretrained_tokenizer(model_name)  # loaded once: for the key, and to tokenize on a miss
+    style = text_style(loaded, model_name, bool(pretrained is not None and pretrained.chat_template))
+    max_tokens = (loaded.config.train.max_sequence_length, loaded.config.train.max_prompt_tokens)
+
+    def build(staging: Path) -> dict[str, int]:  # only on a cache miss: a hit reads none of the sequences
+        records = list(read_sequences(scraped.sequences_path))
+        tokenizer = (
+            pretrained
+            if pretrained is not None
+            else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
+        )
+        tokenizer.save_pretrained(staging / "tokenizer")
+        return tokenize_sequences(records, tokenizer, style, max_tokens, staging)
+
+    key = cache_key(
+        scraped.summary["provenance_key"], model_name, tokenizer_recipe(pretrained), style, max_tokens
+    )
+    cache = open_or_build(cache_root, key, build)
+    tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
+    config = model_config(model_name, tokenizer)
+    meta = cache.meta()
+    counts = {
+        name: meta[name] for name in ("train_sequences", "eval_sequences", "train_tokens", "eval_tokens")
+    }
+    say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
+    return Prepared(
+        tokenizer, config, describe_model(model_name, config, tokenizer), cache, cache.stats(), counts, style
+    )
+
+
+def cache_summary(data: Data, seconds: float) -> str:
+    """What `prepare` made: the cache key and place, and the counts; `seconds`: how long it took."""
+    cache, counts, packed = data.prepared.cache, data.prepared.counts, data.packed
+    held_out = sum(split.blocks for split in packed.held_out.values())
+    state = "found" if cache.hit else f"built in {cache.seconds:.2f} s"
+    return "\n".join(
+        [
+            f"token cache {cache.key} ({state})",
+            f"  location   {cache.directory}",
+            f"  sequences  {counts['train_sequences']} train, {counts['eval_sequences']} held out",
+            f"  tokens     {counts['train_tokens']} train, {counts['eval_tokens']} held out",
+            f"  blocks     {packed.train.blocks} train, {held_out} held out, of {packed.train.block_size} tokens "
+            f"({packed.train.efficiency:.1%} filled)",
+            f"  took       {seconds:.2f} s",
+        ]
+    )

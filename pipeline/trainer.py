@@ -17,23 +17,33 @@ from __future__ import annotations
 
 import math
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from pipeline.config import Config
-from pipeline.errors import Interrupted, TrainingError
+from pipeline.config import MonitorConfig
+from pipeline.dataset import PackedSplit
+from pipeline.distributed import Coordinator
+from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.evaluation import held_out_loss, perplexity
+from pipeline.hardware import usable_cores
 from pipeline.manifest import finite, write_manifest
-from pipeline.planner import Plan
+from pipeline.monitor import HardwareMonitor, import_nvml
+from pipeline.performance import throughput_report
+from pipeline.progress import say
+from pipeline.types import Plan, TrainOutcome
 
 STAMP_FILE = "repotune_state.json"
+CHECKPOINT_DIR = "checkpoints"
+TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
 
 
 class RepotuneTrainer(Trainer):
@@ -323,51 +333,51 @@ class CheckpointStamp(TrainerCallback):
             write_manifest(checkpoint / STAMP_FILE, {**self.stamp, "step": state.global_step})
 
 
-def training_arguments(plan: Plan, config: Config, checkpoint_dir: Path) -> TrainingArguments:
+def training_arguments(plan: Plan, checkpoint_dir: Path) -> TrainingArguments:
     """Every planned decision, as the Hugging Face Trainer takes it."""
-    evaluating = plan["eval_steps"] is not None
+    evaluating = plan.eval_steps is not None
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
-        per_device_train_batch_size=plan["batch_size"],
-        per_device_eval_batch_size=plan["batch_size"],
-        gradient_accumulation_steps=plan["gradient_accumulation_steps"],
-        num_train_epochs=plan["epochs"],
-        learning_rate=plan["learning_rate"],
-        lr_scheduler_type=plan["lr_scheduler"],
-        optim=plan["optimizer"],
-        warmup_steps=plan["warmup_steps"],
-        weight_decay=config.train.weight_decay,
-        max_grad_norm=config.train.max_grad_norm,
-        logging_steps=plan["logging_steps"],
+        per_device_train_batch_size=plan.batch_size,
+        per_device_eval_batch_size=plan.batch_size,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
+        num_train_epochs=plan.epochs,
+        learning_rate=plan.learning_rate,
+        lr_scheduler_type=plan.lr_scheduler,
+        optim=plan.optimizer,
+        warmup_steps=plan.warmup_steps,
+        weight_decay=plan.weight_decay,
+        max_grad_norm=plan.max_grad_norm,
+        logging_steps=plan.logging_steps,
         logging_first_step=True,
         logging_nan_inf_filter=False,  # the default hides a NaN loss behind the running mean
         eval_strategy="steps" if evaluating else "no",
-        eval_steps=plan["eval_steps"],
+        eval_steps=plan.eval_steps,
         prediction_loss_only=True,
         save_strategy="steps",
-        save_steps=plan["save_steps"],
-        save_total_limit=config.train.save_total_limit,
-        bf16=plan["precision"] == "bf16",
-        fp16=plan["precision"] == "fp16",
-        tf32=plan["tf32"] if plan["device"] == "cuda" else None,  # the Trainer rejects tf32 without CUDA
-        activation_checkpointing=plan["gradient_checkpointing"],
+        save_steps=plan.save_steps,
+        save_total_limit=plan.save_total_limit,
+        bf16=plan.precision == "bf16",
+        fp16=plan.precision == "fp16",
+        tf32=plan.tf32 if plan.device == "cuda" else None,  # the Trainer rejects tf32 without CUDA
+        activation_checkpointing=plan.gradient_checkpointing,
         # Non-reentrant: with frozen embeddings (LoRA) the layer inputs need no grad, which breaks reentrant.
-        activation_checkpointing_kwargs={"use_reentrant": False} if plan["gradient_checkpointing"] else None,
-        torch_compile=plan["torch_compile"],
-        use_cpu=plan["device"] == "cpu",
-        dataloader_num_workers=plan["num_workers"],
-        dataloader_pin_memory=plan["pin_memory"],
-        dataloader_persistent_workers=plan["persistent_workers"],
-        dataloader_prefetch_factor=plan["prefetch_factor"],
-        dataloader_drop_last=plan["drop_last"],
-        seed=plan["seed"],
-        data_seed=plan["seed"],
+        activation_checkpointing_kwargs={"use_reentrant": False} if plan.gradient_checkpointing else None,
+        torch_compile=plan.torch_compile,
+        use_cpu=plan.device == "cpu",
+        dataloader_num_workers=plan.num_workers,
+        dataloader_pin_memory=plan.pin_memory,
+        dataloader_persistent_workers=plan.persistent_workers,
+        dataloader_prefetch_factor=plan.prefetch_factor,
+        dataloader_drop_last=plan.drop_last,
+        seed=plan.seed,
+        data_seed=plan.seed,
         report_to="none",
         remove_unused_columns=False,  # position_ids carry the packing boundaries
         ddp_find_unused_parameters=False,  # every LoRA parameter is used: skip DDP's search each step
-        fsdp=config.distributed.fsdp,
-        fsdp_config=config.distributed.fsdp_config,
-        deepspeed=config.distributed.deepspeed,
+        fsdp=plan.fsdp,
+        fsdp_config=plan.fsdp_config,
+        deepspeed=plan.deepspeed,
     )
 
 
@@ -376,33 +386,158 @@ class Job:
     """Everything one training run needs."""
 
     model: Any
-    train_dataset: Any
+    train: PackedSplit
     held_out: dict[str, Any] | None
     """Held-out blocks by format, scored during training as before and after it."""
     plan: Plan
-    config: Config
     checkpoint_dir: Path
-    history: TrainingHistory
-    stamp: dict[str, Any]
-    agree: Callable[[bool], bool] = bool
-    """Whether any rank wants to stop (identity for a single process)."""
-    resume_from: Path | None = None
-    time_limit_s: float | None = None
-    """Training stops here even before its planned steps (a time budget's hard edge)."""
+    data_key: str
+    """The token cache's key: what the blocks were made from."""
+    monitor: MonitorConfig
+    coordinator: Coordinator
+    resume: bool = False
+    on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] = lambda report, evaluations: None
+    """After every log: the training report so far and the evaluations during training."""
+
+    @property
+    def stamp(self) -> dict[str, Any]:
+        """What the checkpoints are trained on (data, effective batch, total steps), for --resume."""
+        return {
+            "dataset_fingerprint": f"{self.data_key}:{self.plan.sequence_length}:{self.train.blocks}",
+            "effective_batch_size": self.plan.effective_batch_size,
+            "total_steps": self.plan.total_steps,
+        }
 
 
-def build_trainer(job: Job) -> RepotuneTrainer:
+def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
+    """Train to the end (resuming from the newest complete checkpoint with `job.resume`, retrying a CUDA
+    out-of-memory with half the micro-batch, stopping at a time budget's hard edge), with a progress
+    line per logged step; throughput and hardware are gathered from every rank."""
+    plan, launch = job.plan, job.coordinator.launch
+    # One sampler per node: the local rank 0 of each.
+    monitor = HardwareMonitor(
+        job.monitor.collection_interval_seconds, import_nvml() if launch.local_rank == 0 else None
+    )
+    progress = _Progress(job, monitor)
+    history = TrainingHistory(job.train.real_tokens, job.monitor.include_epoch_summary, progress)
+    progress.history = history
+    resumed_from = None
+    if job.resume:
+        resumed_from = resumable_checkpoint(job.checkpoint_dir, job.stamp)
+        log_history = orjson.loads((resumed_from / "trainer_state.json").read_bytes())["log_history"]
+        history.resume_from(log_history)
+        say(f"resuming from {resumed_from}")
+    time_limit = plan.time_budget_s * TRAINING_TIME_LIMIT if plan.time_budget_s else None
+    retries: list[dict[str, Any]] = []
+
+    def on_oom(retry: dict[str, Any]) -> None:
+        if plan.world_size > 1:
+            raise PipelineError(
+                f"CUDA ran out of memory at micro-batch {retry['batch_size']} on one of {plan.world_size} "
+                "processes; set plan.batch_size lower (or plan.gradient_checkpointing=true) and run again"
+            )
+        retries.append(retry)
+        say(
+            f"CUDA out of memory at micro-batch {retry['batch_size']}: retrying with {retry['batch_size'] // 2}"
+        )
+
+    with monitor:
+        final_plan = _train_retrying(job, history, resumed_from, time_limit, replan_after_oom, on_oom)
+    if history.time_limit:
+        say(
+            f"stopped at step {history.time_limit['step']} of {plan.total_steps}: the time budget's limit "
+            f"({history.time_limit['limit_s']:.0f} s of training) was reached; the speed was measured at "
+            f"{plan.measured_tokens_per_s} tokens/s"
+        )
+    hardware, throughput = _gathered(job, history, final_plan, monitor)
+    return TrainOutcome(
+        history.report(),
+        history.eval_history,
+        final_plan,
+        retries,
+        throughput,
+        hardware,
+        resumed_from.name if resumed_from else None,
+    )
+
+
+class _Progress:
+    """After every log: the live report to `job.on_progress` and, for each new step, one progress line."""
+
+    def __init__(self, job: Job, monitor: HardwareMonitor):
+        self.job, self.monitor = job, monitor
+        self.history: TrainingHistory | None = None
+        self.shown_step: int | None = None
+
+    def __call__(self) -> None:
+        history = self.history
+        self.job.on_progress({**history.report(), "hardware": self.monitor.report()}, history.eval_history)
+        last = history.loss_history[-1] if history.loss_history else {}
+        if last and last["step"] != self.shown_step:
+            self.shown_step = last["step"]
+            loss = "not finite" if last["loss"] is None else f"{last['loss']:.4f}"
+            rate = history.lr_history[-1]["learning_rate"]
+            say(f"  step {last['step']}/{self.job.plan.total_steps}  loss {loss}  lr {rate:.2e}")
+
+
+def _gathered(
+    job: Job, history: TrainingHistory, plan: Plan, monitor: HardwareMonitor
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """This node's hardware with every node's (from each node's local rank 0), and throughput over every
+    rank; (empty, None) on the ranks that do not write."""
+    launch = job.coordinator.launch
+    node = launch.rank // max(1, launch.local_world_size)
+    mine: dict[str, Any] = {"tokens": history.trained_tokens, "blocks": history.blocks}
+    if launch.local_rank == 0:
+        mine["hardware"] = {"node": node, "hostname": socket.gethostname(), **monitor.report()}
+    gathered = job.coordinator.gather(mine)
+    if not launch.writes:
+        return {}, None
+    history.trained_tokens = sum(part["tokens"] for part in gathered)
+    history.blocks = sum(part["blocks"] for part in gathered)
+    hardware = {**monitor.report(), "nodes": [part["hardware"] for part in gathered if "hardware" in part]}
+    throughput = throughput_report(history, plan, monitor.report(), usable_cores(), job.train.efficiency)
+    return hardware, throughput
+
+
+def resumable_checkpoint(checkpoints: Path, stamp: dict[str, Any]) -> Path:
+    """The newest complete checkpoint, if it was trained on the same data with the same batch.
+
+    Complete means repotune's stamp is in it: the stamp is written, atomically, after everything
+    the Trainer saves, so a run killed mid-save leaves a checkpoint that is passed over here.
+    """
+    complete = [path for path in checkpoints.glob("checkpoint-*") if (path / STAMP_FILE).exists()]
+    if not complete:
+        raise PipelineError(
+            f"--resume: no checkpoint in {checkpoints} that finished saving; run without --resume to start afresh"
+        )
+    latest = max(complete, key=lambda path: int(path.name.rsplit("-", 1)[1]))
+    saved = orjson.loads((latest / STAMP_FILE).read_bytes())
+    for key, what in (
+        ("dataset_fingerprint", "the training data"),
+        ("effective_batch_size", "the effective batch"),
+        ("total_steps", "the total steps"),
+    ):
+        if saved.get(key) != stamp[key]:
+            raise PipelineError(
+                f"--resume: {what} changed since {latest.name} ({saved.get(key)} → {stamp[key]}); "
+                "resume with the same repository, config and hardware, or start afresh without --resume"
+            )
+    return latest
+
+
+def build_trainer(job: Job, history: TrainingHistory, time_limit: float | None) -> RepotuneTrainer:
     trainer = RepotuneTrainer(
         model=job.model,
-        args=training_arguments(job.plan, job.config, job.checkpoint_dir),
-        train_dataset=job.train_dataset,
+        args=training_arguments(job.plan, job.checkpoint_dir),
+        train_dataset=job.train.dataset(),
         eval_dataset=job.held_out,
         data_collator=default_data_collator,
-        callbacks=[job.history, CheckpointStamp(job.stamp)]
-        + ([TimeLimit(job.time_limit_s, job.history)] if job.time_limit_s else []),
-        history=job.history,
-        precision=job.plan["precision"],
-        per_answer=job.plan["loss_average"] == "answer",
+        callbacks=[history, CheckpointStamp(job.stamp)]
+        + ([TimeLimit(time_limit, history)] if time_limit else []),
+        history=history,
+        precision=job.plan.precision,
+        per_answer=job.plan.loss_average == "answer",
     )
     # Both print raw log dicts to stdout; TrainingHistory reports progress on stderr instead.
     trainer.remove_callback(PrinterCallback)
@@ -410,25 +545,30 @@ def build_trainer(job: Job) -> RepotuneTrainer:
     return trainer
 
 
-def train(
-    job: Job, replan_after_oom: Callable[[int], Plan], on_oom: Callable[[dict[str, Any]], None]
-) -> tuple[RepotuneTrainer, Plan]:
-    """Train to the end; returns the trainer and the plan it ran with (a smaller micro-batch after OOM)."""
+def _train_retrying(
+    job: Job,
+    history: TrainingHistory,
+    resume_from: Path | None,
+    time_limit: float | None,
+    replan_after_oom: Callable[[int], Plan],
+    on_oom: Callable[[dict[str, Any]], None],
+) -> Plan:
+    """Train to the end; returns the plan it ran with (a smaller micro-batch after an out-of-memory)."""
     initial = {
         name: tensor.detach().clone()
         for name, tensor in job.model.state_dict().items()
         if "lora_" in name or "modules_to_save" in name
     }
     while True:
-        trainer = build_trainer(job)
-        stop = GracefulStop(job.agree)
+        trainer = build_trainer(job, history, time_limit)
+        stop = GracefulStop(job.coordinator.any)
         trainer.add_callback(stop)
         try:
             with stop:
-                trainer.train(resume_from_checkpoint=str(job.resume_from) if job.resume_from else None)
+                trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
             break
         except torch.OutOfMemoryError as err:
-            micro = job.plan["batch_size"]
+            micro = job.plan.batch_size
             if micro == 1:
                 raise TrainingError(
                     "CUDA ran out of memory even at micro-batch 1; set plan.gradient_checkpointing=true, "
@@ -439,15 +579,15 @@ def train(
             )
             # Start again from the initial adapter weights, with half the micro-batch and the same effective batch.
             job.model.load_state_dict(initial, strict=False)
-            job.history.reset()
+            history.reset()
             del trainer
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             job.plan = replan_after_oom(micro // 2)
-    if job.history.diverged:
+    if history.diverged:
         raise TrainingError(
-            f"the loss became {job.history.diverged['loss']} at step {job.history.diverged['step']}; "
-            f"lower train.learning_rate (it was {job.plan['learning_rate']:g})"
+            f"the loss became {history.diverged['loss']} at step {history.diverged['step']}; "
+            f"lower train.learning_rate (it was {job.plan.learning_rate:g})"
         )
     if stop.received is not None:
         name = signal.Signals(stop.received).name
@@ -456,4 +596,4 @@ def train(
             "run the same command with --resume to continue",
             signum=stop.received,
         )
-    return trainer, job.plan
+    return job.plan

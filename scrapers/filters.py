@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from pipeline.config import ScrapeConfig
 from scrapers.commit import Commit, FileChange
+from scrapers.config import ScrapeConfig
 
 
 def glob_pattern(globs: Iterable[str]) -> re.Pattern[str] | None:

@@ -27,8 +27,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import git
 
-from pipeline.errors import RepositoryError
 from scrapers.commit import Commit
+from scrapers.errors import RepositoryError
 from scrapers.parse import log_format, parse_log
 
 SAFE_GIT_CONFIG = {

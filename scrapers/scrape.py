@@ -23,9 +23,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from pipeline.config import ScrapeConfig
-from pipeline.errors import RepositoryError
-from pipeline.hardware import usable_cores
+from scrapers.config import ScrapeConfig
+from scrapers.errors import RepositoryError
 from scrapers.git import RepositoryInfo, describe_repository, open_repository, rev_list, shallow_boundaries
 from scrapers.shard import ScrapeStats, ShardResult, ShardTask, scrape_shard
 
@@ -106,24 +105,31 @@ class _Listed:
     tasks: list[ShardTask]
 
 
-def scrape(repo_paths: list[str | Path], config: ScrapeConfig, output_dir: Path) -> ScrapeResult:
+def scrape(
+    repo_paths: list[str | Path], config: ScrapeConfig, output_dir: Path, cores: int | None = None
+) -> ScrapeResult:
     """Scrape every repository into `output_dir/sequences.jsonl`, written atomically.
 
-    The shards of all repositories share one pool of worker processes, bounded by the usable
-    cores. With several repositories, one that cannot be scraped is reported and skipped; it
-    is an error only when none can be (or when it is the only one).
+    The shards of all repositories share one pool of worker processes, bounded by `cores` (the
+    cores this process may use; by default its CPU affinity). With several repositories, one that
+    cannot be scraped is reported and skipped; it is an error only when none can be (or when it is
+    the only one).
     """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     started = time.perf_counter()
     failed: list[dict[str, str]] = []
     listed: list[_Listed] = []
     for index, repo_path in enumerate(repo_paths):
         try:
-            listed.append(_list(repo_path, config, output_dir / f".scrape-{index}", [r.name for r in listed]))
+            listed.append(
+                _list(repo_path, config, output_dir / f".scrape-{index}", [r.name for r in listed], cores)
+            )
         except RepositoryError as err:
             failed.append({"path": str(repo_path), "error": str(err)})
     tasks = [task for repository in listed for task in repository.tasks]
     label = listed[0].name if len(listed) == 1 else f"{len(listed)} repositories"
-    outcomes = iter(_run_shards(tasks, total=sum(len(r.shas) for r in listed), label=label))
+    outcomes = iter(_run_shards(tasks, sum(len(r.shas) for r in listed), label, cores))
 
     path = output_dir / SEQUENCES_FILE
     partial = path.with_name(path.name + ".partial")
@@ -154,13 +160,13 @@ def scrape(repo_paths: list[str | Path], config: ScrapeConfig, output_dir: Path)
     )
 
 
-def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[str]) -> _Listed:
+def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[str], cores: int) -> _Listed:
     repo = open_repository(repo_path)
     shas = rev_list(repo, config.rev, config.max_commits, config.since, config.until)
     whole_history = config.rev == "HEAD" and not (config.max_commits or config.since or config.until)
     info = describe_repository(repo, commit_count=len(shas) if whole_history else None)
     name = _unique_name(info, taken_names)
-    workers = shard_count(config.workers, len(shas))
+    workers = shard_count(config.workers, len(shas), cores)
     boundaries = shallow_boundaries(repo)
     tasks = [
         ShardTask(
@@ -193,10 +199,10 @@ def _merge(
     )
 
 
-def shard_count(workers: int | str, commits: int) -> int:
+def shard_count(workers: int | str, commits: int, cores: int) -> int:
     if workers != "auto":
         return max(1, min(int(workers), commits))
-    return max(1, min(usable_cores(), commits // MIN_COMMITS_PER_SHARD, MAX_AUTO_WORKERS))
+    return max(1, min(cores, commits // MIN_COMMITS_PER_SHARD, MAX_AUTO_WORKERS))
 
 
 def eval_count(kept: int, fraction: float) -> int:
@@ -260,7 +266,7 @@ def _write_sequences(
             reader.close()
 
 
-def _run_shards(tasks: list[ShardTask], total: int, label: str) -> list[ShardResult | str]:
+def _run_shards(tasks: list[ShardTask], total: int, label: str, cores: int) -> list[ShardResult | str]:
     """Run the shards (in worker processes when more than one), in order, with a progress bar on a
     terminal. A shard that fails gives its error message in place of a result."""
     counter = multiprocessing.Value("q", 0)
@@ -270,9 +276,7 @@ def _run_shards(tasks: list[ShardTask], total: int, label: str) -> list[ShardRes
     # fork shares the loaded modules with the workers (spawn would re-import torch-free code at 0.3 s each).
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
-    pool = context.Pool(
-        min(len(tasks), usable_cores()), initializer=_set_worker_progress, initargs=(counter,)
-    )
+    pool = context.Pool(min(len(tasks), cores), initializer=_set_worker_progress, initargs=(counter,))
     with pool, _progress_bar(counter, total, label):
         return pool.map(_scrape_with_progress, tasks)
 

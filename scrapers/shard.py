@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.config import ScrapeConfig
+from scrapers.config import ScrapeConfig
 from scrapers.filters import Filters
 from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
 from scrapers.git import LogOptions, blob_sizes, open_repository, stream_commits

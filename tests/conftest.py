@@ -219,15 +219,9 @@ def read_json(path: Path):
 
 
 def assert_valid_manifest(document) -> None:
-    from jsonschema import Draft202012Validator
+    from pipeline.manifest import schema_problems
 
-    from pipeline.manifest import SCHEMA
-
-    validator = Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
-    problems = [
-        f"{'.'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
-        for error in validator.iter_errors(document)
-    ]
+    problems = schema_problems(document)
     assert not problems, "MANIFEST.json does not match the schema:\n" + "\n".join(problems[:20])
 
 

@@ -12,8 +12,9 @@ from pipeline.config import budget_seconds, load_config
 from pipeline.errors import ConfigError
 from pipeline.evaluation import TaskPrompt, score_tasks
 from pipeline.examples import TextStyle, encode_batch
-from pipeline.planner import DataStats, Footprint, ModelFacts, Speed, evaluation_interval, make_plan
+from pipeline.planner import Footprint, evaluation_interval, make_plan
 from pipeline.trainer import answer_logits, per_answer_loss, sequence_ids
+from pipeline.types import DataStats, ModelFacts, Speed
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine
 
@@ -60,9 +61,9 @@ def test_raw_text_learns_every_token_or_only_the_answer():
 def test_text_style_follows_the_chat_template_and_says_why():
     loaded = load_config(None)
     chat = make_plan(DataStats({100: 10}), cpu_machine(), SMOLLM2, loaded)
-    assert (chat["style"], chat["loss_on"], chat["loss_average"]) == ("chat", "response", "answer")
+    assert (chat.style, chat.loss_on, chat.loss_average) == ("chat", "response", "answer")
     raw = make_plan(DataStats({100: 10}), cpu_machine(), TINY, loaded)
-    assert (raw["style"], raw["loss_on"], raw["loss_average"]) == ("raw", "all", "token")
+    assert (raw.style, raw.loss_on, raw.loss_average) == ("raw", "all", "token")
     assert "chat template" in chat.decisions["style"].reason
     forced = load_config(None, ["train.style=chat"])
     with pytest.raises(
@@ -74,9 +75,9 @@ def test_text_style_follows_the_chat_template_and_says_why():
 def test_cpu_precision_is_bf16_only_with_native_instructions():
     loaded, data = load_config(None), DataStats({100: 10})
     fast = make_plan(data, dataclasses.replace(cpu_machine(), cpu_bf16="avx512_bf16"), SMOLLM2, loaded)
-    assert fast["precision"] == "bf16" and "avx512_bf16" in fast.decisions["precision"].reason
+    assert fast.precision == "bf16" and "avx512_bf16" in fast.decisions["precision"].reason
     plain = make_plan(data, cpu_machine(), SMOLLM2, loaded)
-    assert plain["precision"] == "fp32" and "no avx512_bf16 or AMX" in plain.decisions["precision"].reason
+    assert plain.precision == "fp32" and "no avx512_bf16 or AMX" in plain.decisions["precision"].reason
 
 
 def newest_first(count: int, tokens: int) -> DataStats:
@@ -88,12 +89,12 @@ def test_a_budget_trains_the_newest_sequences_that_fit_and_says_what_is_left_out
     data = newest_first(1000, 512)  # blocks of 512 tokens, one sequence each
     plan = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=Speed(200.0, "a test"), eval_tokens=4096)
     # 600 s × 80% × 200 tokens/s = 96,000 tokens: 187 blocks of 512.
-    assert plan["time_budget_s"] == 600.0 and plan["measured_tokens_per_s"] == 200.0
-    assert (plan["train_sequences"], plan["train_blocks"], plan["epochs"]) == (187, 187, 1)
+    assert plan.time_budget_s == 600.0 and plan.measured_tokens_per_s == 200.0
+    assert (plan.train_sequences, plan.train_blocks, plan.epochs) == (187, 187, 1)
     assert "the 813 older ones (416256 tokens) are left out" in plan.decisions["train_sequences"].reason
     # At least 96 optimizer steps: an effective batch of 1 block (187 // 96), 187 steps.
-    assert (plan["effective_batch_size"], plan["total_steps"]) == (1, 187)
-    assert plan["learning_rate"] == 5e-4 and "short run" in plan.decisions["learning_rate"].reason
+    assert (plan.effective_batch_size, plan.total_steps) == (1, 187)
+    assert plan.learning_rate == 5e-4 and "short run" in plan.decisions["learning_rate"].reason
 
 
 def test_a_budget_that_fits_everything_changes_nothing():
@@ -102,17 +103,17 @@ def test_a_budget_that_fits_everything_changes_nothing():
     unbounded = make_plan(data, cpu_machine(), SMOLLM2, loaded)
     fitted = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=Speed(10_000.0, "a test"))
     for name in ("train_blocks", "epochs", "batch_size", "gradient_accumulation_steps", "total_steps"):
-        assert fitted[name] == unbounded[name], name
-    assert fitted["train_sequences"] == 40
+        assert getattr(fitted, name) == getattr(unbounded, name), name
+    assert fitted.train_sequences == 40
 
 
 def test_no_budget_on_a_gpu_and_none_when_asked():
     from tests.test_planner import gpu_machine
 
     loaded = load_config(None)
-    assert make_plan(newest_first(10, 100), gpu_machine(24), SMOLLM2, loaded)["time_budget_s"] is None
+    assert make_plan(newest_first(10, 100), gpu_machine(24), SMOLLM2, loaded).time_budget_s is None
     off = load_config(None, flags={"train.time_budget": "none"})
-    assert make_plan(newest_first(10, 100), cpu_machine(), SMOLLM2, off)["time_budget_s"] is None
+    assert make_plan(newest_first(10, 100), cpu_machine(), SMOLLM2, off).time_budget_s is None
 
 
 @pytest.mark.parametrize(
@@ -143,12 +144,12 @@ def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
     )
     # 2,880 s of training at 50 tokens/s: 281 blocks of 512, effective batch 2, 141 steps of about 20 s. The
     # held-out loss on 8 blocks per format costs about 55 s: at most one evaluation per 54 steps.
-    assert (cheap["train_blocks"], cheap["total_steps"], cheap["eval_steps"]) == (281, 141, 54)
+    assert (cheap.train_blocks, cheap.total_steps, cheap.eval_steps) == (281, 141, 54)
     assert "costs at most 1/20 of the time between two" in cheap.decisions["eval_steps"].reason
-    assert cheap["save_steps"] == 15  # about 10 checkpoints; each step is longer than a minute's share
+    assert cheap.save_steps == 15  # about 10 checkpoints; each step is longer than a minute's share
     # Twice the blocks: about 109 s, so one evaluation per 108 steps at most; the only one would land 33 steps
     # before the end, where the evaluation after training follows soon. None in between.
-    assert costly["eval_steps"] is None
+    assert costly.eval_steps is None
     assert "before and after training only, not 20× its cost" in costly.decisions["eval_steps"].reason
 
 
@@ -219,7 +220,7 @@ def test_a_cpu_trains_answers_with_segments_attention_no_dropout_and_512_token_s
     model = dataclasses.replace(SMOLLM2, supports_attention_backend=True)
     data = DataStats.from_lengths([2000] * 10 + [300] * 90)  # p95 past 1024: 1024-token blocks
     cpu = make_plan(data, cpu_machine(), model, load_config(None))
-    assert (cpu["attention"], cpu["lora_dropout"], cpu["sequence_length"], cpu["truncate_at"]) == (
+    assert (cpu.attention, cpu.lora_dropout, cpu.sequence_length, cpu.truncate_at) == (
         "segments",
         0.0,
         1024,
@@ -229,15 +230,13 @@ def test_a_cpu_trains_answers_with_segments_attention_no_dropout_and_512_token_s
         "10 of 100 sequences are longer than 512 tokens on a CPU"
     )
     # Ten 2000-token sequences cut at 512 pack two to a 1024-token block, ninety of 300 tokens three: 5 + 30.
-    assert cpu["train_blocks"] == 35
+    assert cpu.train_blocks == 35
     gpu = make_plan(data, gpu_machine(24), model, load_config(None))
-    assert (gpu["attention"], gpu["lora_dropout"], gpu["truncate_at"]) == ("sdpa", 0.05, 1024)
+    assert (gpu.attention, gpu.lora_dropout, gpu.truncate_at) == ("sdpa", 0.05, 1024)
     raw = make_plan(data, cpu_machine(), TINY, load_config(None))
-    assert (
-        raw["truncate_at"] is None and "split into block-sized pieces" in raw.decisions["truncate_at"].reason
-    )
+    assert raw.truncate_at is None and "split into block-sized pieces" in raw.decisions["truncate_at"].reason
     chosen = make_plan(data, cpu_machine(), model, load_config(None, ["lora.dropout=0.1"]))
-    assert (chosen["lora_dropout"], chosen.decisions["lora_dropout"].source) == (0.1, "cli")
+    assert (chosen.lora_dropout, chosen.decisions["lora_dropout"].source) == (0.1, "cli")
 
 
 def test_quantization_follows_memory_and_refuses_what_cannot_be_quantized():
@@ -246,11 +245,11 @@ def test_quantization_follows_memory_and_refuses_what_cannot_be_quantized():
     data = DataStats.from_lengths([1024] * 100)
     big_gpu = make_plan(data, gpu_machine(80), QWEN_7B, load_config(None))
     assert (
-        big_gpu["quantization"] == "none"
+        big_gpu.quantization == "none"
         and "within GPU 80 GB's 80 GB" in big_gpu.decisions["quantization"].reason
     )
     small_gpu = make_plan(data, gpu_machine(12), QWEN_7B, load_config(None))
-    assert small_gpu["quantization"] == "4bit"
+    assert small_gpu.quantization == "4bit"
     dense, nf4 = (Footprint(QWEN_7B, "bf16", q, 16, 1024) for q in ("none", "4bit"))
     assert round(dense.weights_gb, 1) == 14.2 and round(nf4.weights_gb, 1) == 5.2
     with pytest.raises(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pipeline.dataset import pack_arrays
 from pipeline.packing import IGNORE_INDEX, count_blocks, layout
-from pipeline.planner import DataStats
+from pipeline.types import DataStats
 
 
 def pack(token_lists, block_size, pad_id=0, truncate_at=None):

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import load_config
-from pipeline.distributed import launch_for_profile
-from pipeline.hardware import PROFILES_DIR, GpuInfo, Hardware, load_hardware_profile
+from pipeline.hardware import PROFILES_DIR, GpuInfo, Hardware, launch_for_profile, load_hardware_profile
 from pipeline.packing import count_blocks
-from pipeline.planner import DataStats, Footprint, Launch, ModelFacts, ProbeRow, make_plan
+from pipeline.planner import Footprint, make_plan
 from pipeline.probe import ProbeOutOfMemory, candidate_sizes, probe_batch_sizes
+from pipeline.types import DataStats, Launch, ModelFacts, ProbeRow
 
 TINY = ModelFacts(
     "tiny",
@@ -75,30 +75,30 @@ def same_length(count: int, tokens: int) -> DataStats:
 def test_66_step_run_gets_7_warmup_steps_with_the_shipped_config():
     # 176 sequences of 64 tokens → 176 blocks; the CPU tier's target effective batch is 4 × 2 = 8 → 22 steps × 3 epochs.
     plan = make_plan(same_length(176, 64), cpu_machine(), TINY, load_config(None))
-    assert plan["sequence_length"] == 64
-    assert plan["train_blocks"] == 176
-    assert plan["effective_batch_size"] == 8
-    assert plan["total_steps"] == 66
-    assert plan["warmup_steps"] == 7
+    assert plan.sequence_length == 64
+    assert plan.train_blocks == 176
+    assert plan.effective_batch_size == 8
+    assert plan.total_steps == 66
+    assert plan.warmup_steps == 7
     assert plan.decisions["warmup_steps"].source == "planned"
 
 
 def test_warmup_minimum_applies_when_override_is_off():
     loaded = load_config(None, ["plan.override_min_warmup=false"])
-    assert make_plan(same_length(176, 64), cpu_machine(), TINY, loaded)["warmup_steps"] == 10
+    assert make_plan(same_length(176, 64), cpu_machine(), TINY, loaded).warmup_steps == 10
 
 
 def test_warmup_never_reaches_total_steps():
     loaded = load_config(None, ["plan.override_min_warmup=false", "train.epochs=1"])
     plan = make_plan(same_length(8, 64), cpu_machine(), TINY, loaded)
-    assert (plan["total_steps"], plan["warmup_steps"]) == (1, 0)
+    assert (plan.total_steps, plan.warmup_steps) == (1, 0)
 
 
 def test_ratio_rounding_is_not_fooled_by_floating_point():
     # 0.1 × 70 is 7.000000000000001 in floating point; warmup must be 7, not 8.
     loaded = load_config(None, ["train.epochs=1", "plan.batch_size=1", "plan.gradient_accumulation_steps=1"])
     plan = make_plan(same_length(70, 64), cpu_machine(), TINY, loaded)
-    assert (plan["total_steps"], plan["warmup_steps"]) == (70, 7)
+    assert (plan.total_steps, plan.warmup_steps) == (70, 7)
 
 
 @pytest.mark.parametrize(
@@ -114,12 +114,12 @@ def test_ratio_rounding_is_not_fooled_by_floating_point():
 def test_shipped_profiles_at_the_reference_length(profile, micro, accumulation, precision):
     hardware = load_hardware_profile(profile)
     plan = make_plan(same_length(400, 1024), hardware, TINY, load_config(None), launch_for_profile(hardware))
-    assert (plan["batch_size"], plan["gradient_accumulation_steps"], plan["precision"]) == (
+    assert (plan.batch_size, plan.gradient_accumulation_steps, plan.precision) == (
         micro,
         accumulation,
         precision,
     )
-    assert plan["device"] == ("cpu" if profile == "cpu-laptop" else "cuda")
+    assert plan.device == ("cpu" if profile == "cpu-laptop" else "cuda")
 
 
 def test_8xh100_profile_plans_for_8_processes():
@@ -127,40 +127,40 @@ def test_8xh100_profile_plans_for_8_processes():
     plan = make_plan(
         same_length(4000, 1024), hardware, QWEN_05B, load_config(None), launch_for_profile(hardware)
     )
-    assert plan["world_size"] == 8
-    assert plan["effective_batch_size"] == 8 * 2 * 8
+    assert plan.world_size == 8
+    assert plan.effective_batch_size == 8 * 2 * 8
     # 4000 blocks / (8 per device × 8 processes) = 63 micro-batches per process, / 2 accumulation = 32 steps.
-    assert (plan["steps_per_epoch"], plan["total_steps"]) == (32, 96)
-    assert plan["tf32"] is True and plan["attention"] == "sdpa"
+    assert (plan.steps_per_epoch, plan.total_steps) == (32, 96)
+    assert plan.tf32 is True and plan.attention == "sdpa"
 
 
 def test_shorter_blocks_get_a_bigger_micro_batch_and_the_same_effective_batch():
     loaded = load_config(None)
     long = make_plan(same_length(400, 1024), gpu_machine(24), TINY, loaded)
     short = make_plan(same_length(400, 256), gpu_machine(24), TINY, loaded)
-    assert (long["batch_size"], long["gradient_accumulation_steps"]) == (8, 2)
-    assert (short["batch_size"], short["gradient_accumulation_steps"]) == (16, 1)
-    assert long["effective_batch_size"] == short["effective_batch_size"] == 16
+    assert (long.batch_size, long.gradient_accumulation_steps) == (8, 2)
+    assert (short.batch_size, short.gradient_accumulation_steps) == (16, 1)
+    assert long.effective_batch_size == short.effective_batch_size == 16
 
 
 def test_memory_estimate_turns_on_checkpointing_then_shrinks_the_micro_batch():
     loaded = load_config(None)
     data = same_length(400, 1024)
-    assert make_plan(data, gpu_machine(80, (9, 0)), QWEN_05B, loaded)["gradient_checkpointing"] is False
+    assert make_plan(data, gpu_machine(80, (9, 0)), QWEN_05B, loaded).gradient_checkpointing is False
     tight = make_plan(data, gpu_machine(24), QWEN_7B, loaded)
-    assert tight["gradient_checkpointing"] is True
-    assert tight["batch_size"] < 8
-    assert tight["effective_batch_size"] >= 16  # the target survives: accumulation makes up for it
+    assert tight.gradient_checkpointing is True
+    assert tight.batch_size < 8
+    assert tight.effective_batch_size >= 16  # the target survives: accumulation makes up for it
     memory = Footprint(QWEN_7B, "bf16", "none", 16, 1024)
-    assert memory.total_gb(tight["batch_size"], checkpointing=True) <= 24 * 0.9
+    assert memory.total_gb(tight.batch_size, checkpointing=True) <= 24 * 0.9
 
 
 def test_a_micro_batch_shrunk_under_configured_checkpointing_says_so():
     loaded = load_config(None, ["plan.gradient_checkpointing=false"])
     plan = make_plan(same_length(400, 1024), gpu_machine(24), QWEN_7B, loaded)
     assert plan.decisions["gradient_checkpointing"].source == "cli"
-    assert plan["batch_size"] < 8
-    assert f"halved from 8 to {plan['batch_size']} to fit 24 GB" in plan.decisions["batch_size"].reason
+    assert plan.batch_size < 8
+    assert f"halved from 8 to {plan.batch_size} to fit 24 GB" in plan.decisions["batch_size"].reason
 
 
 def test_probe_results_set_the_micro_batch_and_keep_the_effective_batch():
@@ -171,7 +171,7 @@ def test_probe_results_set_the_micro_batch_and_keep_the_effective_batch():
         ProbeRow(8, None, None, False),
     )
     plan = make_plan(same_length(400, 1024), gpu_machine(24), QWEN_05B, load_config(None), probe=probe)
-    assert (plan["batch_size"], plan["gradient_accumulation_steps"], plan["effective_batch_size"]) == (
+    assert (plan.batch_size, plan.gradient_accumulation_steps, plan.effective_batch_size) == (
         4,
         4,
         16,
@@ -207,17 +207,17 @@ def test_precision_tf32_and_attention_follow_the_hardware():
     loaded = load_config(None)
     data = same_length(10, 100)
     h100 = make_plan(data, gpu_machine(80, (9, 0)), TINY, loaded)
-    assert (h100["precision"], h100["tf32"], h100["attention"]) == ("bf16", True, "sdpa")
+    assert (h100.precision, h100.tf32, h100.attention) == ("bf16", True, "sdpa")
     turing = make_plan(data, gpu_machine(6, (7, 5)), TINY, loaded)
-    assert (turing["precision"], turing["tf32"]) == ("fp16", False)
+    assert (turing.precision, turing.tf32) == ("fp16", False)
     cpu = make_plan(data, cpu_machine(), TINY, loaded)
-    assert (cpu["device"], cpu["precision"], cpu["pin_memory"], cpu["tf32"]) == ("cpu", "fp32", False, False)
+    assert (cpu.device, cpu.precision, cpu.pin_memory, cpu.tf32) == ("cpu", "fp32", False, False)
     flash = make_plan(
         data, gpu_machine(80, (9, 0)), dataclasses.replace(TINY, supports_flash_attention=True), loaded
     )
-    assert flash["attention"] == "flash_attention_2"
+    assert flash.attention == "flash_attention_2"
     eager = make_plan(data, cpu_machine(), dataclasses.replace(TINY, supports_sdpa=False), loaded)
-    assert eager["attention"] == "eager"
+    assert eager.attention == "eager"
 
 
 def test_config_and_cli_values_win_and_are_recorded_with_their_source(tmp_path):
@@ -225,15 +225,15 @@ def test_config_and_cli_values_win_and_are_recorded_with_their_source(tmp_path):
     path.write_text("train:\n  epochs: 2\nplan:\n  batch_size: 3\n")
     loaded = load_config(path, ["plan.gradient_accumulation_steps=4", "plan.precision=fp32"])
     plan = make_plan(same_length(40, 100), gpu_machine(24), TINY, loaded)
-    assert (plan["epochs"], plan.decisions["epochs"].source) == (2, "config")
+    assert (plan.epochs, plan.decisions["epochs"].source) == (2, "config")
     assert plan.decisions["epochs"].reason == "set by mine.yaml: train.epochs"
-    assert (plan["batch_size"], plan.decisions["batch_size"].source) == (3, "config")
-    assert (plan["gradient_accumulation_steps"], plan.decisions["gradient_accumulation_steps"].source) == (
+    assert (plan.batch_size, plan.decisions["batch_size"].source) == (3, "config")
+    assert (plan.gradient_accumulation_steps, plan.decisions["gradient_accumulation_steps"].source) == (
         4,
         "cli",
     )
-    assert (plan["precision"], plan.decisions["precision"].source) == ("fp32", "cli")
-    assert plan["effective_batch_size"] == 3 * 4
+    assert (plan.precision, plan.decisions["precision"].source) == ("fp32", "cli")
+    assert plan.effective_batch_size == 3 * 4
 
 
 def test_shipped_defaults_are_recorded_as_config_when_the_planner_keeps_them():
@@ -244,19 +244,19 @@ def test_shipped_defaults_are_recorded_as_config_when_the_planner_keeps_them():
 
 def test_workers_never_exceed_the_usable_cores_and_stay_off_for_small_data():
     loaded = load_config(None)
-    assert make_plan(same_length(100, 100), cpu_machine(8), TINY, loaded)["num_workers"] == 0
+    assert make_plan(same_length(100, 100), cpu_machine(8), TINY, loaded).num_workers == 0
     big = make_plan(same_length(50_000, 1024), cpu_machine(8), TINY, loaded)
-    assert big["num_workers"] == 4 and big["persistent_workers"] is True
+    assert big.num_workers == 4 and big.persistent_workers is True
     forced = make_plan(same_length(100, 100), cpu_machine(2), TINY, load_config(None, ["plan.num_workers=8"]))
-    assert forced["num_workers"] == 1
+    assert forced.num_workers == 1
 
 
 def test_short_runs_still_log_every_step_and_long_runs_about_50_times():
     loaded = load_config(None)
     short = make_plan(same_length(176, 64), cpu_machine(), TINY, loaded)
-    assert (short["total_steps"], short["logging_steps"]) == (66, 1)
+    assert (short.total_steps, short.logging_steps) == (66, 1)
     long = make_plan(same_length(80_000, 1024), cpu_machine(), TINY, loaded)
-    assert long["logging_steps"] == long["total_steps"] // 50
+    assert long.logging_steps == long.total_steps // 50
 
 
 def test_drop_last_counts_full_micro_batches_only():
@@ -264,16 +264,16 @@ def test_drop_last_counts_full_micro_batches_only():
         None,
         ["plan.drop_last=true", "plan.batch_size=4", "plan.gradient_accumulation_steps=1", "train.epochs=1"],
     )
-    assert make_plan(same_length(10, 64), cpu_machine(), TINY, loaded)["total_steps"] == 2
+    assert make_plan(same_length(10, 64), cpu_machine(), TINY, loaded).total_steps == 2
     tiny = make_plan(same_length(3, 64), cpu_machine(), TINY, loaded)
-    assert (tiny["drop_last"], tiny["total_steps"]) == (False, 1)
+    assert (tiny.drop_last, tiny.total_steps) == (False, 1)
 
 
 def test_sequence_length_is_p95_rounded_to_64_and_capped():
     loaded = load_config(None)
     lengths = DataStats({100: 95, 5000: 5})
-    assert make_plan(lengths, cpu_machine(), TINY, loaded)["sequence_length"] == 128
-    assert make_plan(same_length(10, 5000), cpu_machine(), TINY, loaded)["sequence_length"] == 1024
+    assert make_plan(lengths, cpu_machine(), TINY, loaded).sequence_length == 128
+    assert make_plan(same_length(10, 5000), cpu_machine(), TINY, loaded).sequence_length == 1024
 
 
 def test_plan_to_manifest_keeps_flat_values_and_decisions():
@@ -335,16 +335,13 @@ def test_plan_invariants(counts, hardware, values, world, model):
     data = DataStats(counts)
     launch = Launch(world, "test")
     plan = make_plan(data, hardware, model, loaded, launch)
-    assert plan["total_steps"] >= 1
-    assert 0 <= plan["warmup_steps"] < plan["total_steps"]
-    assert (
-        plan["effective_batch_size"]
-        == plan["batch_size"] * plan["gradient_accumulation_steps"] * plan["world_size"]
-    )
-    assert 0 <= plan["num_workers"] < max(2, hardware.usable_cores)
-    assert plan["train_blocks"] == count_blocks(counts, plan["sequence_length"])
-    batches = math.ceil(plan["train_blocks"] / (plan["batch_size"] * world))
-    assert plan["total_steps"] == plan["epochs"] * math.ceil(batches / plan["gradient_accumulation_steps"])
+    assert plan.total_steps >= 1
+    assert 0 <= plan.warmup_steps < plan.total_steps
+    assert plan.effective_batch_size == plan.batch_size * plan.gradient_accumulation_steps * plan.world_size
+    assert 0 <= plan.num_workers < max(2, hardware.usable_cores)
+    assert plan.train_blocks == count_blocks(counts, plan.sequence_length)
+    batches = math.ceil(plan.train_blocks / (plan.batch_size * world))
+    assert plan.total_steps == plan.epochs * math.ceil(batches / plan.gradient_accumulation_steps)
     assert make_plan(data, hardware, model, loaded, launch) == plan  # a pure function
 
 

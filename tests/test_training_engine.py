@@ -284,8 +284,7 @@ def test_resume_without_a_checkpoint_is_one_line(cli, tmp_path):
 
 
 def test_resume_passes_over_a_checkpoint_killed_while_saving(tmp_path):
-    from pipeline.stages import resumable_checkpoint
-    from pipeline.trainer import STAMP_FILE
+    from pipeline.trainer import STAMP_FILE, resumable_checkpoint
 
     stamp = {"dataset_fingerprint": "d", "effective_batch_size": 4, "total_steps": 20}
     complete, cut_off = tmp_path / "checkpoint-5", tmp_path / "checkpoint-10"

@@ -1,0 +1,310 @@
+"""A run's record: its output directory and its manifest, built from what the stages return.
+
+`open_run` creates the output directory, writes a manifest with status `running`, and makes sure
+that however the block ends (success, a PipelineError, Ctrl-C, a bug) the manifest on disk says so.
+`Record.step` times a stage into `.timings` and maps what it returns into the manifest: `sections` is
+the one place that knows where each result goes; the schema (`manifest.schema.json`) is the one
+place that knows the layout, and a finished manifest is validated against it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import singledispatch
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pipeline.config import LoadedConfig
+from pipeline.distributed import Coordinator, launch_from_environment
+from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError
+from pipeline.manifest import (
+    MANIFEST_FILE,
+    conform,
+    mark_finished,
+    new_manifest,
+    read_manifest,
+    schema_problems,
+    write_manifest,
+)
+from pipeline.types import (
+    Evaluation,
+    Loaded,
+    Machine,
+    Outputs,
+    Packed,
+    Plan,
+    Prepared,
+    Scores,
+    Scraped,
+    TrainOutcome,
+)
+
+T = TypeVar("T")
+
+
+class Record:
+    def __init__(
+        self, output_dir: Path, loaded: LoadedConfig, command: str, argv: list[str], coordinator: Coordinator
+    ):
+        self.output_dir = output_dir
+        self.coordinator = coordinator
+        self.launch = coordinator.launch
+        """This process's place in the launch: only rank 0 writes."""
+        self.manifest_path = output_dir / MANIFEST_FILE
+        self.previous = _read_previous(self.manifest_path)
+        """The manifest this output directory held before this run (None if none), read before overwriting."""
+        self.doc = new_manifest(command, argv)
+        self.doc["config"] = {
+            "source": str(loaded.path) if loaded.path else None,
+            "overrides": loaded.overrides,
+            "effective": loaded.config.to_dict(),
+        }
+        self.doc["distributed"] = coordinator.to_manifest()
+        self._started = time.perf_counter()
+
+    @property
+    def writes(self) -> bool:
+        return self.launch.writes
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._started
+
+    def cache_root(self, configured: str | None) -> Path:
+        """Where the token cache lives: `output.cache_dir`, or the output directory's `cache/`."""
+        return Path(configured).expanduser() if configured else self.output_dir / "cache"
+
+    def step(self, name: str, stage: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a stage, time it into `.timings.<name>_s` (even if it fails), and record what it returns."""
+        started = time.perf_counter()
+        try:
+            result = stage(*args, **kwargs)
+        finally:
+            self.doc["timings"][f"{name}_s"] = round(time.perf_counter() - started, 3)
+        self.add(result)
+        return result
+
+    def shared(self, work: Callable[[], T]) -> T:
+        """Rank 0 does `work` (recording its steps); every rank gets its result."""
+        return self.coordinator.share(work)
+
+    def add(self, result: Any) -> None:
+        """Put a stage's result where it belongs in the manifest, and write the manifest."""
+        for name, section in sections(result).items():
+            if isinstance(section, dict) and isinstance(self.doc.get(name), dict):
+                self.doc[name].update(section)
+            else:
+                self.doc[name] = section
+        self.save()
+
+    def progress(self, report: dict[str, Any], evaluations: list[dict[str, Any]]) -> None:
+        """The live manifest during training: `report` is the training report so far (history, this
+        node's hardware), `evaluations` the held-out loss during training; the current step and loss."""
+        losses = report["training"]["loss_history"]
+        last = losses[-1] if losses else {}
+        self.doc["run"].update(current_step=last.get("step"), latest_loss=last.get("loss"))
+        self.doc["training_report"].update(report)
+        self.doc["training_report"]["evaluation"]["history"] = evaluations
+        self.save()
+
+    def save(self) -> None:
+        if not self.writes:
+            return
+        self.doc["total_execution_time_seconds"] = round(self.elapsed_s, 3)
+        # Whole sections are replaced by stages; conforming puts back every key the schema defines.
+        self.doc = conform(self.doc)
+        write_manifest(self.manifest_path, self.doc)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        """How the run ended. A manifest that ends well and does not match the schema is a bug, said
+        here (a failed run's manifest is written as it is: its error is what the user needs)."""
+        mark_finished(self.doc, status, error)
+        self.save()
+        problems = schema_problems(self.doc) if self.writes and error is None else []
+        if problems:
+            raise RuntimeError(f"{self.manifest_path} does not match its schema: {'; '.join(problems[:3])}")
+
+    def announce(self) -> None:
+        """The result's path, last on stdout (rank 0 only)."""
+        if self.writes:
+            print(self.manifest_path)
+
+
+@singledispatch
+def sections(result: Any) -> dict[str, Any]:
+    """The manifest sections a stage's result fills; a stage that returns nothing fills none."""
+    if result is None:
+        return {}
+    raise TypeError(f"no manifest sections for {type(result).__name__}")
+
+
+@sections.register
+def _(scraped: Scraped) -> dict[str, Any]:
+    return {
+        "repository": scraped.repositories[0],
+        "repositories": scraped.repositories,
+        "scrape": scraped.summary,
+    }
+
+
+@sections.register
+def _(prepared: Prepared) -> dict[str, Any]:
+    facts, stats = prepared.facts, prepared.stats
+    return {
+        "model": {
+            "name": facts.name,
+            "random_init": facts.random_init,
+            "pretrained": not facts.random_init,
+            "source": facts.source,
+            "note": "randomly initialised base model (no download): the adapter shows the pipeline works, "
+            "not what a pretrained model would learn"
+            if facts.random_init
+            else None,
+            "parameters_total": facts.parameters,
+            "hidden_size": facts.hidden_size,
+            "num_layers": facts.num_layers,
+            "vocab_size": len(prepared.tokenizer),
+            "max_positions": facts.max_positions,
+        },
+        "dataset": {
+            "cache": prepared.cache.to_manifest(),
+            **prepared.counts,
+            "token_length_median": stats.percentile(50),
+            "token_length_p95": stats.percentile(95),
+            "token_length_max": max(stats.length_counts),
+        },
+    }
+
+
+@sections.register
+def _(machine: Machine) -> dict[str, Any]:
+    return {"hardware": machine.hardware.to_manifest()}
+
+
+@sections.register
+def _(plan: Plan) -> dict[str, Any]:
+    return {"training_parameters": plan.to_manifest()}
+
+
+@sections.register
+def _(packed: Packed) -> dict[str, Any]:
+    train = packed.train
+    return {
+        "dataset": {
+            "block_size": train.block_size,
+            "train_blocks": train.blocks,
+            "eval_blocks": sum(split.blocks for split in packed.held_out.values()),
+            "real_tokens": train.real_tokens,
+            "packing_efficiency": round(train.efficiency, 4),
+            "packing_method": packed.method,
+            "left_out": packed.left_out,
+        }
+    }
+
+
+@sections.register
+def _(loaded: Loaded) -> dict[str, Any]:
+    return {
+        "model": {
+            "parameters_trainable": loaded.trainable_parameters,
+            "quantization": loaded.quantization,
+            "weights_gb": loaded.weights_gb,
+        }
+    }
+
+
+@sections.register
+def _(scores: Scores) -> dict[str, Any]:
+    return {}  # recorded with the evaluation after training, beside the one before (`Evaluation`)
+
+
+@sections.register
+def _(evaluation: Evaluation) -> dict[str, Any]:
+    from pipeline.evaluation import evaluation_report
+
+    return {"training_report": {"evaluation": evaluation_report(evaluation)}}
+
+
+@sections.register
+def _(outcome: TrainOutcome) -> dict[str, Any]:
+    return {
+        "training_report": {
+            **outcome.history,
+            "hardware": outcome.hardware,
+            "throughput": outcome.throughput,
+        },
+        "training_parameters": {**outcome.plan.to_manifest(), "oom_retries": outcome.oom_retries},
+        "run": {"resumed_from": outcome.resumed_from},
+    }
+
+
+@sections.register
+def _(outputs: Outputs) -> dict[str, Any]:
+    return {
+        "outputs": {
+            "output_dir": str(outputs.output_dir.resolve()),
+            "adapter_dir": str(outputs.adapter_dir.resolve()),
+            "adapter_files": outputs.adapter_files,
+            "base_model_dir": str(outputs.base_model_dir.resolve()) if outputs.base_model_dir else None,
+            "sequences_path": str(outputs.sequences_path.resolve()),
+        }
+    }
+
+
+def _read_previous(path: Path) -> dict[str, Any] | None:
+    try:
+        return read_manifest(path)
+    except (OSError, ValueError):
+        return None
+
+
+def prepare_output_dir(path: str | Path) -> Path:
+    """Create `path` and prove it is writable before any work is done."""
+    output_dir = Path(path).expanduser()
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{time.time_ns()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OutputDirError(
+            f"cannot write to output directory {output_dir}: {err.strerror or err}"
+        ) from None
+    return output_dir
+
+
+@contextmanager
+def open_run(
+    loaded: LoadedConfig, command: str, argv: list[str], distributed: bool = False
+) -> Iterator[Record]:
+    """Start a run in `loaded.config.output.dir`; on any failure leave a manifest that says why.
+    `distributed`: the command can run as several ranks (torchrun / accelerate launch)."""
+    launch = launch_from_environment()
+    if launch.world_size > 1 and not distributed:
+        raise PipelineError(f"`{command}` runs in one process: start it without torchrun / accelerate launch")
+    coordinator = Coordinator(launch, loaded.config.distributed).start()
+    output_dir = (
+        prepare_output_dir(loaded.config.output.dir) if launch.writes else Path(loaded.config.output.dir)
+    )
+    record = Record(output_dir, loaded, command, argv, coordinator)
+    record.save()
+    finished = False
+    try:
+        yield record
+        finished = True
+    except Interrupted as err:
+        record.finish("interrupted", str(err))
+        raise
+    except USER_ERRORS as err:
+        record.finish("failed", str(err))
+        raise
+    except KeyboardInterrupt:
+        record.finish("interrupted", "interrupted by the user (Ctrl-C)")
+        raise
+    except Exception as err:
+        record.finish("failed", f"internal error: {type(err).__name__}: {err}")
+        raise
+    finally:
+        coordinator.close(finished)

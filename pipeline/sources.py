@@ -1,0 +1,64 @@
+"""Where the training text comes from: the repositories' history scraped into sequences.jsonl, or
+the output directory's earlier scrape when nothing it depends on changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.hardware import usable_cores
+from pipeline.manifest import tool_info
+from pipeline.progress import say
+from pipeline.token_cache import provenance_hash
+from pipeline.types import Scraped
+from scrapers.config import ScrapeConfig
+from scrapers.errors import RepositoryError
+from scrapers.git import open_repository
+from scrapers.scrape import SEQUENCES_FILE
+from scrapers.scrape import scrape as scrape_history
+from scrapers.shard import describe_counts
+
+
+def scrape(
+    repos: list[str], config: ScrapeConfig, output_dir: Path, earlier: dict[str, Any] | None = None
+) -> Scraped:
+    """Scrape the repositories into `output_dir`; or, given `earlier` (the manifest the output directory
+    held before this run), take its scrape when the repositories' HEADs and the scrape config match."""
+    key = provenance(repos, config)
+    sequences_path = output_dir / SEQUENCES_FILE
+    if earlier and (earlier.get("scrape") or {}).get("provenance_key") == key and sequences_path.exists():
+        say(f"reusing the scrape in {output_dir} (same repositories, HEADs and scrape config)")
+        return Scraped(sequences_path, earlier["repositories"], {**earlier["scrape"], "reused": True})
+    result = scrape_history(repos, config, output_dir, usable_cores())
+    scraped = Scraped(
+        result.sequences_path,
+        [vars(repository.info) for repository in result.repositories],
+        {**result.to_manifest(), "provenance_key": key, "reused": False},
+    )
+    stats = result.stats
+    say(
+        f"scraped {stats.commits_seen} commits of {scraped.where} in {result.duration_s:.2f} s: "
+        f"kept {stats.commits_kept} ({result.sequences['train']} train / {result.sequences['eval']} eval "
+        f"sequences), skipped: {stats.skipped_summary()}"
+        + (f"; redacted {sum(stats.redactions.values())} secrets" if stats.redactions else "")
+    )
+    return scraped
+
+
+def provenance(repos: list[str], config: ScrapeConfig) -> str:
+    """What a scrape's output depends on: this tool, the repositories at their HEADs, the scrape config."""
+    heads = []
+    for repo in repos:
+        try:
+            opened = open_repository(repo)
+            heads.append([str(Path(opened.git_dir).resolve()), opened.head.commit.hexsha])
+        except RepositoryError:  # the scrape reports it (and skips it, if others can be scraped)
+            heads.append([str(repo), None])
+    tool = tool_info()
+    payload = {"tool": [tool["version"], tool["git_sha"]], "repos": heads, "config": vars(config)}
+    return provenance_hash(payload)
+
+
+def skipped(scraped: Scraped) -> str:
+    """Commits skipped by reason, for messages."""
+    return describe_counts(scraped.summary["skipped"])

@@ -1,0 +1,349 @@
+"""The values that pass between stages: what each stage returns and the next one takes (the
+scraped history, the tokenized data, the machine, the plan with every parameter an attribute and
+its decision beside it, the packed blocks, the loaded model, scores, the training's outcome).
+`pipeline.record` maps each of them to the manifest. Nothing heavy is imported here."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.dataset import PackedSplit
+    from pipeline.hardware import Hardware
+    from pipeline.token_cache import TokenCache
+
+
+@dataclass(frozen=True)
+class TextStyle:
+    """How commits become training text."""
+
+    style: str
+    """`chat` (a conversation in the model's chat template) or `raw` (the scraped text)."""
+    loss_on: str
+    """`response` (the answer's tokens only) or `all`."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    value: Any
+    source: str
+    """`planned` (derived here), `config` (a config value) or `cli` (a --set or flag)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class DataStats:
+    """What the planner needs to know about the tokenized training data."""
+
+    length_counts: Mapping[int, int]
+    """Histogram of tokens per training sequence (EOS included) → how many sequences."""
+    newest_first: tuple[int, ...] = ()
+    """The same lengths in the training split's order, newest commit first (what a time budget keeps)."""
+
+    @classmethod
+    def from_lengths(cls, lengths) -> DataStats:
+        lengths = tuple(lengths)
+        return cls(Counter(lengths), lengths)
+
+    def truncated(self, length: int) -> DataStats:
+        """The same sequences cut to their first `length` tokens."""
+        counts: Counter = Counter()
+        for size, count in self.length_counts.items():
+            counts[min(size, length)] += count
+        return DataStats(counts, tuple(min(size, length) for size in self.newest_first))
+
+    @property
+    def sequences(self) -> int:
+        return sum(self.length_counts.values())
+
+    @property
+    def tokens(self) -> int:
+        return sum(length * count for length, count in self.length_counts.items())
+
+    def percentile(self, pct: float) -> int:
+        """Nearest-rank percentile of the sequence lengths (an actual length from the data)."""
+        rank = max(1, math.ceil(pct / 100 * self.sequences))
+        seen = 0
+        for length in sorted(self.length_counts):
+            seen += self.length_counts[length]
+            if seen >= rank:
+                return length
+        return 0
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    random_init: bool
+    """The tiny model: randomly initialised, so it needs a higher learning rate."""
+    max_positions: int | None
+    """Longest context the model supports (tokens), if it says."""
+    source: dict[str, str] | None = None
+    """A built-in model's origin: package, version, file and sha256."""
+    chat_template: bool = False
+    """The tokenizer has a chat template (an instruct model)."""
+    parameters: int = 0
+    linear_parameters: int = 0
+    """Weights of the linear layers, the ones a 4-bit or 8-bit load quantizes (not the embeddings, not
+    the output layer)."""
+    linear_widths: int = 0
+    """Input plus output width, summed over those layers: a rank-r adapter on each has r × this many weights."""
+    hidden_size: int = 0
+    num_layers: int = 0
+    vocab_size: int = 0
+    supports_sdpa: bool = True
+    supports_attention_backend: bool = False
+    """The model class takes a registered attention function (so `segments` can run it)."""
+    supports_flash_attention: bool = False
+    """The model class has a flash-attention path and the flash_attn package is installed."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How many processes train together, which one this is, and how we know."""
+
+    world_size: int = 1
+    reason: str = "one process"
+    rank: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+    launcher: str | None = None
+    """`torchrun` or `accelerate`; None for a plain process (or a plan for a described machine)."""
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def writes(self) -> bool:
+        """Only rank 0 writes the manifest, the sequences, the cache and the adapter."""
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    batch_size: int
+    peak_memory_gb: float | None
+    step_time_s: float | None
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Measured training throughput on this machine, for a time budget."""
+
+    tokens_per_s: float
+    how: str
+    """How it was measured, e.g. `the fastest of 3 forward and backward passes on a 1024-token block`."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every training parameter, decided: the values as attributes, `decisions` with each one's source
+    and reason (in the order they were decided, as the CLI prints them)."""
+
+    device: str
+    world_size: int
+    style: str
+    loss_on: str
+    loss_average: str
+    precision: str
+    tf32: bool
+    attention: str
+    sequence_length: int
+    truncate_at: int | None
+    train_blocks: int
+    quantization: str
+    gradient_checkpointing: bool
+    batch_size: int
+    gradient_accumulation_steps: int
+    epochs: int
+    time_budget_s: float | None
+    measured_tokens_per_s: float | None
+    train_sequences: int
+    effective_batch_size: int
+    drop_last: bool
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    learning_rate: float
+    lr_scheduler: str
+    optimizer: str
+    weight_decay: float
+    max_grad_norm: float
+    base_modules_trained: list[str]
+    lora_dropout: float
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    eval_samples: int
+    eval_blocks: int | None
+    logging_steps: int
+    eval_steps: int | None
+    save_steps: int
+    save_total_limit: int
+    fsdp: str
+    fsdp_config: dict | None
+    deepspeed: str | None
+    torch_compile: bool
+    seed: int
+    decisions: dict[str, Decision] = field(repr=False)
+    probe: tuple[ProbeRow, ...] = ()
+    speed: Speed | None = None
+    """The measured training speed the plan was fitted to (a time budget)."""
+    probe_note: str | None = None
+    """Why the batch probe did not run (None when it ran, or before measuring)."""
+
+    @classmethod
+    def from_decisions(
+        cls, decisions: dict[str, Decision], probe: tuple[ProbeRow, ...] = (), speed: Speed | None = None
+    ) -> Plan:
+        """A plan from the planner's decisions; a parameter that was not decided is an error here, not
+        later in training."""
+        values = {name: decision.value for name, decision in decisions.items()}
+        return cls(**values, decisions=dict(decisions), probe=probe, speed=speed)
+
+    def to_manifest(self) -> dict[str, Any]:
+        """Flat values (the paths users' jq scripts read) plus every decision with its reason."""
+        flat = {name: decision.value for name, decision in self.decisions.items()}
+        flat["decisions"] = {name: dataclasses.asdict(d) for name, d in self.decisions.items()}
+        flat["batch_probe"] = [dataclasses.asdict(row) for row in self.probe]
+        flat["batch_probe_note"] = self.probe_note
+        return flat
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """The repositories' history as training sequences: scraped now, or the output directory's earlier
+    scrape when nothing it depends on changed."""
+
+    sequences_path: Path
+    repositories: list[dict[str, Any]]
+    """Each repository as the manifest records it (path, HEAD, branch, remote without credentials, ...)."""
+    summary: dict[str, Any]
+    """Counts by reason, redactions, the split, duration and provenance (the manifest's `scrape`)."""
+
+    @property
+    def where(self) -> str:
+        """The repository path(s), for messages."""
+        return (
+            self.repositories[0]["path"]
+            if len(self.repositories) == 1
+            else f"{len(self.repositories)} repositories"
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The sequences tokenized (in the token cache) and what the planner needs to know about the model."""
+
+    tokenizer: Any
+    model_config: Any
+    facts: ModelFacts
+    cache: TokenCache
+    stats: DataStats
+    """Token-length histogram of the training split."""
+    counts: dict[str, int]
+    """Sequences and tokens per split (`train_sequences`, `eval_tokens`, ...)."""
+    style: TextStyle
+    """How records became tokens (evaluation prompts are rendered the same way)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a plan is for: this machine as detected, or one a hardware profile describes, and the launch."""
+
+    hardware: Hardware
+    launch: Launch
+
+
+@dataclass(frozen=True)
+class Packed:
+    """The training blocks and the held-out blocks of each format (scored apart: a commit message and a
+    change are different tasks)."""
+
+    train: PackedSplit
+    held_out: dict[str, PackedSplit]
+    method: str
+    """How sequences were laid out in blocks, for people."""
+    left_out: dict[str, Any] | None = None
+    """What a time budget did not train on: sequences, tokens, reason."""
+
+    def held_out_blocks(self, limit: int | None) -> dict[str, Any]:
+        """Each format's held-out blocks as a dataset, the first `limit` of them (all for None)."""
+        return {name: split.dataset(limit) for name, split in self.held_out.items()}
+
+
+@dataclass(frozen=True)
+class Data:
+    """What training needs from the history, prepared once (by rank 0 under torchrun)."""
+
+    scraped: Scraped
+    prepared: Prepared
+    machine: Machine
+    plan: Plan
+    packed: Packed
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The base model with LoRA attached, as this process trains it."""
+
+    model: Any
+    base_dir: Path | None
+    """Where a random base was saved beside the adapter (it cannot be downloaded again)."""
+    trainable_parameters: int
+    quantization: str
+    weights_gb: float
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One evaluation: held-out loss (overall and per format), the task metrics and their samples."""
+
+    loss: dict[str, Any] | None
+    tasks: dict[str, Any] | None
+    samples: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Before and after training, on the same held-out commits, and the held-out loss during training."""
+
+    before: Scores
+    after: Scores | None
+    history: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What training did: its history, the plan it ran with (a smaller micro-batch after an out-of-memory),
+    throughput and the hardware samples of every node."""
+
+    history: dict[str, Any]
+    """Loss and learning-rate history, epoch summaries, how it ended (the manifest's training report)."""
+    evaluations: list[dict[str, Any]]
+    """Held-out loss during training."""
+    plan: Plan
+    oom_retries: list[dict[str, Any]]
+    throughput: dict[str, Any] | None
+    hardware: dict[str, Any]
+    resumed_from: str | None
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The files a run leaves for use: the adapter (paths, sizes, sha256) and where everything went."""
+
+    output_dir: Path
+    adapter_dir: Path
+    adapter_files: list[dict[str, Any]]
+    base_model_dir: Path | None
+    sequences_path: Path
