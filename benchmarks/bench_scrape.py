@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
 
     repo = open_repository(args.repo)
-    git_dir = str(Path(repo.git_dir).resolve())
+    git_dir = str(repo.git_dir)
     commits = len(rev_list(repo, args.rev, None, None, None))
     config = ScrapeConfig(rev=args.rev)
     print(f"repository: {args.repo}  range: {args.rev}  commits: {commits}")

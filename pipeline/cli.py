@@ -204,6 +204,7 @@ def monitor_options(parser: argparse.ArgumentParser) -> None:
 
 def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namespace:
     """Parse argv; a first argument that is an option (not -h) means the default command."""
+    typed = list(argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = [DEFAULT_COMMAND, *argv]
     parser = build_parser(commands)
@@ -211,7 +212,7 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
         parser.print_help(sys.stderr)
         raise SystemExit(2)
     args = parser.parse_args(argv)
-    args.argv = argv  # recorded in the manifest as the command line
+    args.argv = typed  # recorded in the manifest: the command line as the user typed it
     if hasattr(args, "repos"):
         args.repos = [*args.repos, *_repos_from_file(args.repos_file)] if args.repos_file else args.repos
         if not args.repos:
@@ -250,6 +251,11 @@ def run_command(handler: Callable[[argparse.Namespace], int | None], args: argpa
     speaks = os.environ.get("RANK", "0") == "0"
     try:
         return handler(args) or 0
+    except BrokenPipeError:
+        # The reader went away (`... | head`): what it wanted it has. Quietly, and for good: the
+        # interpreter flushes stdout again at exit, into the same closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except USER_ERRORS as err:
         if speaks:
             print(f"repotune: error: {err}", file=sys.stderr)

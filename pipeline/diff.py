@@ -286,17 +286,9 @@ def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
     """(report text, stderr lines, exit code): 0 identical, 1 different, 2 a tripped --fail-if."""
     import orjson
 
-    from pipeline.manifest import read_manifest
+    from pipeline.manifest import load_manifest
 
-    documents = []
-    for path in (before_path, after_path):
-        try:
-            documents.append(read_manifest(Path(path)))
-        except OSError as err:
-            raise PipelineError(f"cannot read {path}: {err.strerror or err}") from None
-        except orjson.JSONDecodeError as err:
-            raise PipelineError(f"{path} is not JSON ({err})") from None
-    before, after = documents
+    before, after = (load_manifest(Path(path)) for path in (before_path, after_path))
     conditions = [Condition.parse(text) for text in options.fail_if]
     messages = [warning] if (warning := schema_warning(before, after)) else []
     changes = select(

@@ -37,15 +37,15 @@ def load_adapter(path: str | Path, dense: bool = False):
 
     quiet_library_output()
     directory = adapter_directory(path)
-    facts = adapter_facts(directory)
+    try:
+        facts = adapter_facts(directory)
+        recorded = PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
+    except (OSError, ValueError) as err:  # a truncated or hand-edited adapter_config.json / repotune.json
+        raise ModelLoadError(f"--adapter {path}: not a readable adapter ({_first_line(err)})") from None
     # A random base is saved beside its adapter: use that copy, wherever the run directory went since
     # (the adapter records the absolute path it had when it trained).
     beside = directory.parent / BASE_MODEL_DIR
-    base_name = (
-        str(beside)
-        if (beside / "config.json").exists()
-        else PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
-    )
+    base_name = str(beside) if (beside / "config.json").exists() else recorded
     base = load_pretrained(
         AutoModelForCausalLM, base_name, **quantized_loading(facts.quantization, "fp32", "cpu")
     )
@@ -60,7 +60,12 @@ def load_adapter(path: str | Path, dense: bool = False):
             base = base.dequantize()
         finally:
             transformers.logging.set_verbosity(verbosity)
-    model = PeftModel.from_pretrained(base, str(directory))
+    try:
+        model = PeftModel.from_pretrained(base, str(directory))
+    except (OSError, ValueError, RuntimeError) as err:  # missing or mismatched adapter weights
+        raise ModelLoadError(
+            f"--adapter {path}: cannot load the adapter onto {base_name} ({_first_line(err)})"
+        ) from None
     return model.eval(), load_saved_tokenizer(directory)
 
 
@@ -87,3 +92,7 @@ def merge(path: str | Path, destination: str | Path) -> Path:
     model.merge_and_unload().save_pretrained(destination)
     tokenizer.save_pretrained(destination)
     return destination
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -163,3 +163,39 @@ def schema_problems(document: dict[str, Any]) -> list[str]:
 
 def read_manifest(path: Path) -> dict[str, Any]:
     return orjson.loads(path.read_bytes())
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """A manifest a user points a command at; anything that is not one is a one-line error naming it."""
+    from pipeline.errors import PipelineError
+
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise PipelineError(f"{path} is a directory, not a MANIFEST.json") from None
+    except OSError as err:
+        raise PipelineError(f"cannot read {path}: {err.strerror or err}") from None
+    if not data.strip():
+        raise PipelineError(
+            f"{path} is empty, not a manifest (a run still writing it? try again when it ends)"
+        )
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as err:
+        if "utf-8" in str(err).lower():
+            raise PipelineError(f"{path} is not UTF-8 text, so not a manifest") from None
+        raise PipelineError(f"{path} is not valid JSON ({err}); a manifest is always complete JSON") from None
+    if not isinstance(document, dict):
+        raise PipelineError(f"{path} holds a JSON {type(document).__name__}, not a manifest (a JSON object)")
+    return document
+
+
+def write_text_output(path: Path, text: str) -> Path:
+    """Write a command's output file; an unwritable path is a one-line error naming it."""
+    from pipeline.errors import PipelineError
+
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise PipelineError(f"cannot write {path}: {err.strerror or err}") from None
+    return path

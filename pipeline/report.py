@@ -44,10 +44,9 @@ def render_report(manifest: dict[str, Any]) -> str:
 
 
 def write_report(manifest_path: Path, output: Path) -> Path:
-    from pipeline.manifest import read_manifest
+    from pipeline.manifest import load_manifest, write_text_output
 
-    output.write_text(render_report(read_manifest(manifest_path)), encoding="utf-8")
-    return output
+    return write_text_output(output, render_report(load_manifest(manifest_path)))
 
 
 def _summary(m: dict[str, Any]) -> str:
@@ -67,7 +66,7 @@ def _summary(m: dict[str, Any]) -> str:
             f'<span class="status-{_e(m.get("status"))}">{_e(m.get("status"))}</span>'
             + (f" — {_e(m.get('error'))}" if m.get("error") else ""),
         ),
-        ("command", _e(" ".join([run.get("command") or "", *(run.get("argv") or [])]))),
+        ("command", _e(" ".join(["run_pipeline.py", *(run.get("argv") or [])]))),
         ("started / finished", f"{_e(run.get('started_at'))} / {_e(run.get('finished_at'))}"),
         ("total time", _e(_fmt(m.get("total_execution_time_seconds"), " s"))),
         (

@@ -13,7 +13,7 @@ from pipeline.token_cache import provenance_hash
 from pipeline.types import Scraped
 from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
-from scrapers.git import open_repository
+from scrapers.git import open_repository, resolved
 from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_history
 from scrapers.shard import describe_counts
@@ -46,12 +46,13 @@ def scrape(
 
 
 def provenance(repos: list[str], config: ScrapeConfig) -> str:
-    """What a scrape's output depends on: this tool, the repositories at their HEADs, the scrape config."""
+    """What a scrape's output depends on: this tool, the repositories and the commits their revision
+    names now (HEAD, or both ends of a range), the scrape config."""
     heads = []
     for repo in repos:
         try:
             opened = open_repository(repo)
-            heads.append([str(Path(opened.git_dir).resolve()), opened.head.commit.hexsha])
+            heads.append([str(opened.git_dir), resolved(opened, config.rev)])
         except RepositoryError:  # the scrape reports it (and skips it, if others can be scraped)
             heads.append([str(repo), None])
     tool = tool_info()

@@ -8,6 +8,7 @@ out exactly like a training run's, so the same jq queries, `diff` and
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ def watch(
         process = psutil.Process(pid) if pid else None
     except psutil.NoSuchProcess:
         raise PipelineError(f"--pid {pid}: no such process") from None
+    if not output.parent.is_dir() or not os.access(output.parent, os.W_OK):  # before sampling, not after
+        raise PipelineError(f"--output {output}: cannot write there (no such directory, or not writable)")
     document = new_manifest("monitor", argv)
     document["hardware"] = detect_hardware().to_manifest()
     live = sys.stderr.isatty()

@@ -105,6 +105,8 @@ class ScrapeConfig:
     """A file whose diff is larger than this (bytes) is left out; such files are almost always generated."""
     max_commit_diff_bytes: int = field(default=131072, metadata=POSITIVE)
     """A commit whose kept diff is larger than this (bytes) is skipped."""
+    max_message_bytes: int = field(default=8192, metadata=POSITIVE)
+    """A commit whose cleaned message is longer than this (bytes) is skipped: generated text, not a message."""
     max_commit_files: int = field(default=50, metadata=POSITIVE)
     """A commit touching more kept files than this is skipped (mass renames, reformatting)."""
     rich_context_lines: int = field(default=10, metadata=NON_NEGATIVE)

@@ -77,6 +77,8 @@ class Filters:
             return "bot_author"
         if not message:
             return "empty_message"
+        if len(message.encode("utf-8", "replace")) > self.config.max_message_bytes:
+            return "message_too_large"  # generated text (a changelog, a log dump), not a message to learn
         # A merge kept by include_merges has git's generated subject; the user asked for it anyway.
         if self.trivial and not commit.is_merge and self.trivial.fullmatch(message.splitlines()[0].strip()):
             return "trivial_message"

@@ -7,8 +7,11 @@ pager, gpg for signatures, transports for lazy fetches). Every git process we
 start through GitPython gets `SAFE_GIT_CONFIG` as command-line-level config
 (through GIT_CONFIG_COUNT, the environment form of `git -c`, which outranks
 every config file), so none of them can run; `git log` also gets
-`--no-ext-diff --no-textconv --no-color`. We never call GitPython helpers
-such as `is_dirty()` that would spawn `git diff`/`git status` on the work tree.
+`--no-ext-diff --no-textconv --no-color`. The repository is found by git
+itself and read only through git commands: GitPython's `Repo` (whose config
+parser evaluates `include`/`includeIf` sections, and crashes on some) is
+never used, nor its helpers such as `is_dirty()` that would spawn
+`git diff`/`git status` on the work tree.
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ SAFE_GIT_CONFIG = {
     "core.quotePath": "false",  # non-ASCII paths as UTF-8, not octal escapes
     "i18n.logOutputEncoding": "UTF-8",  # messages re-encoded from their encoding header
     "color.ui": "false",
+    # What the repository's config could otherwise change in the diffs the parser reads.
+    "diff.submodule": "short",  # gitlinks as commit ids, not logs of the submodule
+    "diff.algorithm": "myers",
+    "diff.interHunkContext": "0",
+    "diff.ignoreSubmodules": "none",
+    "diff.suppressBlankEmpty": "false",
+    "core.attributesFile": os.devnull,
 }
 SAFE_GIT_ENV = {
     "GIT_CONFIG_COUNT": str(len(SAFE_GIT_CONFIG)),
@@ -87,97 +97,189 @@ class RepositoryInfo:
     """Commits reachable from HEAD."""
 
 
-def open_repository(path: str | Path) -> git.Repo:
+@dataclass(frozen=True)
+class Repository:
+    """A repository opened for reading. git itself finds it (GitPython's own config parser is never used:
+    it evaluates `include`/`includeIf` sections, and a repository's config must neither break nor
+    steer the scrape), and every git process runs through `git` with the safe settings."""
+
+    git_dir: Path
+    """Absolute."""
+    work_tree: Path | None
+    """None for a bare repository."""
+    git: git.Git
+
+    @property
+    def path(self) -> str:
+        """The repository's path for messages and the manifest: the work tree, or the git dir if bare."""
+        return str(self.work_tree or self.git_dir)
+
+
+def open_repository(path: str | Path) -> Repository:
     """Open the repository containing `path`, with every configured program disabled."""
-    resolved = Path(path).expanduser()
+    resolved = Path(path).expanduser().resolve()
     if not resolved.exists():
         raise RepositoryError(f"{path}: no such file or directory")
+    start = resolved if resolved.is_dir() else resolved.parent
+    work_tree = _work_tree_of(start)
+    # git's own discovery still decides (a real repository, one the user's git trusts), but with the work
+    # tree given: a `core.worktree` in the repository's config must neither break nor move the scrape.
+    runner = git.Git(str(start))
+    runner.update_environment(**SAFE_GIT_ENV, **({"GIT_WORK_TREE": str(work_tree)} if work_tree else {}))
     try:
-        repo = git.Repo(resolved, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise RepositoryError(
-            f"{path}: not a git repository (run `git init`, or pass the path of a clone)"
-        ) from None
-    # GIT_DIR pins every git process to this repository, also for a bare clone without a
-    # `config` file, which GitPython mistakes for a work tree rooted at its parent.
-    repo.git.update_environment(**SAFE_GIT_ENV, GIT_DIR=str(Path(repo.git_dir).resolve()))
-    if not repo.head.is_valid():
-        raise RepositoryError(f"{path}: the repository has no commits yet; commit something first")
-    return repo
+        git_dir, bare = runner.execute(
+            ["git", "rev-parse", "--absolute-git-dir", "--is-bare-repository"]
+        ).split()
+    except git.GitCommandError as err:
+        failure = git_failure(err.stderr)
+        if "not a git repository" in failure:
+            raise RepositoryError(
+                f"{path}: not a git repository (run `git init`, or pass the path of a clone)"
+            ) from None
+        raise RepositoryError(f"{path}: {failure}") from None
+    return repository_at(Path(git_dir), None if bare == "true" else work_tree)
 
 
-def is_bare(repo: git.Repo) -> bool:
-    """Bare, including a bare clone with no `config` file (GitPython then reports a work tree)."""
-    return repo.bare or not (Path(repo.working_tree_dir) / ".git").exists()
+def _work_tree_of(start: Path) -> Path | None:
+    """The work tree holding `start`, found as git finds it (the nearest directory with a `.git` in it),
+    without reading any config; None inside a bare repository."""
+    for directory in (start, *start.parents):
+        if (directory / ".git").exists():
+            return directory
+        if all((directory / name).exists() for name in ("HEAD", "objects", "refs")):
+            return None  # a git directory itself: a bare repository
+    return None
 
 
-def describe_repository(repo: git.Repo, commit_count: int | None = None) -> RepositoryInfo:
+def repository_at(git_dir: Path, work_tree: Path | None) -> Repository:
+    """A repository found before (a shard's worker process reopens it this way)."""
+    runner = git.Git(str(work_tree or git_dir))
+    # GIT_DIR and GIT_WORK_TREE pin every git process to this repository (also a bare clone without a
+    # `config` file), whatever its config says.
+    pinned = {"GIT_DIR": str(git_dir), **({"GIT_WORK_TREE": str(work_tree)} if work_tree else {})}
+    runner.update_environment(**SAFE_GIT_ENV, **pinned)
+    return Repository(git_dir, work_tree, runner)
+
+
+def head_commit(repo: Repository) -> str | None:
+    """The commit HEAD points to; None while the branch it names has no commit yet."""
+    try:
+        return repo.git.execute(["git", "rev-parse", "--verify", "--quiet", "HEAD^{commit}"]).strip() or None
+    except git.GitCommandError:
+        return None
+
+
+def describe_repository(repo: Repository, commit_count: int | None = None) -> RepositoryInfo:
     """What the manifest says about the repository; pass `commit_count` when HEAD's history was listed already."""
-    head = repo.head
+    head = head_commit(repo)
+    try:
+        branch = repo.git.execute(["git", "symbolic-ref", "--quiet", "--short", "HEAD"]).strip() or None
+    except git.GitCommandError:  # a detached HEAD
+        branch = None
+    if commit_count is None:
+        commit_count = int(run_git(repo, "rev-list", "--count", "HEAD")) if head else 0
     return RepositoryInfo(
-        path=_where(repo),
-        head=head.commit.hexsha,
-        branch=None if head.is_detached else head.reference.name,
+        path=repo.path,
+        head=head,
+        branch=branch,
         remote_url=_remote_url(repo),
-        bare=is_bare(repo),
-        shallow=(Path(repo.git_dir) / "shallow").exists(),
-        commit_count=commit_count
-        if commit_count is not None
-        else int(run_git(repo, "rev-list", "--count", "HEAD")),
+        bare=repo.work_tree is None,
+        shallow=(repo.git_dir / "shallow").exists(),
+        commit_count=commit_count,
     )
 
 
-def _remote_url(repo: git.Repo) -> str | None:
-    remotes = {remote.name: remote for remote in repo.remotes}
-    remote = remotes.get("origin") or next(iter(remotes.values()), None)
-    if remote is None:
-        return None
+def _remote_url(repo: Repository) -> str | None:
+    """`origin`'s URL (or the first remote's), from the repository's own config file, includes not
+    followed, with credentials removed."""
     try:
-        url = repo.config_reader().get_value(f'remote "{remote.name}"', "url")
-    except Exception:  # a remote section without a url; nothing to record
+        listed = repo.git.execute(
+            [
+                "git",
+                "config",
+                "--file",
+                str(repo.git_dir / "config"),
+                "--no-includes",
+                "--get-regexp",
+                r"^remote\..*\.url$",
+            ]
+        )
+    except git.GitCommandError:  # no config file, or no remote with a url
         return None
-    return strip_credentials(str(url))
-
-
-_SCP_LIKE = re.compile(r"^[^@/:]+@(?=[^/:]+:)")
+    urls = dict(line.split(" ", 1) for line in listed.splitlines() if " " in line)
+    url = urls.get("remote.origin.url") or next(iter(urls.values()), None)
+    return strip_credentials(url) if url else None
 
 
 def strip_credentials(url: str) -> str:
-    """`https://user:token@host/x` → `https://host/x`; `user@host:x` (ssh) keeps no user either."""
-    parts = urlsplit(url)
-    if parts.scheme and parts.netloc and "@" in parts.netloc:
-        host = parts.netloc.rsplit("@", 1)[1]
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return _SCP_LIKE.sub("", url)
+    """A remote URL as the manifest may record it, for every form git accepts: no user info (user,
+    password or token), no query string, no fragment; host, port and path kept.
+
+    `scheme://[user[:password]@]host[:port]/path[?query][#fragment]` (https, ssh, git, file, ...);
+    scp-like `[user[:password]@]host:path`; a local path is left as it is.
+    """
+    if "://" in url:
+        parts = urlsplit(url)
+        return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, "", ""))
+    head, slash, rest = url.partition("/")
+    if ":" not in head:  # a local path (no host before a colon)
+        return url
+    # scp-like: user info ends at the last `@` before the path; git passes no query or fragment here,
+    # but a token appended to the path as one must not be recorded either.
+    bare = head.rsplit("@", 1)[-1] + slash + rest
+    return re.split(r"[?#]", bare, maxsplit=1)[0]
 
 
-def run_git(repo: git.Repo, *args: str) -> str:
+def run_git(repo: Repository, *args: str) -> str:
     """Run one short git command (never per commit) and return its stripped output."""
     try:
         return repo.git.execute(["git", *args]).strip()
     except git.GitCommandError as err:
-        raise RepositoryError(f"{_where(repo)}: git {args[0]} failed: {git_failure(err.stderr)}") from None
+        raise RepositoryError(f"{repo.path}: git {args[0]} failed: {git_failure(err.stderr)}") from None
 
 
 def rev_list(
-    repo: git.Repo, rev: str, max_count: int | None, since: str | None, until: str | None
+    repo: Repository, rev: str, max_count: int | None, since: str | None, until: str | None
 ) -> list[str]:
-    """The commits to scrape, newest first, as one `git rev-list` lists them."""
+    """The commits to scrape, newest first, as one `git rev-list` lists them. Any revision the repository
+    has works, whatever HEAD points to; HEAD itself needs a commit."""
+    if rev == "HEAD" and head_commit(repo) is None:
+        raise RepositoryError(
+            f"{repo.path}: the repository has no commits yet on its current branch; commit something first, "
+            "or name a branch that has commits with --rev"
+        )
     args = ["rev-list"]
     args += [f"--max-count={max_count}"] if max_count else []
     args += [f"--since={since}"] if since else []
     args += [f"--until={until}"] if until else []
-    output = run_git(repo, *args, rev, "--")
-    return output.split()
+    try:
+        return repo.git.execute(["git", *args, rev, "--"]).split()
+    except git.GitCommandError as err:
+        failure = git_failure(err.stderr)
+        if "bad revision" in failure or "unknown revision" in failure:
+            raise RepositoryError(
+                f"{repo.path}: --rev {rev}: no such revision or range in this repository "
+                "(`git branch -a` and `git tag` list what there is)"
+            ) from None
+        raise RepositoryError(f"{repo.path}: git rev-list failed: {failure}") from None
 
 
-def shallow_boundaries(repo: git.Repo) -> frozenset[str]:
+def resolved(repo: Repository, rev: str) -> list[str]:
+    """The commits a revision or range names right now (a range: both ends), so a scrape can tell
+    whether what it would read changed."""
+    try:
+        return run_git(repo, "rev-parse", rev).split()
+    except RepositoryError:
+        return []
+
+
+def shallow_boundaries(repo: Repository) -> frozenset[str]:
     """Commits where a shallow clone's history was cut (their parents are missing)."""
-    path = Path(repo.git_dir) / "shallow"
+    path = repo.git_dir / "shallow"
     return frozenset(path.read_text().split()) if path.exists() else frozenset()
 
 
-def blob_sizes(repo: git.Repo, blobs: list[str]) -> dict[str, int]:
+def blob_sizes(repo: Repository, blobs: list[str]) -> dict[str, int]:
     """Sizes of the given blobs (bytes) from ONE `git cat-file --batch-check` process."""
     if not blobs:
         return {}
@@ -185,7 +287,7 @@ def blob_sizes(repo: git.Repo, blobs: list[str]) -> dict[str, int]:
         with _stdin_with(blobs) as stdin:
             output = repo.git.execute(["git", "cat-file", "--batch-check"], istream=stdin)
     except git.GitCommandError as err:
-        raise RepositoryError(f"{_where(repo)}: git cat-file failed: {git_failure(err.stderr)}") from None
+        raise RepositoryError(f"{repo.path}: git cat-file failed: {git_failure(err.stderr)}") from None
     sizes = {}
     for line in output.splitlines():
         parts = line.split()
@@ -205,7 +307,7 @@ def _stdin_with(lines: list[str]) -> Iterator[BinaryIO]:
 
 
 @contextmanager
-def stream_commits(repo: git.Repo, shas: list[str], options: LogOptions) -> Iterator[Iterator[Commit]]:
+def stream_commits(repo: Repository, shas: list[str], options: LogOptions) -> Iterator[Iterator[Commit]]:
     """Yield an iterator over exactly these commits, in this order, from ONE `git log -p` process.
 
     git's stderr is drained on a thread (rename-limit warnings can fill the
@@ -251,7 +353,7 @@ def stream_commits(repo: git.Repo, shas: list[str], options: LogOptions) -> Iter
         drainer.join()
         del process
     if reached_end.is_set() and returncode != 0:
-        raise RepositoryError(f"{_where(repo)}: git log failed: {git_failure(b''.join(stderr_tail))}")
+        raise RepositoryError(f"{repo.path}: git log failed: {git_failure(b''.join(stderr_tail))}")
 
 
 def _drain(stream, tail: list[bytes], keep: int = 64) -> None:
@@ -260,17 +362,14 @@ def _drain(stream, tail: list[bytes], keep: int = 64) -> None:
         del tail[:-keep]
 
 
-def _where(repo: git.Repo) -> str:
-    """The repository's path for messages and the manifest: the work tree, or the git dir if bare."""
-    return str(Path(repo.git_dir if is_bare(repo) else repo.working_tree_dir).resolve())
-
-
 def git_failure(stderr: str | bytes | None) -> str:
     """The line of git's stderr that says what went wrong (its `fatal:`/`error:` line, not a hint)."""
     if isinstance(stderr, bytes):
         stderr = stderr.decode("utf-8", "replace")
-    lines = [line.strip().removeprefix("stderr: ").strip("' ") for line in (stderr or "").splitlines()]
-    lines = [line for line in lines if line]
+    text = (stderr or "").strip()
+    if text.startswith("stderr: '") and text.endswith("'"):  # how GitPython quotes a command's stderr
+        text = text[len("stderr: '") : -1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     causes = [line for line in lines if line.startswith(("fatal:", "error:"))]
     if any("dubious ownership" in line for line in lines):
         return "git refuses a repository owned by another user; if you trust it: git config --global --add safe.directory <path>"

@@ -98,7 +98,7 @@ class _Listed:
     """A repository opened and its commits listed, ready to be sharded."""
 
     path: str
-    git_dir: str
+    git_dir: Path
     info: RepositoryInfo
     name: str
     shas: list[str]
@@ -170,7 +170,13 @@ def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[
     boundaries = shallow_boundaries(repo)
     tasks = [
         ShardTask(
-            repo.git_dir, shas[shard::workers], config, boundaries, Path(f"{part_prefix}-{shard}.part"), name
+            repo.git_dir,
+            repo.work_tree,
+            shas[shard::workers],
+            config,
+            boundaries,
+            Path(f"{part_prefix}-{shard}.part"),
+            name,
         )
         for shard in range(workers)
     ]

@@ -1,11 +1,14 @@
 """Find secrets in commit text and replace them with `<REDACTED:rule>` before anything is written.
 
 Provider rules (AWS, GitHub, GitLab, Slack, Stripe, Google, private key
-blocks, JWTs, passwords in URLs) are strict patterns. The generic rule (a
-value assigned to a name like password/secret/token/api_key) fires only on
-values that look random: mixed letters and digits, not a snake_case word,
-enough entropy. Measured on real histories, "keyword + entropy" without
-those checks fires mostly on identifiers and documentation examples.
+blocks, JWTs, passwords in URLs) are strict patterns. A quoted value of 6 or
+more characters assigned to a name that ends in a secret word
+(`password = "Summer2024!"`) is redacted whatever it looks like, unless it
+is an obvious placeholder. The generic rule (any value assigned to a name
+like password/secret/token/api_key) fires only on values that look random:
+mixed letters and digits, not a snake_case word, enough entropy. Measured on
+real histories, "keyword + entropy" without those checks fires mostly on
+identifiers and documentation examples.
 
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate
@@ -64,6 +67,31 @@ def looks_random(value: str) -> bool:
     counts = Counter(value)
     entropy = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
     return entropy >= 3.0
+
+
+_PLACEHOLDER_WORDS = (
+    "your",
+    "example",
+    "change",
+    "placeholder",
+    "dummy",
+    "redacted",
+    "sample",
+    "fake",
+    "xxx",
+)
+
+
+def is_placeholder(value: str) -> bool:
+    """A value that stands for a secret in docs, templates and tests: a variable (`${TOKEN}`, `{{ x }}`,
+    `<token>`, `%(pw)s`), one character repeated (`******`), or a word that says so."""
+    lowered = value.strip().lower()
+    return (
+        lowered.startswith(("$", "{", "<", "%", "("))
+        or len(set(lowered)) <= 1
+        or any(word in lowered for word in _PLACEHOLDER_WORDS)
+        or re.sub(r"[^a-z]", "", lowered) in ("password", "passwd", "secret", "token", "none", "null", "todo")
+    )
 
 
 _KEY_PREFIXES = ("api", "access", "auth", "private")
@@ -148,6 +176,18 @@ RULES: tuple[Rule, ...] = (
         _KEY_NAME_HINTS,
         group=1,
         accept=looks_random,
+    ),
+    Rule(
+        "quoted_secret",
+        # A quoted value assigned to a name that ends in a secret word (`password = "..."`,
+        # `"db_password": "..."`, `API_TOKEN='...'`): whatever it looks like, a person chose it.
+        re.compile(
+            rf"(?i)(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.-])*(?:{_KEY_NAMES})(?:[_-]?key)?['\"]?\s*(?::=|=>|[:=])\s*"
+            r"[rbuf]?(['\"])((?:\\.|(?!\1)[^\n\\]){6,})\1"
+        ),
+        _KEY_NAME_HINTS,
+        group=2,
+        accept=lambda value: not is_placeholder(value),
     ),
 )
 

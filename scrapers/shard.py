@@ -19,7 +19,7 @@ import orjson
 from scrapers.config import ScrapeConfig
 from scrapers.filters import Filters
 from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
-from scrapers.git import LogOptions, blob_sizes, open_repository, stream_commits
+from scrapers.git import LogOptions, blob_sizes, repository_at, stream_commits
 from scrapers.secrets import redact_all
 
 REDACT_BATCH = 128  # commits redacted together: enough to share the hint scans, little to hold
@@ -77,7 +77,8 @@ class ScrapeStats:
 
 @dataclass(frozen=True)
 class ShardTask:
-    git_dir: str
+    git_dir: Path
+    work_tree: Path | None
     shas: list[str]
     config: ScrapeConfig
     shallow_boundaries: frozenset[str]
@@ -117,7 +118,7 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
     """Scrape `task.shas`; `progress` is a shared counter (multiprocessing.Value) or None."""
     started = time.perf_counter()
     config = task.config
-    repo = open_repository(task.git_dir)
+    repo = repository_at(task.git_dir, task.work_tree)
     filters = Filters(config, task.shallow_boundaries)
     options = log_options(config)
     stats = ScrapeStats()

@@ -181,7 +181,7 @@ def test_unreadable_manifest_and_other_major_version(cli, two_runs, tmp_path):
     assert missing.code == 2 and "cannot read" in missing.err
     (tmp_path / "bad.json").write_text("{not json")
     broken = cli("diff", tmp_path / "bad.json", two_runs[0])
-    assert broken.code == 2 and "is not JSON" in broken.err.strip().splitlines()[-1]
+    assert broken.code == 2 and "is not valid JSON" in broken.err.strip().splitlines()[-1]
     future = read_json(two_runs[1])
     future["schema_version"] = "2.0.0"
     result = cli("diff", two_runs[0], write(tmp_path / "future.json", future))

@@ -1,0 +1,217 @@
+"""Hostile and careless input: credentials in every remote form, repository configs that must not break
+or steer a scrape, any revision whatever HEAD is, bad input files and closed pipes (one line each),
+oversized messages, quoted secrets, and the command line recorded as typed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from scrapers.git import describe_repository, open_repository, strip_credentials
+from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("url", "recorded"),
+    [
+        ("https://user:s3cret@github.com/org/repo.git", "https://github.com/org/repo.git"),
+        ("https://oauth2:glpat-abcdef@gitlab.com/x/y.git", "https://gitlab.com/x/y.git"),
+        ("https://gitlab.com/x/y.git?private_token=abc123", "https://gitlab.com/x/y.git"),
+        ("https://host.example/x.git#token=abc", "https://host.example/x.git"),
+        ("https://user:p@ss@host.example:8443/x.git?a=b#c", "https://host.example:8443/x.git"),
+        ("http://token@host.example/x.git", "http://host.example/x.git"),
+        ("ssh://git:hunter2@host.example:2222/srv/x.git", "ssh://host.example:2222/srv/x.git"),
+        ("ssh://git@[2001:db8::1]:22/x.git", "ssh://[2001:db8::1]:22/x.git"),
+        ("git://host.example/x.git", "git://host.example/x.git"),
+        ("file:///srv/git/x.git", "file:///srv/git/x.git"),
+        ("file://user:pw@host/srv/x.git?token=1", "file://host/srv/x.git"),
+        ("git@github.com:org/repo.git", "github.com:org/repo.git"),
+        ("user:password@host.example:path/repo.git", "host.example:path/repo.git"),
+        ("deploy:p@ss@host.example:repo.git?private_token=x", "host.example:repo.git"),
+        ("host.example:~user/repo.git", "host.example:~user/repo.git"),
+        ("/srv/git/repo.git", "/srv/git/repo.git"),
+        ("../sibling/repo", "../sibling/repo"),
+    ],
+)
+def test_a_remote_url_is_recorded_without_credentials_in_every_form(url, recorded):
+    assert strip_credentials(url) == recorded
+
+
+def test_the_recorded_remote_url_is_stripped(sample_repo):
+    sample_repo.git(
+        "remote", "add", "origin", "https://bob:hunter2@gitlab.com/team/sample.git?private_token=abc"
+    )
+    assert (
+        describe_repository(open_repository(sample_repo.path)).remote_url
+        == "https://gitlab.com/team/sample.git"
+    )
+
+
+def hostile_config(repo: GitRepo) -> None:
+    """What a repository's own config may hold that once broke or steered a scrape."""
+    with (repo.path / ".git" / "config").open("a") as config:
+        config.write(
+            '[includeIf "gitdir:/"]\n\tpath = elsewhere.inc\n'
+            '[includeIf "onbranch:main"]\n\tpath = branch.inc\n'
+            "[include]\n\tpath = /nonexistent/include.inc\n"
+            '[weird "section"]\n\tvalue = 1\n'
+            "[core]\n\tworktree = /nonexistent/worktree\n\tquotePath = true\n"
+            "[diff]\n\tsubmodule = log\n\talgorithm = patience\n\tnoprefix = true\n\tinterHunkContext = 9\n"
+            "[log]\n\tshowSignature = true\n"
+            '[remote "origin"]\n\turl = https://user:token@example.com/x.git?private_token=abc\n'
+        )
+    (repo.path / ".git" / "elsewhere.inc").write_text(
+        '[remote "origin"]\n\turl = https://leak:leak@evil.example/\n'
+    )
+
+
+def test_the_repositorys_config_neither_breaks_nor_steers_the_scrape(cli, sample_repo, tmp_path):
+    clean = cli(
+        "scrape",
+        "--repo",
+        sample_repo.path,
+        "--output-dir",
+        tmp_path / "clean",
+        "--set",
+        "scrape.format=diff",
+    )
+    assert clean.code == 0, clean.err
+    hostile_config(sample_repo)
+    result = cli(
+        "scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--set", "scrape.format=diff"
+    )
+    assert result.code == 0, result.err
+    manifest = read_json(tmp_path / "out" / "MANIFEST.json")
+    assert manifest["repository"]["remote_url"] == "https://example.com/x.git"  # its own file, no include
+    assert manifest["repository"]["path"] == str(sample_repo.path.resolve())
+    # The same sequences as before the config changed: prefixes, hunks and paths as git's defaults make them.
+    texts = [
+        [
+            orjson.loads(line)["text"]
+            for line in (tmp_path / name / "sequences.jsonl").read_bytes().splitlines()
+        ]
+        for name in ("clean", "out")
+    ]
+    assert texts[0] == texts[1]
+
+
+def test_any_revision_scrapes_whatever_head_points_to(cli, tmp_path):
+    repo = GitRepo(tmp_path / "repo")
+    for index in range(1, 4):
+        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    repo.git("checkout", "--quiet", "--orphan", "unborn")  # HEAD names a branch with no commit
+    no_head = cli("scrape", "--repo", repo.path, "--output-dir", tmp_path / "a")
+    assert no_head.code == 2 and "no commits yet on its current branch" in no_head.err
+    result = cli("scrape", "--repo", repo.path, "--output-dir", tmp_path / "b", "--rev", "main")
+    assert result.code == 0, result.err
+    manifest = read_json(tmp_path / "b" / "MANIFEST.json")
+    assert (manifest["scrape"]["commits_seen"], manifest["repository"]["head"]) == (3, None)
+    assert manifest["repository"]["branch"] == "unborn"
+    missing = cli("scrape", "--repo", repo.path, "--output-dir", tmp_path / "c", "--rev", "nope")
+    assert missing.code == 2
+    assert missing.err.strip().endswith(
+        "--rev nope: no such revision or range in this repository (`git branch -a` and `git tag` list what there is)"
+    )
+
+
+BAD_FILES = {
+    "missing": (None, "cannot read {path}: No such file or directory"),
+    "directory": ("dir", "{path} is a directory, not a MANIFEST.json"),
+    "empty": (b"", "{path} is empty, not a manifest (a run still writing it? try again when it ends)"),
+    "truncated": (b'{"status": "runn', "{path} is not valid JSON"),
+    "not utf-8": (b"\xff\xfe\x00{", "{path} is not UTF-8 text, so not a manifest"),
+    "array": (b"[1, 2]", "{path} holds a JSON list, not a manifest (a JSON object)"),
+    "string": (b'"MANIFEST"', "{path} holds a JSON str, not a manifest (a JSON object)"),
+}
+
+
+def bad_file(tmp_path: Path, kind: str) -> Path:
+    content = BAD_FILES[kind][0]
+    path = tmp_path / f"bad-{kind.replace(' ', '-')}.json"
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("kind", BAD_FILES)
+@pytest.mark.parametrize("command", ["report", "diff"])
+def test_a_bad_input_file_is_one_line_naming_it(cli, tmp_path, kind, command):
+    path = bad_file(tmp_path, kind)
+    good = tmp_path / "good.json"
+    good.write_bytes(orjson.dumps({"status": "planned"}))
+    result = cli("report", path) if command == "report" else cli("diff", good, path)
+    assert result.code == 2, result.err
+    line = result.err.strip().splitlines()[-1]
+    assert line.startswith(f"repotune: error: {BAD_FILES[kind][1].format(path=path)}")
+    assert "internal error" not in result.err and "Traceback" not in result.err
+
+
+def test_an_unwritable_output_is_one_line_naming_it(cli, tmp_path):
+    manifest = tmp_path / "m.json"
+    manifest.write_bytes(orjson.dumps({"status": "planned"}))
+    report = cli("report", manifest, "-o", tmp_path / "missing" / "report.html")
+    assert report.code == 2
+    assert (
+        report.err.strip()
+        == f"repotune: error: cannot write {tmp_path / 'missing' / 'report.html'}: No such file or directory"
+    )
+    watch = cli("monitor", "--duration", "1", "--output", tmp_path / "missing" / "m.json")
+    assert watch.code == 2 and watch.err.strip().startswith("repotune: error: --output")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{")
+    broken = cli("generate", "--adapter", adapter, "--prompt", "x")
+    assert broken.code == 2 and broken.err.strip().startswith(
+        f"repotune: error: --adapter {adapter}: not a readable adapter"
+    )
+
+
+def test_a_closed_pipe_ends_quietly_with_exit_0(tmp_path):
+    big = {f"key_{index}": index for index in range(20_000)}
+    before, after = tmp_path / "a.json", tmp_path / "b.json"
+    before.write_bytes(orjson.dumps(big))
+    after.write_bytes(orjson.dumps({key: value + 1 for key, value in big.items()}))
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "run_pipeline.py"), "diff", str(before), str(after)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.readline()
+    process.stdout.close()  # as `| head -1` does
+    assert process.wait(timeout=120) == 0
+    assert process.stderr.read() == b""
+
+
+def test_oversized_messages_and_quoted_secrets_never_reach_the_data_or_the_tokenizer(cli, tmp_path):
+    repo = GitRepo(tmp_path / "repo")
+    for index in range(1, 8):
+        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    repo.commit("Add settings\n\n" + "generated line\n" * 1000, {"pkg/generated.py": "X = 1\n"})
+    repo.commit(
+        "Add the database settings", {"pkg/settings.py": 'DB_PASSWORD = "Summer2024!"\nDB_USER = "app"\n'}
+    )
+    out = tmp_path / "out"
+    result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.epochs=1")
+    assert result.code == 0, result.err
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["scrape"]["skipped"]["message_too_large"] == 1
+    assert manifest["scrape"]["redactions"]["quoted_secret"] == 1
+    assert b"Summer2024" not in (out / "sequences.jsonl").read_bytes()
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert b"Summer2024" not in path.read_bytes(), path  # the tokenizer, the cache, the adapter
+
+
+def test_the_recorded_command_is_what_the_user_typed(cli, sample_repo, tmp_path):
+    typed = ["--repo", str(sample_repo.path), "--output-dir", str(tmp_path / "out"), "--model", "tiny"]
+    cli(*typed, "--set", "scrape.max_commits=1")
+    run = read_json(tmp_path / "out" / "MANIFEST.json")["run"]
+    assert (run["command"], run["argv"]) == ("run", [*typed, "--set", "scrape.max_commits=1"])
