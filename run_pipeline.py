@@ -208,13 +208,14 @@ def diff(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> None:
-    """One HTML page (plots embedded) for a manifest; prints its path."""
+    """One HTML page (plots embedded) for a manifest, or comparing several; prints its path."""
     from pathlib import Path
 
     from pipeline.report import write_report
 
-    manifest = Path(args.manifest)
-    print(write_report(manifest, Path(args.output) if args.output else manifest.with_name("report.html")))
+    manifests = [Path(path) for path in args.manifests]
+    default = manifests[0].with_name("report.html") if len(manifests) == 1 else Path("compare.html")
+    print(write_report(manifests, Path(args.output) if args.output else default, args.names))
 
 
 COMMANDS = {
@@ -227,7 +228,9 @@ COMMANDS = {
         generate, "generate with a trained adapter, or merge it into its base model", generate_options, False
     ),
     "diff": Command(diff, "compare two manifests: what changed, by how much", diff_options, False),
-    "report": Command(report, "write one self-contained HTML page about a run", report_options, False),
+    "report": Command(
+        report, "write one self-contained HTML page about a run, or comparing runs", report_options, False
+    ),
     "prepare": Command(
         prepare, "scrape and tokenize into the token cache without training", hardware_profile_option
     ),

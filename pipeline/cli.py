@@ -143,7 +143,12 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
 def diff_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("before", metavar="BEFORE.json")
     parser.add_argument("after", metavar="AFTER.json")
-    parser.add_argument("--all", action="store_true", help="show unchanged values too")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="show every difference, not only params and metrics (timings, hardware, outputs, reasons, ...)",
+    )
+    parser.add_argument("--unchanged", action="store_true", help="show unchanged values too")
     parser.add_argument("--md", action="store_true", help="print Markdown tables (for a pull request)")
     parser.add_argument("--json", action="store_true", help="print {changes: [...], counts: {...}} as JSON")
     parser.add_argument(
@@ -171,12 +176,21 @@ def diff_options(parser: argparse.ArgumentParser) -> None:
 
 
 def report_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", metavar="MANIFEST.json")
+    parser.add_argument(
+        "manifests", nargs="+", metavar="MANIFEST.json", help="one run's manifest, or several to compare"
+    )
     parser.add_argument(
         "-o",
         "--output",
         metavar="FILE",
-        help="where to write the page (default: report.html beside the manifest)",
+        help="where to write the page (default: report.html beside one manifest, compare.html here for several)",
+    )
+    parser.add_argument(
+        "--name",
+        dest="names",
+        action="append",
+        default=[],
+        help="what to call each compared run, in order (default: its output directory's name)",
     )
 
 

@@ -135,6 +135,15 @@ class TrainConfig:
     """Checkpoints kept on disk (the newest)."""
     torch_compile: bool = False
     """Compile the model with torch.compile (slower start, often faster steps on GPUs)."""
+    report_to: str | list[str] = field(default_factory=list)
+    """Experiment trackers the Trainer logs to: tensorboard, mlflow, wandb, or any other the installed
+    transformers supports (a name or a list); empty: none."""
+
+    @property
+    def trackers(self) -> list[str]:
+        """`report_to` as a list of names, `none` left out."""
+        names = [self.report_to] if isinstance(self.report_to, str) else self.report_to
+        return list(dict.fromkeys(name for name in names if name != "none"))
 
 
 @dataclass(frozen=True)
@@ -368,6 +377,11 @@ def _check_relations(config: Config, problems: list[str]) -> None:
         budget_seconds(train.time_budget)
     except ValueError as err:
         problems.append(f"`train.time_budget` {err}")
+    if train.trackers:  # checked here, before any scraping: a typo or a missing package costs nothing
+        from pipeline.trackers import tracker_problem
+
+        if problem := tracker_problem(train.trackers):
+            problems.append(problem)
     if isinstance(train.sequence_length, int) and train.sequence_length > train.max_sequence_length:
         problems.append(
             f"`train.sequence_length` ({train.sequence_length}) must not exceed "

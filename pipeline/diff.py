@@ -1,10 +1,15 @@
 """Compare two manifests: what changed, by how much, grouped by section.
 
+By default only params (what the run was told and decided, and the data it
+saw) and metrics (losses, evaluation, throughput) are shown, as `dvc exp
+diff` does; `--all` adds the rest (timings, hardware, outputs, ...).
 Records in arrays are matched by identity (an epoch by its number, a GPU by
-its index, a repository by its name), never by position. Per-sample series
-(loss and learning-rate history, hardware samples) are compared through the
-summaries the manifest already holds, and volatile fields (run id,
-timestamps, absolute paths) are left out unless asked for.
+its index, a repository by its name), never by position; nested objects are
+compared leaf by leaf, so a difference is a path, never a blob. Identifiers
+(process ids, hostnames, commits) are compared as values, never subtracted.
+Per-sample series (loss and learning-rate history, hardware samples) are
+compared through the summaries the manifest already holds, and volatile
+fields (run id, timestamps, absolute paths) are left out unless asked for.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +37,44 @@ IDENTITY = {
     "outputs.adapter_files": "path",
     "training_parameters.batch_probe": "batch_size",
     "training_parameters.oom_retries": "batch_size",
+    "training_report.hardware.nodes": "node",
+    "distributed.nodes": "node",
 }
+# What `diff` shows without --all: params, then metrics (patterns over paths; records as [*]).
+PARAMS = (
+    "config.effective.*",
+    "training_parameters.*",
+    "model.name",
+    "model.parameters_*",
+    "model.quantization",
+    "repository.head",
+    "lineage.*",
+    "dataset.*",
+    "scrape.commits_*",
+    "scrape.sequences",
+    "scrape.split.*",
+    "scrape.skipped.*",
+)
+METRICS = (
+    "status",
+    "training_report.training.global_step",
+    "training_report.training.summary.*",
+    "training_report.evaluation.*",
+    "training_report.throughput.tokens_per_s",
+    "training_report.throughput.samples_per_s",
+    "training_report.throughput.trained_tokens",
+)
+# Within those, detail that only --all shows: reasons, cache bookkeeping, how long a measurement took.
+DETAIL = (
+    "training_parameters.decisions.*",
+    "training_parameters.batch_probe*",
+    "dataset.cache.*",
+    "scrape.commits_per_s",
+    "*.seconds",
+)
+CATEGORIES = ("params", "metrics", "other")
+# Numbers that name something rather than measure it: a changed pid is a different process, not Δ +1.
+IDENTIFIERS = ("*.pid", "*.hostname", "*.node", "*.rank", "*_rank", "*.port", "*.master", "*.index", "*.seed")
 # Series: compared through their summaries (training.summary, hardware.summary, throughput, ...).
 SERIES = (
     "training_report.training.loss_history",
@@ -39,6 +82,7 @@ SERIES = (
     "training_report.evaluation.history",
     "training_report.evaluation.samples.*",
     "training_report.hardware.samples",
+    "training_report.hardware.nodes[*].samples",
 )
 VOLATILE = (
     "run.id",
@@ -74,9 +118,21 @@ class Change:
             if isinstance(part, dict):
                 ((key, value),) = part.items()
                 parts[-1] += f"[{key}={value}]"
+            elif isinstance(part, int):
+                parts[-1] += f"[{part}]"
             else:
                 parts.append(str(part))
         return ".".join(parts)
+
+    @cached_property
+    def category(self) -> str:
+        """params, metrics or other (what only --all shows)."""
+        path = self.pattern_path
+        if _matches(path, DETAIL):
+            return "other"
+        if _matches(path, PARAMS):
+            return "params"
+        return "metrics" if _matches(path, METRICS) else "other"
 
     @property
     def pattern_path(self) -> str:
@@ -89,6 +145,8 @@ class Change:
 
     @property
     def delta(self) -> float | None:
+        if _matches(self.pattern_path, IDENTIFIERS):
+            return None
         if _number(self.old) and _number(self.new):
             return _round(self.new - self.old)
         return None
@@ -104,6 +162,7 @@ class Change:
         return {
             "path": self.path,
             "path_array": list(self.path_array),
+            "category": self.category,
             "kind": self.kind,
             "old": self.old,
             "new": self.new,
@@ -127,9 +186,9 @@ def _walk(old: Any, new: Any, path: tuple[Any, ...], changes: list[Change], incl
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(old.keys() | new.keys()):
             if key not in new:
-                changes.append(Change((*path, key), "removed", old=old[key]))
+                changes += _leaves((*path, key), "removed", old[key])
             elif key not in old:
-                changes.append(Change((*path, key), "added", new=new[key]))
+                changes += _leaves((*path, key), "added", new[key])
             else:
                 _walk(old[key], new[key], (*path, key), changes, include_volatile)
         return
@@ -140,13 +199,35 @@ def _walk(old: Any, new: Any, path: tuple[Any, ...], changes: list[Change], incl
         for key in sorted(old_records.keys() | new_records.keys(), key=str):
             element = (*path, {identity: key})
             if key not in new_records:
-                changes.append(Change(element, "removed", old=old_records[key]))
+                changes += _leaves(element, "removed", old_records[key])
             elif key not in old_records:
-                changes.append(Change(element, "added", new=new_records[key]))
+                changes += _leaves(element, "added", new_records[key])
             else:
                 _walk(old_records[key], new_records[key], element, changes, include_volatile)
         return
+    if _records(old) and _records(new):  # no identity: by position, still leaf by leaf
+        for index in range(max(len(old), len(new))):
+            if index >= len(new):
+                changes += _leaves((*path, index), "removed", old[index])
+            elif index >= len(old):
+                changes += _leaves((*path, index), "added", new[index])
+            else:
+                _walk(old[index], new[index], (*path, index), changes, include_volatile)
+        return
     changes.append(Change(path, _kind(old, new), old, new))
+
+
+def _records(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+
+
+def _leaves(path: tuple[Any, ...], kind: str, value: Any) -> list[Change]:
+    """An added or removed object as one change per leaf (a path each, never a blob)."""
+    if isinstance(value, dict) and value:
+        return [change for key, item in value.items() for change in _leaves((*path, key), kind, item)]
+    if _records(value):
+        return [change for index, item in enumerate(value) for change in _leaves((*path, index), kind, item)]
+    return [Change(path, kind, old=value) if kind == "removed" else Change(path, kind, new=value)]
 
 
 def _kind(old: Any, new: Any) -> str:
@@ -178,14 +259,20 @@ def _matches(path: str, patterns) -> bool:
     )
 
 
-def select(changes: list[Change], only: list[str], ignore: list[str], show_unchanged: bool) -> list[Change]:
-    return [
+def select(
+    changes: list[Change], only: list[str], ignore: list[str], show_unchanged: bool, everything: bool = True
+) -> list[Change]:
+    """The changes asked for, params first, then metrics, then the rest. Without `everything` (and without
+    --only, which names what it wants), params and metrics only."""
+    chosen = [
         change
         for change in changes
         if (show_unchanged or change.kind != "unchanged")
         and (not only or _matches(change.path, only))
         and not _matches(change.path, ignore)
+        and (everything or only or change.category != "other")
     ]
+    return sorted(chosen, key=lambda change: CATEGORIES.index(change.category))
 
 
 def counts(changes: list[Change]) -> dict[str, int]:
@@ -291,28 +378,37 @@ def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
     before, after = (load_manifest(Path(path)) for path in (before_path, after_path))
     conditions = [Condition.parse(text) for text in options.fail_if]
     messages = [warning] if (warning := schema_warning(before, after)) else []
-    changes = select(
-        compare(before, after, options.include_volatile), options.only, options.ignore, options.all
-    )
+    compared = compare(before, after, options.include_volatile)
+    every = select(compared, options.only, options.ignore, options.unchanged)
+    changes = every if options.all else select(compared, options.only, options.ignore, options.unchanged, False)
+    differ = sum(change.kind != "unchanged" for change in every)
     if options.json:
         text = orjson.dumps(
             {"changes": [c.to_json() for c in changes], "counts": counts(changes)}, option=orjson.OPT_INDENT_2
         ).decode()
     else:
         text = render_table(changes, markdown=options.md)
+        hidden = differ - sum(change.kind != "unchanged" for change in changes)
+        if hidden:  # the exit code counts them: say where they are
+            where = "none in params or metrics; " if text == "no differences" else ""
+            text = f"{text}\n\n({where}{hidden} more outside params and metrics: --all shows them)".lstrip()
     tripped = [reason for condition in conditions if (reason := condition.tripped(before, after))]
     messages += [f"repotune: fail-if tripped: {reason}" for reason in tripped]
     if tripped:
         return text, messages, 2
-    return text, messages, 1 if any(change.kind != "unchanged" for change in changes) else 0
+    return text, messages, 1 if differ else 0
 
 
 def render_table(changes: list[Change], markdown: bool) -> str:
-    """Changes grouped by section: path, old, new, Δ, Δ%."""
+    """Changes grouped by section, params before metrics before the rest: path, old, new, Δ, Δ%."""
     if not changes:
         return "no differences"
+    groups: dict[tuple[str, str], list[Change]] = {}
+    for change in changes:  # one pass: a manifest can have thousands of sections
+        groups.setdefault((change.category, change.section), []).append(change)
     lines: list[str] = []
-    for section in dict.fromkeys(change.section for change in changes):
+    for (category, section), members in groups.items():
+        title = section if category == "other" else f"{section} ({category})"
         rows = [
             (
                 change.path.removeprefix(f"{section}.") or section,
@@ -322,12 +418,11 @@ def render_table(changes: list[Change], markdown: bool) -> str:
                 _show_relative(change),
                 change.kind,
             )
-            for change in changes
-            if change.section == section
+            for change in members
         ]
         if markdown:
             lines += [
-                f"### {section}",
+                f"### {title}",
                 "",
                 "| path | old | new | Δ | Δ% | kind |",
                 "|---|---|---|---|---|---|",
@@ -336,7 +431,7 @@ def render_table(changes: list[Change], markdown: bool) -> str:
         else:
             header = ("path", "old", "new", "Δ", "Δ%", "kind")
             widths = [max(len(row[i]) for row in [header, *rows]) for i in range(6)]
-            lines.append(f"== {section} ==")
+            lines.append(f"== {title} ==")
             lines += [
                 "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
                 for row in [header, *rows]

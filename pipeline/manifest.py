@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 MANIFEST_FILE = "MANIFEST.json"
+TENSORBOARD_DIR = "tensorboard"  # train.report_to=[tensorboard]: event files beside MANIFEST.json
 SCHEMA_PATH = Path(__file__).resolve().parent / "manifest.schema.json"
 SCHEMA = orjson.loads(SCHEMA_PATH.read_bytes())
 SCHEMA_ID = SCHEMA["$id"]

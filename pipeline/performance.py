@@ -11,22 +11,33 @@ DATA_BOUND_SHARE = (
     0.2  # waiting for batches more than this share of step time means the input pipeline limits
 )
 LOW_GPU_UTILISATION_PCT = 70
+# What a CPU run would gain on a GPU, estimated from arithmetic: a LoRA step costs about 4 FLOPs per base
+# parameter per token (the forward's 2, the backward's 2 for input gradients; frozen weights get none), and
+# the GPU people start with, an RTX 2060, peaks at 25.8 TFLOP/s in fp16 with fp32 accumulation, of which
+# small-model training typically uses about 30%.
+LORA_FLOPS_PER_PARAMETER = 4
+REFERENCE_GPU = "an RTX 2060"
+REFERENCE_GPU_FLOPS = 25.8e12 * 0.3
 
 
 def throughput_report(
-    history, plan: Plan, monitor_report: dict[str, Any], usable_cores: int, efficiency: float
+    history, plan: Plan, monitor_report: dict[str, Any], usable_cores: int, efficiency: float, parameters: int
 ) -> dict[str, Any]:
-    """`efficiency`: real tokens per block slot of the trained blocks (the rest is padding)."""
+    """`efficiency`: real tokens per block slot of the trained blocks (the rest is padding); `parameters`:
+    the base model's."""
     runtime = history.train_runtime_s or 0.0
     processed = round(history.blocks * plan.sequence_length * efficiency)
     step_total = sum(history.step_time_s)
     wait_share = sum(history.data_wait_s) / step_total if step_total else None
-    verdict, suggestion = _bottleneck(wait_share, plan, monitor_report, usable_cores)
+    tokens_per_s = processed / runtime if runtime else None
+    verdict, suggestion = _bottleneck(
+        wait_share, plan, monitor_report, usable_cores, tokens_per_s, parameters
+    )
     overhead = monitor_report.get("monitor_overhead_s") or 0.0
     return {
         "trained_tokens": history.trained_tokens,
         "processed_tokens": processed,
-        "tokens_per_s": round(processed / runtime, 1) if runtime else None,
+        "tokens_per_s": round(tokens_per_s, 1) if tokens_per_s else None,
         "samples_per_s": round(history.blocks / runtime, 3) if runtime else None,
         "step_time_s": summarize_values(history.step_time_s),
         "data_wait_s": summarize_values(history.data_wait_s),
@@ -37,7 +48,9 @@ def throughput_report(
     }
 
 
-def _bottleneck(wait_share, plan: Plan, monitor_report, usable_cores: int) -> tuple[str | None, str | None]:
+def _bottleneck(
+    wait_share, plan: Plan, monitor_report, usable_cores: int, tokens_per_s: float | None, parameters: int
+) -> tuple[str | None, str | None]:
     if wait_share is None:
         return None, None
     if wait_share > DATA_BOUND_SHARE:
@@ -59,5 +72,17 @@ def _bottleneck(wait_share, plan: Plan, monitor_report, usable_cores: int) -> tu
             "(or keep plan.batch_probe on), or try train.torch_compile=true"
         )
     if plan.device == "cpu":
-        return "compute-bound", "the CPU is the limit: a CUDA GPU would train this many times faster"
+        return "compute-bound", f"the CPU is the limit: {gpu_speedup(tokens_per_s, parameters)}"
     return "compute-bound", "the accelerator is busy; more speed needs a faster device or more of them"
+
+
+def gpu_speedup(tokens_per_s: float | None, parameters: int) -> str:
+    """How many times faster the reference GPU would train, from the FLOP/s this run reached."""
+    if not (tokens_per_s and parameters):
+        return "a CUDA GPU would train many times faster"
+    reached = tokens_per_s * LORA_FLOPS_PER_PARAMETER * parameters
+    return (
+        f"{REFERENCE_GPU} would train about {REFERENCE_GPU_FLOPS / reached:.0f}× faster (estimate: "
+        f"{REFERENCE_GPU_FLOPS / 1e12:.1f} TFLOP/s, 30% of its fp16 peak, against the {reached / 1e9:.0f} GFLOP/s "
+        f"reached here at {LORA_FLOPS_PER_PARAMETER} FLOPs per parameter per token)"
+    )

@@ -24,6 +24,7 @@ from typing import Any
 from pipeline.config import LoadedConfig, budget_seconds
 from pipeline.errors import ConfigError
 from pipeline.hardware import GB, Hardware
+from pipeline.manifest import TENSORBOARD_DIR
 from pipeline.packing import count_blocks
 from pipeline.types import (
     DataStats,
@@ -236,6 +237,7 @@ def make_plan(
         p.from_config(name, f"distributed.{name}")
     p.from_config("torch_compile", "train.torch_compile")
     p.from_config("seed", "train.seed")
+    _trackers(p)
     return Plan.from_decisions(p.decisions, probe, speed)
 
 
@@ -834,6 +836,21 @@ def _short_run_batch(p: _Planner, blocks: int, micro: int, accumulation: int, wo
     p.planned("batch_size", micro, why)
     p.planned("gradient_accumulation_steps", accumulation, why)
     return micro, accumulation
+
+
+def _trackers(p: _Planner) -> None:
+    names = p.loaded.config.train.trackers  # each checked when the config was loaded
+    if not names:
+        p.because_of("report_to", [], "train.report_to", "no experiment tracker (train.report_to is empty)")
+        return
+    where = f" (event files in OUTPUT_DIR/{TENSORBOARD_DIR})" if "tensorboard" in names else ""
+    p.because_of(
+        "report_to",
+        names,
+        "train.report_to",
+        f"the Trainer logs loss, learning rate and evaluations to {', '.join(names)}{where}; the plan is "
+        "attached when training begins, the manifest when it ends",
+    )
 
 
 def _lora_dropout(p: _Planner, device: str) -> None:

@@ -1,12 +1,68 @@
 """What the person at the terminal sees while a run works: one line per event, on stderr (stdout is
-kept for results), from rank 0 only under torchrun."""
+kept for results), from rank 0 only under torchrun; and for a long step, how far it has come."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+
+PLAIN_EVERY_S = 10.0  # away from a terminal (a log, CI), a progress line at most this often
 
 
 def say(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr, flush=True)
+
+
+def clock(seconds: float) -> str:
+    """1h02m, 4m05s, 37s."""
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+class Progress:
+    """How far a long step has come: a tqdm bar on a terminal; elsewhere a plain line every
+    PLAIN_EVERY_S seconds (done, total, elapsed, time left) and one at the end if any was printed."""
+
+    def __init__(self, label: str, total: int, unit: str):
+        self.label, self.total, self.unit = label, total, unit
+        self.done = 0
+        self.started = self.last_line = time.perf_counter()
+        self.speaks = os.environ.get("RANK", "0") == "0"
+        self.bar = None
+        if self.speaks and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=False)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.last_line > self.started:  # lines were printed: say that it ended
+            say(self._line(time.perf_counter()))
+
+    def update(self, count: int) -> None:
+        self.done += count
+        if self.bar is not None:
+            self.bar.update(count)
+            return
+        now = time.perf_counter()
+        if self.speaks and now - self.last_line >= PLAIN_EVERY_S and self.done < self.total:
+            self.last_line = now
+            say(self._line(now))
+
+    def _line(self, now: float) -> str:
+        elapsed = now - self.started
+        share = self.done / self.total if self.total else 1.0
+        left = f", about {clock(elapsed / share - elapsed)} left" if 0 < share < 1 else ""
+        return (
+            f"{self.label}: {self.done:,}/{self.total:,} {self.unit}s ({share:.0%}) in {clock(elapsed)}{left}"
+        )

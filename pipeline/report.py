@@ -1,4 +1,5 @@
-"""One self-contained HTML page for a run: summary, decisions, curves, evaluation, hardware, scrape.
+"""One self-contained HTML page for a run (summary, plan, curves, evaluation, throughput, stages,
+hardware, data, config), or for several runs compared (overlaid curves, one table of what differs).
 
 Plots are drawn with matplotlib (Agg, no display) and embedded as base64 PNG,
 so the page opens offline and can be attached anywhere. Anything the run did
@@ -17,9 +18,11 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #1d2330; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #d0d5de; padding-bottom: 0.2rem; margin-top: 2rem; }
 table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
-th, td { border: 1px solid #d0d5de; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #d0d5de; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top;
+         overflow-wrap: anywhere; }
 th { background: #f2f4f8; } .muted { color: #6b7385; } img { max-width: 100%; }
-pre { background: #f6f8fa; padding: 0.5rem; font-size: 0.8rem; white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }
+pre { background: #f6f8fa; padding: 0.5rem; font-size: 0.8rem; white-space: pre-wrap; overflow-wrap: anywhere; margin: 0;
+      max-height: 24em; overflow-y: auto; }
 table.samples { table-layout: fixed; width: 100%; } table.samples td, table.samples th { width: 33%; }
 .status-completed { color: #1a7f37; } .status-failed, .status-interrupted { color: #cf222e; }
 """
@@ -31,22 +34,31 @@ def render_report(manifest: dict[str, Any]) -> str:
         _decisions(manifest),
         _training(manifest),
         _evaluation(manifest),
+        _throughput(manifest),
+        _stages(manifest),
         _hardware(manifest),
         _epochs(manifest),
         _scrape(manifest),
+        _config(manifest),
     ]
-    run = manifest.get("run") or {}
-    title = f"repotune run {run.get('id', '')}"
+    return _page(f"repotune run {(manifest.get('run') or {}).get('id', '')}", sections)
+
+
+def _page(title: str, sections: list[str]) -> str:
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f"<style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n"
     )
 
 
-def write_report(manifest_path: Path, output: Path) -> Path:
+def write_report(manifest_paths: list[Path], output: Path, names: list[str]) -> Path:
+    """One run's page, or with several manifests the page that compares them."""
     from pipeline.manifest import load_manifest, write_text_output
 
-    return write_text_output(output, render_report(load_manifest(manifest_path)))
+    manifests = [load_manifest(path) for path in manifest_paths]
+    if len(manifests) == 1:
+        return write_text_output(output, render_report(manifests[0]))
+    return write_text_output(output, render_comparison(run_names(manifest_paths, names), manifests))
 
 
 def _summary(m: dict[str, Any]) -> str:
@@ -93,12 +105,7 @@ def _summary(m: dict[str, Any]) -> str:
             ),
         ),
         ("held-out loss", _e(_before_after(evaluation))),
-        (
-            "throughput",
-            _e(
-                f"{_fmt(throughput.get('tokens_per_s'))} tokens/s — {throughput.get('bottleneck')}: {throughput.get('suggestion')}"
-            ),
-        ),
+        ("throughput", _e(_throughput_line(throughput))),
     ]
     return f'<h1>{_e("repotune run")}</h1><p class="muted">{_e(run.get("id"))}</p>' + _table(
         ("", ""), rows, escape=False
@@ -106,10 +113,21 @@ def _summary(m: dict[str, Any]) -> str:
 
 
 def _decisions(m: dict[str, Any]) -> str:
-    decisions = (m.get("training_parameters") or {}).get("decisions") or {}
+    params = m.get("training_parameters") or {}
+    decisions = params.get("decisions") or {}
     if not decisions:
         return '<h2>Plan</h2><p class="muted">not planned</p>'
-    rows = [(name, _fmt(d.get("value")), d.get("source"), d.get("reason")) for name, d in decisions.items()]
+    order = [name for name in params.get("decision_order") or [] if name in decisions]  # as the CLI prints
+    order += [name for name in decisions if name not in order]
+    rows = [
+        (
+            name,
+            _fmt(decisions[name].get("value")),
+            decisions[name].get("source"),
+            decisions[name].get("reason"),
+        )
+        for name in order
+    ]
     return "<h2>Plan</h2>" + _table(("parameter", "value", "source", "reason"), rows)
 
 
@@ -117,29 +135,42 @@ def _training(m: dict[str, Any]) -> str:
     report = m.get("training_report") or {}
     losses = (report.get("training") or {}).get("loss_history") or []
     rates = (report.get("learning_rate") or {}).get("history") or []
-    evaluations = (report.get("evaluation") or {}).get("history") or []
     if not losses:
         return '<h2>Training</h2><p class="muted">no training steps recorded</p>'
+    norms = [(e["step"], e["grad_norm"]) for e in losses if e.get("grad_norm") is not None]
 
     def draw(plt):
-        figure, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
-        left.plot([e["step"] for e in losses], [e["loss"] for e in losses], label="training loss")
-        if evaluations:
-            left.plot(
-                [e["step"] for e in evaluations],
-                [e["loss"] for e in evaluations],
-                "o-",
-                label="held-out loss",
-            )
-        left.set_xlabel("optimizer step")
-        left.set_ylabel("loss")
-        left.legend()
-        right.plot([e["step"] for e in rates], [e["learning_rate"] for e in rates], color="tab:orange")
-        right.set_xlabel("optimizer step")
-        right.set_ylabel("learning rate")
+        figure, (loss, norm, rate) = plt.subplots(1, 3, figsize=(13, 3.6))
+        loss.plot([e["step"] for e in losses], [e["loss"] for e in losses], label="training loss")
+        held_out = held_out_curve(m)
+        if held_out:
+            loss.plot(*zip(*held_out, strict=True), "o-", label="held-out loss")
+        loss.set_xlabel("optimizer step")
+        loss.set_ylabel("loss")
+        loss.legend()
+        if norms:
+            norm.plot(*zip(*norms, strict=True), color="tab:green")
+        norm.set_xlabel("optimizer step")
+        norm.set_ylabel("gradient norm (before clipping)")
+        rate.plot([e["step"] for e in rates], [e["learning_rate"] for e in rates], color="tab:orange")
+        rate.set_xlabel("optimizer step")
+        rate.set_ylabel("learning rate")
         return figure
 
-    return "<h2>Training</h2>" + _figure(draw, "loss and learning-rate curves")
+    return "<h2>Training</h2>" + _figure(draw, "loss, gradient-norm and learning-rate curves")
+
+
+def held_out_curve(m: dict[str, Any]) -> list[tuple[int, float]]:
+    """Held-out loss by step: before training at step 0, the evaluations during it, after it at the last."""
+    report = m.get("training_report") or {}
+    evaluation = report.get("evaluation") or {}
+    points = [(e["step"], e["loss"]) for e in evaluation.get("history") or [] if e.get("loss") is not None]
+    if (evaluation.get("before") or {}).get("loss") is not None:
+        points.insert(0, (0, evaluation["before"]["loss"]))
+    last = (report.get("training") or {}).get("global_step")
+    if (evaluation.get("after") or {}).get("loss") is not None and last:
+        points = [point for point in points if point[0] != last] + [(last, evaluation["after"]["loss"])]
+    return points
 
 
 TASK_METRICS = {
@@ -201,6 +232,59 @@ def _output(sample: dict[str, Any]) -> str:
     return f"<pre>{_e(sample['output'])}</pre>"
 
 
+def _throughput_line(throughput: dict[str, Any]) -> str:
+    if throughput.get("tokens_per_s") is None:
+        return "not measured: training did not finish"
+    line = f"{_fmt(throughput['tokens_per_s'])} tokens/s"
+    if throughput.get("bottleneck"):
+        line += f" — {throughput['bottleneck']}: {throughput.get('suggestion')}"
+    return line
+
+
+def _throughput(m: dict[str, Any]) -> str:
+    throughput = (m.get("training_report") or {}).get("throughput") or {}
+    if throughput.get("tokens_per_s") is None:
+        return f'<h2>Throughput</h2><p class="muted">{_e(_throughput_line(throughput))}</p>'
+    step, wait = throughput.get("step_time_s") or {}, throughput.get("data_wait_s") or {}
+    rows = [
+        ("tokens per second", _fmt(throughput.get("tokens_per_s"))),
+        ("blocks per second", _fmt(throughput.get("samples_per_s"))),
+        ("tokens trained (carrying a loss)", _fmt(throughput.get("trained_tokens"))),
+        ("tokens processed (not padding)", _fmt(throughput.get("processed_tokens"))),
+        ("step time, s (mean / p95 / max)", " / ".join(_fmt(step.get(k)) for k in ("mean", "p95", "max"))),
+        ("waiting for data, s per step (mean / max)", " / ".join(_fmt(wait.get(k)) for k in ("mean", "max"))),
+        ("share of step time waiting for data", _fmt(throughput.get("data_wait_share_pct"), " %")),
+        ("hardware monitor's cost", _fmt(throughput.get("monitor_overhead_pct"), " %")),
+        ("bottleneck", _fmt(throughput.get("bottleneck"))),
+        ("what to change", _fmt(throughput.get("suggestion"))),
+    ]
+    return "<h2>Throughput</h2>" + _table(("", ""), rows)
+
+
+def _stages(m: dict[str, Any]) -> str:
+    timings = m.get("timings") or {}
+    if not timings:
+        return '<h2>Stages</h2><p class="muted">no stage timed</p>'
+    total = m.get("total_execution_time_seconds") or sum(timings.values())
+    rows = [
+        (name.removesuffix("_s"), _fmt(seconds, " s"), f"{seconds / total:.0%}" if total else "—")
+        for name, seconds in sorted(timings.items(), key=lambda item: -item[1])
+    ]
+    return f"<h2>Stages</h2><p>{_e(_fmt(total, ' s'))} in all</p>" + _table(("stage", "time", "share"), rows)
+
+
+def _config(m: dict[str, Any]) -> str:
+    config = m.get("config") or {}
+    overrides = config.get("overrides") or {}
+    source = _e(config.get("source") or "the shipped training_config.yaml")
+    if not overrides:
+        return f"<h2>Config</h2><p>{source}, nothing overridden</p>"
+    rows = sorted((key, _fmt(value)) for key, value in overrides.items())
+    return f"<h2>Config</h2><p>{source}, with these overrides (--set and flags)</p>" + _table(
+        ("key", "value"), rows
+    )
+
+
 def _hardware(m: dict[str, Any]) -> str:
     hardware = (m.get("training_report") or {}).get("hardware") or {}
     samples = hardware.get("samples") or []
@@ -250,13 +334,13 @@ def _epochs(m: dict[str, Any]) -> str:
 def _scrape(m: dict[str, Any]) -> str:
     scrape = m.get("scrape") or {}
     if scrape.get("commits_seen") is None:
-        return '<h2>Scrape</h2><p class="muted">not scraped</p>'
+        return '<h2>Data</h2><p class="muted">not scraped</p>'
     counts = [
         (name, _fmt(scrape.get(name)))
         for name in ("commits_seen", "commits_kept", "files_seen", "files_kept", "sequences", "duration_s")
     ]
     skipped = scrape.get("skipped") or {}
-    parts = ["<h2>Scrape</h2>", _table(("", ""), counts)]
+    parts = ["<h2>Data</h2>", _table(("", ""), counts)]
     if skipped:
 
         def draw(plt):
@@ -269,9 +353,21 @@ def _scrape(m: dict[str, Any]) -> str:
             _table(("skipped because", "commits"), sorted(skipped.items())),
             _figure(draw, "commits skipped by reason"),
         ]
+    files_skipped = scrape.get("files_skipped") or {}
+    if files_skipped:
+        parts.append(_table(("files left out because", "files"), sorted(files_skipped.items())))
     redactions = scrape.get("redactions") or {}
-    if redactions:
-        parts.append(_table(("secrets redacted (rule)", "count"), sorted(redactions.items())))
+    parts.append(
+        _table(("secrets redacted (rule)", "count"), sorted(redactions.items()))
+        if redactions
+        else "<p>no secret found to redact</p>"
+    )
+    cache = (m.get("dataset") or {}).get("cache") or {}
+    if cache:
+        state = "hit: reused" if cache.get("hit") else "miss: tokenized"
+        parts.append(
+            f"<p>token cache {_e(cache.get('key'))} ({_e(state)} in {_e(_fmt(cache.get('seconds'), ' s'))})</p>"
+        )
     return "\n".join(parts)
 
 
@@ -312,9 +408,119 @@ def _fmt(value: Any, unit: str = "") -> str:
     if isinstance(value, float):
         return f"{value:.4g}{unit}"
     if isinstance(value, list):
-        return ", ".join(map(str, value)) or "—"
+        return ", ".join(map(str, value)) or "none"
     return f"{value}{unit}"
 
 
 def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
+
+
+def run_names(paths: list[Path], names: list[str]) -> list[str]:
+    """What each run is called on a comparison page: its --name, else its output directory's name (made
+    unique with its position when two share one)."""
+    if names and len(names) != len(paths):
+        from pipeline.errors import PipelineError
+
+        raise PipelineError(f"--name: give one per manifest ({len(paths)}), or none; got {len(names)}")
+    chosen = names or [path.resolve().parent.name for path in paths]
+    taken = {name for name in chosen if chosen.count(name) > 1}
+    return [f"{name} ({index})" if name in taken else name for index, name in enumerate(chosen, 1)]
+
+
+def render_comparison(names: list[str], manifests: list[dict[str, Any]]) -> str:
+    """One page for several runs: a row each, overlaid training and held-out curves, and what differs
+    between them (params first, then metrics, then the rest)."""
+    return _page(
+        f"repotune: {' vs '.join(names)}",
+        [
+            "<h1>repotune: runs compared</h1>",
+            _runs_table(names, manifests),
+            _overlaid_curves(names, manifests),
+            _differences(names, manifests),
+        ],
+    )
+
+
+def _runs_table(names: list[str], manifests: list[dict[str, Any]]) -> str:
+    rows = []
+    for name, m in zip(names, manifests, strict=True):
+        report = m.get("training_report") or {}
+        summary = (report.get("training") or {}).get("summary") or {}
+        rows.append(
+            (
+                name,
+                m.get("status"),
+                (m.get("model") or {}).get("name"),
+                (report.get("training") or {}).get("global_step"),
+                f"{_fmt(summary.get('first'))} → {_fmt(summary.get('last'))}",
+                _before_after(report.get("evaluation") or {}),
+                _fmt((report.get("throughput") or {}).get("tokens_per_s")),
+                _fmt(m.get("total_execution_time_seconds"), " s"),
+            )
+        )
+    header = ("run", "status", "model", "steps", "training loss", "held-out loss", "tokens/s", "total time")
+    return "<h2>Runs</h2>" + _table(header, rows)
+
+
+ABSENT = "(absent)"
+
+
+def _newer(change) -> str:
+    return ABSENT if change.kind == "removed" else _fmt(change.new)
+
+
+def _overlaid_curves(names: list[str], manifests: list[dict[str, Any]]) -> str:
+    histories = [
+        ((m.get("training_report") or {}).get("training") or {}).get("loss_history") or [] for m in manifests
+    ]
+    if not any(histories):
+        return '<h2>Curves</h2><p class="muted">no run recorded a training step</p>'
+
+    def draw(plt):
+        figure, (training, held_out) = plt.subplots(1, 2, figsize=(13, 4))
+        for index, (name, m, losses) in enumerate(zip(names, manifests, histories, strict=True)):
+            color = f"C{index % 10}"
+            if losses:
+                training.plot(
+                    [e["step"] for e in losses], [e["loss"] for e in losses], color=color, label=name
+                )
+            if points := held_out_curve(m):
+                held_out.plot(*zip(*points, strict=True), "o-", color=color, label=name)
+        for axis, label in ((training, "training loss"), (held_out, "held-out loss")):
+            axis.set_xlabel("optimizer step")
+            axis.set_ylabel(label)
+            axis.legend()
+        return figure
+
+    return "<h2>Curves</h2>" + _figure(draw, "training and held-out loss of every run, overlaid")
+
+
+def _differences(names: list[str], manifests: list[dict[str, Any]]) -> str:
+    """Every path whose value differs between the runs, a column per run; params and metrics as `diff`
+    shows them by default, the rest below."""
+    from pipeline.diff import CATEGORIES, compare
+
+    first, *others = manifests
+    pairs = [{change.path: change for change in compare(first, other)} for other in others]
+    differing = {path for pair in pairs for path, change in pair.items() if change.kind != "unchanged"}
+    if not differing:
+        return "<h2>What differs</h2><p>nothing: the runs agree on every compared value</p>"
+    parts = ["<h2>What differs</h2>"]
+    for category in CATEGORIES:
+        ordered = []
+        for pair in pairs:
+            for path, change in pair.items():
+                if path in differing and change.category == category and path not in ordered:
+                    ordered.append(path)
+        if not ordered:
+            continue
+        rows = []
+        for path in ordered:
+            known = next(pair[path] for pair in pairs if path in pair)
+            base = ABSENT if known.kind == "added" else _fmt(known.old)
+            values = [base] + [_newer(pair[path]) if path in pair else base for pair in pairs]
+            rows.append((path, *values))
+        title = {"params": "Params", "metrics": "Metrics", "other": "Everything else"}[category]
+        parts += [f"<h3>{title}</h3>", _table(("path", *names), rows)]
+    return "\n".join(parts)

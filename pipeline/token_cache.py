@@ -34,12 +34,13 @@ import orjson
 from pipeline.config import LoadedConfig
 from pipeline.examples import encode_batch, style_key
 from pipeline.hardware import usable_cores
-from pipeline.progress import say
+from pipeline.progress import Progress, say
 from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle
 from scrapers.errors import RepositoryError
 
-CACHE_FORMAT = 2  # bump when the layout or the tokenization changes
+CACHE_FORMAT = 3  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
+TOKENIZE_CHUNK = 256  # sequences per unit of work (and of progress)
 
 
 @dataclass(frozen=True)
@@ -128,45 +129,90 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
 def tokenize_sequences(
     records: list[dict[str, Any]], tokenizer, style: TextStyle, max_tokens: tuple[int, int], directory: Path
 ) -> dict[str, int]:
-    """Tokenize each split in `style` with `datasets.map(batched=True, num_proc=...)` and save it as
-    Arrow; returns sequences and tokens per split. An empty split is not stored (datasets cannot
-    read back a split saved with no rows). `max_tokens`: a chat example's longest (sequence, prompt)."""
+    """Tokenize each split in `style` (in worker processes when it is large), with progress, and save it
+    as an Arrow dataset; returns sequences and tokens per split. An empty split is not stored (datasets
+    cannot read back a split saved with no rows). `max_tokens`: a chat example's longest (sequence, prompt).
+
+    Not `datasets.map(num_proc=...)`: its progress bar is all it shows, and only on a terminal; a log or CI
+    needs plain lines (see `Progress`)."""
     import datasets
-    import pyarrow.compute as pc
+    import numpy as np
+    import pyarrow as pa
     from datasets import Dataset
 
-    if not sys.stderr.isatty():
-        datasets.disable_progress_bars()
+    datasets.disable_progress_bars()  # saving is quick; the progress that matters is tokenizing's own
     counts = {"train_sequences": 0, "train_tokens": 0, "eval_sequences": 0, "eval_tokens": 0}
-
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        ids, masks = encode_batch(tokenizer, style, batch["format"], batch["text"], *max_tokens)
-        return {"input_ids": ids, "loss_mask": masks, "length": [len(row) for row in ids]}
-
     for split in ("train", "eval"):
         rows = [record for record in records if record["split"] == split]
         if not rows:
             continue
-        dataset = Dataset.from_dict(
+        chunks = [
+            (
+                [r["format"] for r in rows[start : start + TOKENIZE_CHUNK]],
+                [r["text"] for r in rows[start : start + TOKENIZE_CHUNK]],
+            )
+            for start in range(0, len(rows), TOKENIZE_CHUNK)
+        ]
+        processes = max(1, min(usable_cores(), len(rows) // TOKENIZE_ROWS_PER_PROCESS))
+        parts = []
+        with Progress(f"tokenizing {split}", len(rows), "sequence") as progress:
+            for part in _encoded(chunks, (tokenizer, style, max_tokens), processes):
+                parts.append(part)
+                progress.update(len(part[2]))
+        ids, masks, lengths = (np.concatenate([part[index] for part in parts]) for index in range(3))
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int64())
+        table = pa.table(
             {
-                "text": [r["text"] for r in rows],
                 "commit": [r["commit"] for r in rows],
                 "format": [r["format"] for r in rows],
+                "input_ids": pa.LargeListArray.from_arrays(offsets, pa.array(ids)),
+                "loss_mask": pa.LargeListArray.from_arrays(offsets, pa.array(masks)),
+                "length": pa.array(lengths),
             }
         )
-        processes = max(1, min(usable_cores(), len(rows) // TOKENIZE_ROWS_PER_PROCESS))
-        dataset = dataset.map(
-            encode,
-            batched=True,
-            batch_size=256,
-            num_proc=processes if processes > 1 else None,
-            remove_columns=["text"],
-            desc=f"tokenizing {split}",
-        )
-        dataset.save_to_disk(str(directory / split))
-        counts[f"{split}_sequences"] = len(dataset)
-        counts[f"{split}_tokens"] = pc.sum(dataset.data.column("length")).as_py()
+        Dataset(table).save_to_disk(str(directory / split))
+        counts[f"{split}_sequences"] = len(rows)
+        counts[f"{split}_tokens"] = int(lengths.sum())
     return counts
+
+
+_ENCODER: tuple | None = None
+"""(tokenizer, style, max_tokens) in a tokenizing worker process."""
+
+
+def _encoded(chunks: list[tuple[list[str], list[str]]], encoder: tuple, processes: int):
+    """Each chunk encoded, in order: here, or in `processes` worker processes that each get the tokenizer
+    once."""
+    global _ENCODER
+    if processes == 1:
+        _ENCODER = encoder
+        yield from map(_encode_chunk, chunks)
+        return
+    import multiprocessing
+
+    # fork shares the loaded tokenizer and modules; elsewhere each worker unpickles the tokenizer once.
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with context.Pool(processes, initializer=_set_encoder, initargs=(encoder,)) as pool:
+        yield from pool.imap(_encode_chunk, chunks)
+
+
+def _set_encoder(encoder: tuple) -> None:
+    global _ENCODER
+    _ENCODER = encoder
+
+
+def _encode_chunk(chunk: tuple[list[str], list[str]]):
+    """(token ids int32, loss mask int8, lengths int64) of a chunk's sequences, flat: compact to send back."""
+    import numpy as np
+
+    tokenizer, style, (max_tokens, max_prompt) = _ENCODER
+    formats, texts = chunk
+    ids, masks = encode_batch(tokenizer, style, formats, texts, max_tokens, max_prompt)
+    lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
+    total = int(lengths.sum())
+    flat_ids = np.fromiter((v for row in ids for v in row), dtype=np.int32, count=total)
+    flat_masks = np.fromiter((v for row in masks for v in row), dtype=np.int8, count=total)
+    return flat_ids, flat_masks, lengths
 
 
 def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepared:

@@ -35,10 +35,11 @@ from pipeline.distributed import Coordinator
 from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.evaluation import held_out_loss, perplexity
 from pipeline.hardware import usable_cores
-from pipeline.manifest import finite, write_manifest
+from pipeline.manifest import MANIFEST_FILE, finite, write_manifest
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.performance import throughput_report
-from pipeline.progress import say
+from pipeline.progress import clock, say
+from pipeline.trackers import attach_trackers
 from pipeline.types import Plan, TrainOutcome
 
 STAMP_FILE = "repotune_state.json"
@@ -112,6 +113,8 @@ class TrainingHistory(TrainerCallback):
     time_limit: dict[str, Any] | None = None
     """Step and time at which the time budget's hard limit stopped training."""
     global_step: int = 0
+    start_step: int = 0
+    """The step training began at in this process (a resumed run's checkpoint step)."""
     train_runtime_s: float | None = None
     _epoch_started: float = 0.0
     _epoch_losses: list[float] = field(default_factory=list)
@@ -139,6 +142,11 @@ class TrainingHistory(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._train_started = self._last_step_end = time.perf_counter()
+        self.start_step = state.global_step
+
+    def elapsed_s(self) -> float:
+        """Seconds since training began in this process."""
+        return time.perf_counter() - self._train_started if self._train_started else 0.0
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_started = time.perf_counter()
@@ -372,7 +380,7 @@ def training_arguments(plan: Plan, checkpoint_dir: Path) -> TrainingArguments:
         dataloader_drop_last=plan.drop_last,
         seed=plan.seed,
         data_seed=plan.seed,
-        report_to="none",
+        report_to=plan.report_to or "none",
         remove_unused_columns=False,  # position_ids carry the packing boundaries
         ddp_find_unused_parameters=False,  # every LoRA parameter is used: skip DDP's search each step
         fsdp=plan.fsdp,
@@ -418,7 +426,8 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
     monitor = HardwareMonitor(
         job.monitor.collection_interval_seconds, import_nvml() if launch.local_rank == 0 else None
     )
-    progress = _Progress(job, monitor)
+    time_limit = plan.time_budget_s * TRAINING_TIME_LIMIT if plan.time_budget_s else None
+    progress = _Progress(job, monitor, time_limit)
     history = TrainingHistory(job.train.real_tokens, job.monitor.include_epoch_summary, progress)
     progress.history = history
     resumed_from = None
@@ -427,7 +436,6 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
         log_history = orjson.loads((resumed_from / "trainer_state.json").read_bytes())["log_history"]
         history.resume_from(log_history)
         say(f"resuming from {resumed_from}")
-    time_limit = plan.time_budget_s * TRAINING_TIME_LIMIT if plan.time_budget_s else None
     retries: list[dict[str, Any]] = []
 
     def on_oom(retry: dict[str, Any]) -> None:
@@ -462,10 +470,11 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
 
 
 class _Progress:
-    """After every log: the live report to `job.on_progress` and, for each new step, one progress line."""
+    """After every log: the live report to `job.on_progress` and, for each new step, one progress line
+    with the loss, learning rate, tokens/s, elapsed time and the time left."""
 
-    def __init__(self, job: Job, monitor: HardwareMonitor):
-        self.job, self.monitor = job, monitor
+    def __init__(self, job: Job, monitor: HardwareMonitor, time_limit: float | None):
+        self.job, self.monitor, self.time_limit = job, monitor, time_limit
         self.history: TrainingHistory | None = None
         self.shown_step: int | None = None
 
@@ -477,7 +486,23 @@ class _Progress:
             self.shown_step = last["step"]
             loss = "not finite" if last["loss"] is None else f"{last['loss']:.4f}"
             rate = history.lr_history[-1]["learning_rate"]
-            say(f"  step {last['step']}/{self.job.plan.total_steps}  loss {loss}  lr {rate:.2e}")
+            say(
+                f"  step {last['step']}/{self.job.plan.total_steps}  loss {loss}  lr {rate:.2e}{self._pace(last['step'])}"
+            )
+
+    def _pace(self, step: int) -> str:
+        """Tokens/s, elapsed and left, from the steps this process ran (a resumed run's earlier steps ran
+        elsewhere in time)."""
+        history, plan = self.history, self.job.plan
+        elapsed, done = history.elapsed_s(), step - history.start_step
+        if done <= 0 or elapsed <= 0:
+            return ""
+        tokens = history.blocks * plan.sequence_length * self.job.train.efficiency
+        left = (plan.total_steps - step) * elapsed / done
+        until = ""
+        if self.time_limit is not None and elapsed + left > self.time_limit:
+            left, until = max(0.0, self.time_limit - elapsed), " (the time budget)"
+        return f"  {tokens / elapsed:,.0f} tokens/s  elapsed {clock(elapsed)}  left {clock(left)}{until}"
 
 
 def _gathered(
@@ -496,7 +521,11 @@ def _gathered(
     history.trained_tokens = sum(part["tokens"] for part in gathered)
     history.blocks = sum(part["blocks"] for part in gathered)
     hardware = {**monitor.report(), "nodes": [part["hardware"] for part in gathered if "hardware" in part]}
-    throughput = throughput_report(history, plan, monitor.report(), usable_cores(), job.train.efficiency)
+    counted = getattr(job.model, "get_nb_trainable_parameters", None)  # peft counts 4-bit weights unpacked
+    parameters = counted()[1] if counted else sum(p.numel() for p in job.model.parameters())
+    throughput = throughput_report(
+        history, plan, monitor.report(), usable_cores(), job.train.efficiency, parameters
+    )
     return hardware, throughput
 
 
@@ -542,6 +571,11 @@ def build_trainer(job: Job, history: TrainingHistory, time_limit: float | None) 
     # Both print raw log dicts to stdout; TrainingHistory reports progress on stderr instead.
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+    if job.plan.report_to:
+        decisions = job.plan.to_manifest()["decisions"]
+        attach_trackers(
+            trainer, job.checkpoint_dir.parent, job.checkpoint_dir.parent / MANIFEST_FILE, decisions
+        )
     return trainer
 
 

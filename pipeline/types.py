@@ -194,6 +194,7 @@ class Plan:
     deepspeed: str | None
     torch_compile: bool
     seed: int
+    report_to: list[str]
     decisions: dict[str, Decision] = field(repr=False)
     probe: tuple[ProbeRow, ...] = ()
     speed: Speed | None = None
@@ -214,6 +215,7 @@ class Plan:
         """Flat values (the paths users' jq scripts read) plus every decision with its reason."""
         flat = {name: decision.value for name, decision in self.decisions.items()}
         flat["decisions"] = {name: dataclasses.asdict(d) for name, d in self.decisions.items()}
+        flat["decision_order"] = list(self.decisions)  # as the CLI prints them (the manifest sorts keys)
         flat["batch_probe"] = [dataclasses.asdict(row) for row in self.probe]
         flat["batch_probe_note"] = self.probe_note
         return flat

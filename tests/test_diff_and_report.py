@@ -6,6 +6,7 @@ import base64
 import copy
 import io
 from html.parser import HTMLParser
+from pathlib import Path
 
 import orjson
 import pytest
@@ -56,7 +57,7 @@ def test_identical_manifests_exit_0(cli, two_runs):
 def test_differences_are_grouped_by_section_with_deltas(cli, two_runs):
     result = cli("diff", *two_runs)
     assert result.code == 1
-    assert "== training_parameters ==" in result.out
+    assert "== training_parameters (params) ==" in result.out
     row = next(line.split() for line in result.out.splitlines() if line.split()[:1] == ["batch_size"])
     assert row == ["batch_size", "1", "2", "+1", "+100.0%", "changed"]
     assert "run.id" not in result.out and "started_at" not in result.out  # volatile: left out
@@ -71,6 +72,7 @@ def test_json_output_lists_every_change_with_its_kind(cli, two_runs):
     assert change == {
         "path": "training_parameters.batch_size",
         "path_array": ["training_parameters", "batch_size"],
+        "category": "params",
         "kind": "changed",
         "old": 1,
         "new": 2,
@@ -123,19 +125,21 @@ def test_records_are_matched_by_identity_not_position(two_runs):
 
 
 def test_flags_all_md_only_ignore_and_volatile(cli, two_runs):
-    everything = cli("diff", *two_runs, "--all").out
+    everything = cli("diff", *two_runs, "--unchanged").out
     assert (
         "unchanged" in everything and "training_parameters.seed" not in everything and "  seed " in everything
     )
     markdown = cli("diff", *two_runs, "--md").out
-    assert "### training_parameters" in markdown and "| path | old | new | Δ | Δ% | kind |" in markdown
+    assert (
+        "### training_parameters (params)" in markdown and "| path | old | new | Δ | Δ% | kind |" in markdown
+    )
     only = cli("diff", *two_runs, "--only", "training_parameters.*").out
-    assert only.startswith("== training_parameters ==") and "== timings ==" not in only
+    assert only.startswith("== training_parameters (params) ==") and "== timings ==" not in only
     ignored = cli("diff", *two_runs, "--ignore", "timings.*", "--ignore", "training_report.*").out
     assert (
         "== timings ==" not in ignored
         and "== training_report ==" not in ignored
-        and "== training_parameters ==" in ignored
+        and "== training_parameters (params) ==" in ignored
     )
     volatile = cli("diff", *two_runs, "--include-volatile", "--only", "run.*").out
     assert "id" in volatile and "started_at" in volatile
@@ -219,7 +223,9 @@ def test_report_is_one_page_whose_images_all_decode(cli, two_runs, tmp_path):
     assert result.code == 0 and result.out.strip() == str(page)
     parser = Images()
     parser.feed(page.read_text())
-    assert parser.headings == ["Plan", "Training", "Evaluation", "Hardware", "Epochs", "Scrape"]
+    assert parser.headings == [
+        "Plan", "Training", "Evaluation", "Throughput", "Stages", "Hardware", "Epochs", "Data", "Config"
+    ]  # fmt: skip
     assert len(parser.sources) >= 2
     for source in parser.sources:
         assert source.startswith("data:image/png;base64,")  # embedded: the page opens offline
@@ -301,3 +307,88 @@ def test_the_readme_cookbook_runs_against_a_real_manifest(two_runs):
     assert results["{status, error}"] == [{"status": "completed", "error": None}]
     assert results[".training_report.evaluation.samples.after[0].output"][0]
     assert all(values != [None] for query, values in results.items() if "gpus" not in query), results
+
+
+def test_diff_shows_params_and_metrics_unless_asked_for_all(cli, two_runs):
+    shown = cli("diff", *two_runs).out
+    sections = [line for line in shown.splitlines() if line.startswith("== ")]
+    assert sections[0] == "== config (params) =="
+    assert all(line.endswith(("(params) ==", "(metrics) ==")) for line in sections)
+    assert (
+        "effective.plan.batch_size" in shown and "tokens_per_s" in shown and "evaluation.after.loss" in shown
+    )
+    assert "timings" not in shown and "hardware" not in shown and "decisions" not in shown
+    everything = cli("diff", *two_runs, "--all").out
+    assert "== timings ==" in everything and "decisions.total_steps.reason" in everything
+    assert len(everything.splitlines()) > 2 * len(shown.splitlines())
+
+
+def test_diff_compares_identifiers_as_values_and_objects_as_paths(two_runs):
+    before = read_json(two_runs[0])
+    after = copy.deepcopy(before)
+    after["training_report"]["hardware"]["followed_process"]["pid"] += 1
+    after["training_report"]["hardware"]["nodes"][0]["hostname"] = "elsewhere"
+    after["training_report"]["hardware"]["nodes"].append(
+        {"node": 1, "hostname": "second", "summary": {"cpu_pct": {"max": 50}}}
+    )
+    changes = {c.path: c for c in compare(before, after) if c.kind != "unchanged"}
+    pid = changes["training_report.hardware.followed_process.pid"]
+    assert (pid.kind, pid.delta, pid.rel_delta) == ("changed", None, None)  # another process, not "+1"
+    assert changes["training_report.hardware.nodes[node=0].hostname"].new == "elsewhere"
+    added = sorted(path for path, c in changes.items() if c.kind == "added")
+    assert added == [
+        "training_report.hardware.nodes[node=1].hostname",
+        "training_report.hardware.nodes[node=1].node",
+        "training_report.hardware.nodes[node=1].summary.cpu_pct.max",
+    ]  # leaf by leaf, never a JSON blob
+
+
+def test_compare_page_overlays_runs_and_tables_what_differs(cli, two_runs, tmp_path):
+    page = tmp_path / "compare.html"
+    result = cli("report", *two_runs, "-o", page, "--name", "micro-1", "--name", "micro-2")
+    assert result.code == 0 and result.out.strip() == str(page)
+    html = page.read_text()
+    parser = Images()
+    parser.feed(html)
+    assert parser.headings == ["Runs", "Curves", "What differs"]
+    assert len(parser.sources) == 1 and "training and held-out loss of every run, overlaid" in html
+    params = html.split("<h3>Params</h3>", 1)[1].split("<h3>", 1)[0]
+    assert "<th>micro-1</th><th>micro-2</th>" in params
+    assert "<tr><td>config.effective.plan.batch_size</td><td>1</td><td>2</td></tr>" in params
+    assert (
+        html.index("<h3>Params</h3>")
+        < html.index("<h3>Metrics</h3>")
+        < html.index("<h3>Everything else</h3>")
+    )
+    default = cli("report", *two_runs)  # named by output directory, written here
+    assert default.code == 0 and default.out.strip() == "compare.html"
+    assert "<td>before</td>" in (Path.cwd() / "compare.html").read_text()
+    (Path.cwd() / "compare.html").unlink()
+    wrong = cli("report", *two_runs, "--name", "only-one", "-o", page)
+    assert (
+        wrong.code == 2
+        and wrong.err.strip() == "repotune: error: --name: give one per manifest (2), or none; got 1"
+    )
+
+
+def test_single_run_page_shows_what_the_manifest_holds(two_runs):
+    from pipeline.report import held_out_curve, render_report
+
+    manifest = read_json(two_runs[0])
+    manifest["scrape"]["files_skipped"] = {"binary": 2}
+    manifest["scrape"]["redactions"] = {"aws_access_key": 1}
+    page = render_report(manifest)
+    order = manifest["training_parameters"]["decision_order"]
+    positions = [page.index(f"<td>{name}</td>") for name in order]
+    assert positions == sorted(positions) and order[0] == "device"  # as the CLI prints them, not a-z
+    assert "loss, gradient-norm and learning-rate curves" in page
+    for shown in ("tokens per second", "waiting for data", "stage</th>", "tokenize", "files left out because",
+                  "<td>binary</td><td>2</td>", "<td>aws_access_key</td><td>1</td>", "token cache", "plan.batch_size"):  # fmt: skip
+        assert shown in page, shown
+    curve = held_out_curve(manifest)
+    evaluation = manifest["training_report"]["evaluation"]
+    assert curve[0] == (0, evaluation["before"]["loss"])
+    assert curve[-1] == (manifest["training_report"]["training"]["global_step"], evaluation["after"]["loss"])
+    manifest["training_report"]["throughput"] = None  # an interrupted run
+    assert "not measured: training did not finish" in render_report(manifest)
+    assert "None" not in render_report(manifest).split("<h2>Throughput", 1)[0]

@@ -180,7 +180,7 @@ def test_a_closed_pipe_ends_quietly_with_exit_0(tmp_path):
     before.write_bytes(orjson.dumps(big))
     after.write_bytes(orjson.dumps({key: value + 1 for key, value in big.items()}))
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "run_pipeline.py"), "diff", str(before), str(after)],
+        [sys.executable, str(ROOT / "run_pipeline.py"), "diff", "--all", str(before), str(after)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
