@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pipeline.cli import (
     Command,
+    command_flags,
     diff_options,
     generate_options,
     hardware_profile_option,
@@ -23,6 +25,7 @@ from pipeline.cli import (
     report_options,
     resume_option,
     run_command,
+    update_options,
 )
 from pipeline.config import LoadedConfig
 from pipeline.record import Record, open_run
@@ -65,10 +68,11 @@ def prepare_data(
 
 
 def fit_to_machine(
-    record: Record, loaded: LoadedConfig, data: Data, resume: bool
+    record: Record, loaded: LoadedConfig, data: Data, resume: bool, continue_from: Path | None = None
 ) -> tuple[Loaded, Plan, Packed]:
-    """Load the model, measure what the plan needs from this machine (the largest micro-batch that fits a
-    GPU, the training speed for a time budget) and plan again, keep the blocks that plan trains on."""
+    """Load the model (with `continue_from`'s adapter, for an update), measure what the plan needs from
+    this machine (the largest micro-batch that fits a GPU, the training speed for a time budget) and plan
+    again, keep the blocks that plan trains on."""
     from pipeline.dataset import keep_newest
     from pipeline.model import load_model
     from pipeline.planner import format_plan
@@ -78,7 +82,7 @@ def fit_to_machine(
     config, prepared = loaded.config, data.prepared
     model = record.step(
         "load_model", load_model, config.train.model, prepared, data.plan, config.lora, record.launch,
-        record.output_dir,
+        record.output_dir, continue_from,
     )  # fmt: skip
     resumed = resumed_speed(record.previous) if resume else None
     plan = record.step(
@@ -131,6 +135,48 @@ def train_and_evaluate(
     if record.writes:
         remember_speed(outcome, data.machine, prepared.facts.name)
     return outcome
+
+
+def update(args: argparse.Namespace) -> None:
+    """Continue a run's adapter on the commits made since it: check the parent → scrape the new commits →
+    tokenize → plan (short warmup, lower peak) → train from the parent's adapter → evaluate on the newest
+    commits and on the parent's held-out ones (forgetting) → save, with the lineage in the manifest."""
+    from pipeline.lineage import (
+        check_tokenizer,
+        describe_forgetting,
+        find_parent,
+        forgetting,
+        parent_held_out,
+        parent_scores,
+        update_config,
+    )
+    from pipeline.model import save_adapter
+    from pipeline.progress import say
+
+    parent = find_parent(args.parent, args.repos, args.model)
+    loaded = update_config(parent, args.config, args.overrides, command_flags(args))
+    with open_run(loaded, "update", args.argv) as record:
+        record.add(parent.lineage())
+        if parent.up_to_date:
+            say(
+                f"up to date: HEAD {parent.new_head[:12]} is what {parent.directory} trained on; nothing to train"
+            )
+            record.finish("up_to_date")
+            record.announce()
+            return
+        say(f"updating {parent.directory} with {len(parent.commits_added)} new commits")
+        data = prepare_data(record, loaded, [parent.repo])
+        check_tokenizer(parent, data.prepared)
+        model, plan, packed = fit_to_machine(record, loaded, data, False, parent.adapter_dir)
+        earlier = parent_held_out(parent, data.prepared, loaded, plan, record.output_dir / "parent_held_out")
+        kept = record.step("evaluate_parent_before", parent_scores, model.model, earlier, plan)
+        outcome = train_and_evaluate(record, loaded, data, model, plan, packed, False)
+        after = record.step("evaluate_parent_after", parent_scores, model.model, earlier, plan)
+        record.add(parent.lineage(forgetting(kept, after)))
+        say(describe_forgetting(parent.directory, kept, after))
+        record.step("save", save_adapter, model, data.prepared, outcome.plan, record.output_dir)
+        record.finish("completed")
+    record.announce()
 
 
 def scrape(args: argparse.Namespace) -> None:
@@ -220,6 +266,12 @@ def report(args: argparse.Namespace) -> None:
 
 COMMANDS = {
     "run": Command(run, "scrape, plan and train a LoRA adapter (the default command)", resume_option),
+    "update": Command(
+        update,
+        "continue a run's adapter on the commits made since it, with lineage and forgetting measured",
+        update_options,
+        needs_repo=False,
+    ),
     "scrape": Command(scrape, "turn the repository's history into sequences.jsonl, without training"),
     "plan": Command(
         plan, "decide every training parameter and say why, without training", hardware_profile_option

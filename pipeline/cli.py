@@ -26,6 +26,8 @@ class Command:
     """Adds the command's own options."""
     shared_options: bool = True
     """Takes the shared options (--repo, --output-dir, --config, --set, ...)."""
+    needs_repo: bool = True
+    """--repo is required (an update takes its parent's repository by default)."""
 
 
 def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
@@ -104,6 +106,17 @@ def hardware_profile_option(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="plan for a described machine instead of this one: a JSON file, or a shipped profile name "
         "(cpu-laptop, rtx2060, rtx4090, a100-80gb, h100-80gb, 8xh100)",
+    )
+
+
+def update_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from",
+        dest="parent",
+        required=True,
+        metavar="OUTPUT_DIR",
+        help="the run to continue: its adapter trains on the commits made since its HEAD (--repo defaults "
+        "to its repository, --output-dir to OUTPUT_DIR-update-<new HEAD>)",
     )
 
 
@@ -229,7 +242,7 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
     args.argv = typed  # recorded in the manifest: the command line as the user typed it
     if hasattr(args, "repos"):
         args.repos = [*args.repos, *_repos_from_file(args.repos_file)] if args.repos_file else args.repos
-        if not args.repos:
+        if not args.repos and commands[args.command].needs_repo:
             parser.error("give --repo PATH (repeatable) or --repos-file FILE")
     return args
 
@@ -245,6 +258,11 @@ def _repos_from_file(path: Path) -> list[str]:
 
 def loaded_config(args: argparse.Namespace) -> LoadedConfig:
     """The config file, then --set overrides, then the dedicated flags (typed as given, not re-parsed)."""
+    return load_config(args.config, args.overrides, command_flags(args))
+
+
+def command_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The dedicated flags the user gave, as `section.key` → value."""
     flags: dict[str, Any] = {
         "output.dir": args.output_dir,
         "train.model": args.model,
@@ -254,9 +272,7 @@ def loaded_config(args: argparse.Namespace) -> LoadedConfig:
         "scrape.until": args.until,
         "train.time_budget": args.budget,
     }
-    return load_config(
-        args.config, args.overrides, {key: value for key, value in flags.items() if value is not None}
-    )
+    return {key: value for key, value in flags.items() if value is not None}
 
 
 def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:

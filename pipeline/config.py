@@ -229,6 +229,8 @@ class LoadedConfig:
     """`section.key` → value for every `--set` (and CLI flag) override, in order."""
     user_keys: frozenset[str] = frozenset()
     """`section.key`s set in the user's own --config file (the shipped file holds defaults only)."""
+    continues: dict[str, Any] | None = None
+    """For an update: the plan of the run it continues (its `training_parameters`)."""
 
     def source_of(self, dotted_key: str) -> str:
         return "cli" if dotted_key in self.overrides else "config"
@@ -242,14 +244,19 @@ class LoadedConfig:
 
 
 def load_config(
-    path: Path | None, overrides: list[str] | None = None, flags: dict[str, Any] | None = None
+    path: Path | None,
+    overrides: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> LoadedConfig:
-    """Read `path` (the shipped file when None), apply `--set section.key=value` overrides
-    (values parsed as YAML) and then CLI `flags` (already typed), and validate."""
+    """Read `path` (the shipped file when None), apply `base` (typed values under the overrides: the
+    parent's, for an update), `--set section.key=value` overrides (values parsed as YAML) and then CLI
+    `flags` (already typed), and validate."""
     path = path or (SHIPPED_CONFIG_PATH if SHIPPED_CONFIG_PATH.exists() else None)
     label = path.name if path else "config"
     data = _read_yaml(path) if path else {}
-    parsed_overrides = dict(_parse_override(text) for text in overrides or [])
+    parsed_overrides = dict(base or {})
+    parsed_overrides.update(_parse_override(text) for text in overrides or [])
     parsed_overrides.update(flags or {})
     for dotted, value in parsed_overrides.items():
         section, key = dotted.split(".", 1)

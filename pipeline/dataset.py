@@ -191,14 +191,11 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
     pad = prepared.tokenizer.pad_token_id
     started = time.perf_counter()
     train = packed_blocks(cache.directory, cache.split("train"), "train", length, pad, cut)
-    held_out = {}
-    if prepared.counts["eval_tokens"]:
-        import pyarrow.compute as pc
-
-        split = cache.split("eval")
-        for name in sorted(set(split.column("format").to_pylist())):
-            rows = split.filter(pc.equal(split.column("format"), name))
-            held_out[name] = packed_blocks(cache.directory, rows, f"eval-{name}", length, pad, cut)
+    held_out = (
+        held_out_splits(cache.directory, cache.split("eval"), length, pad, cut)
+        if prepared.counts["eval_tokens"]
+        else {}
+    )
     method = (
         "best-fit-decreasing blocks; position_ids restart per sequence "
         f"(block-diagonal causal attention with {plan.attention}); first label of each sequence masked"
@@ -215,6 +212,19 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
         f"{length} tokens ({train.efficiency:.1%} filled) in {time.perf_counter() - started:.2f} s"
     )
     return Packed(train, held_out, method)
+
+
+def held_out_splits(directory: Path, table, length: int, pad: int, cut: int | None) -> dict[str, PackedSplit]:
+    """A held-out split's blocks by format (scored apart: a commit message and a change are different
+    tasks), cached in `directory`."""
+    import pyarrow.compute as pc
+
+    return {
+        name: packed_blocks(
+            directory, table.filter(pc.equal(table.column("format"), name)), f"eval-{name}", length, pad, cut
+        )
+        for name in sorted(set(table.column("format").to_pylist()))
+    }
 
 
 def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:

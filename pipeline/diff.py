@@ -48,7 +48,9 @@ PARAMS = (
     "model.parameters_*",
     "model.quantization",
     "repository.head",
-    "lineage.*",
+    "lineage.parent_*",
+    "lineage.*_head",
+    "lineage.commits_added",
     "dataset.*",
     "scrape.commits_*",
     "scrape.sequences",
@@ -63,6 +65,7 @@ METRICS = (
     "training_report.throughput.tokens_per_s",
     "training_report.throughput.samples_per_s",
     "training_report.throughput.trained_tokens",
+    "lineage.forgetting.*",
 )
 # Within those, detail that only --all shows: reasons, cache bookkeeping, how long a measurement took.
 DETAIL = (
@@ -205,6 +208,9 @@ def _walk(old: Any, new: Any, path: tuple[Any, ...], changes: list[Change], incl
             else:
                 _walk(old_records[key], new_records[key], element, changes, include_volatile)
         return
+    if old is None and (_records(new) or (isinstance(new, dict) and new)):  # a section that appeared
+        changes += _leaves(path, "became_non_null", new)
+        return
     if _records(old) and _records(new):  # no identity: by position, still leaf by leaf
         for index in range(max(len(old), len(new))):
             if index >= len(new):
@@ -222,7 +228,8 @@ def _records(value: Any) -> bool:
 
 
 def _leaves(path: tuple[Any, ...], kind: str, value: Any) -> list[Change]:
-    """An added or removed object as one change per leaf (a path each, never a blob)."""
+    """An added, removed or appearing object as one change per leaf (a path each, never a blob); an
+    object that became null is one change (its leaves would all read null)."""
     if isinstance(value, dict) and value:
         return [change for key, item in value.items() for change in _leaves((*path, key), kind, item)]
     if _records(value):
@@ -380,7 +387,9 @@ def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
     messages = [warning] if (warning := schema_warning(before, after)) else []
     compared = compare(before, after, options.include_volatile)
     every = select(compared, options.only, options.ignore, options.unchanged)
-    changes = every if options.all else select(compared, options.only, options.ignore, options.unchanged, False)
+    changes = (
+        every if options.all else select(compared, options.only, options.ignore, options.unchanged, False)
+    )
     differ = sum(change.kind != "unchanged" for change in every)
     if options.json:
         text = orjson.dumps(

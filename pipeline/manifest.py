@@ -25,7 +25,7 @@ TENSORBOARD_DIR = "tensorboard"  # train.report_to=[tensorboard]: event files be
 SCHEMA_PATH = Path(__file__).resolve().parent / "manifest.schema.json"
 SCHEMA = orjson.loads(SCHEMA_PATH.read_bytes())
 SCHEMA_ID = SCHEMA["$id"]
-SCHEMA_VERSION = "1.1.0"  # semver: the major changes only when a path users read changes meaning or goes
+SCHEMA_VERSION = "1.2.0"  # semver: the major changes only when a path users read changes meaning or goes
 _DUMP_OPTIONS = (
     orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
 )

@@ -378,10 +378,17 @@ def _first_line(err: Exception) -> str:
 
 
 def load_model(
-    model_name: str, prepared: Prepared, plan: Plan, lora_config, launch: Launch, output_dir: Path
+    model_name: str,
+    prepared: Prepared,
+    plan: Plan,
+    lora_config,
+    launch: Launch,
+    output_dir: Path,
+    continue_from: Path | None = None,
 ) -> Loaded:
-    """The base model as the plan loads it, with LoRA attached (every rank builds its own copy). A random
-    base is saved into `output_dir` beside where the adapter will go: it cannot be downloaded again."""
+    """The base model as the plan loads it, with LoRA attached (every rank builds its own copy), or with
+    `continue_from`'s trained adapter to train further. A random base is saved into `output_dir` beside
+    where the adapter will go: it cannot be downloaded again."""
     from pipeline.hardware import GB
 
     quiet_library_output()  # on every rank: the others skip tokenizing, where rank 0 did this
@@ -403,7 +410,12 @@ def load_model(
             model.save_pretrained(base_dir)
             prepared.tokenizer.save_pretrained(base_dir)
         model.name_or_path = str(base_dir.resolve())
-    model = attach_lora(model, lora_config, plan.base_modules_trained, plan.lora_dropout)
+    if continue_from is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(continue_from), is_trainable=True)
+    else:
+        model = attach_lora(model, lora_config, plan.base_modules_trained, plan.lora_dropout)
     if plan.quantization == "none":  # a quantized base was placed on its device as it loaded
         model.to(device)
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)

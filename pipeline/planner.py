@@ -63,6 +63,8 @@ FORWARD_SPEEDUP = 3  # a forward pass alone runs about 3× a training step's tok
 EVAL_COST_RATIO = 20  # an evaluation inside training may cost at most 1/20 of the time between two
 CHECKPOINT_INTERVAL_S = 60.0  # at most one checkpoint per minute of training
 LORA_DROPOUT = 0.05  # on the adapters' input, as the LoRA and QLoRA papers train small models
+CONTINUED_LR_SHARE = 0.5  # an update's peak learning rate, of its parent's
+CONTINUED_WARMUP_RATIO = 0.03  # an update's warmup: the adapter is trained, the optimizer state is new
 MIN_BUDGET_STEPS = 96  # optimizer steps a bounded run should take to learn from what it sees
 # Activation memory per token per layer is about 34 × hidden bytes in 16-bit training (Korthikanti et al.,
 # "Reducing Activation Recomputation in Large Transformer Models", with memory-efficient attention).
@@ -194,7 +196,15 @@ def make_plan(
     )
     p.planned("warmup_steps", *_warmup(total_steps, loaded))
 
-    if p.is_auto("train.learning_rate"):
+    if p.is_auto("train.learning_rate") and loaded.continues:
+        peak = loaded.continues["learning_rate"]
+        p.planned(
+            "learning_rate",
+            peak * CONTINUED_LR_SHARE,
+            f"continued training: {CONTINUED_LR_SHARE:g} × the parent run's peak ({peak:g}), so the new commits "
+            "are learned without undoing what the adapter knows",
+        )
+    elif p.is_auto("train.learning_rate"):
         if model.random_init:
             p.planned("learning_rate", TINY_LEARNING_RATE, "randomly initialised tiny model: a large step")
         elif total_steps < SHORT_RUN_STEPS:
@@ -218,7 +228,13 @@ def make_plan(
     )
     p.from_config("weight_decay", "train.weight_decay")
     p.from_config("max_grad_norm", "train.max_grad_norm")
-    if model.random_init:
+    if loaded.continues:
+        p.planned(
+            "base_modules_trained",
+            loaded.continues.get("base_modules_trained") or [],
+            "continued training: the parent run's adapter trains what it trained",
+        )
+    elif model.random_init:
         p.planned(
             "base_modules_trained",
             TINY_TRAINED_BASE_MODULES,
@@ -895,6 +911,12 @@ def _evaluation_bound(p: _Planner, device: str) -> int | None:
 
 def _warmup(total_steps: int, loaded: LoadedConfig) -> tuple[int, str]:
     plan = loaded.config.plan
+    if loaded.continues and not loaded.explicit("plan.warmup_ratio"):
+        steps = min(max(1, math.ceil(CONTINUED_WARMUP_RATIO * total_steps)), max(0, total_steps - 1))
+        return steps, (
+            f"continued training: the adapter is trained already, so a short warmup ({CONTINUED_WARMUP_RATIO:g} × "
+            f"{total_steps} steps, at least 1) only settles the optimizer's fresh moments"
+        )
     # round() first: 0.1 × 70 is 7.000000000000001 in floating point, which ceil() makes 8.
     by_ratio = math.ceil(round(plan.warmup_ratio * total_steps, 9))
     steps, reason = by_ratio, f"{plan.warmup_ratio:g} × {total_steps} total steps, rounded up"

@@ -30,6 +30,7 @@ from pipeline.manifest import (
 )
 from pipeline.types import (
     Evaluation,
+    Lineage,
     Loaded,
     Machine,
     Outputs,
@@ -238,6 +239,11 @@ def _(outcome: TrainOutcome) -> dict[str, Any]:
         "training_parameters": {**outcome.plan.to_manifest(), "oom_retries": outcome.oom_retries},
         "run": {"resumed_from": outcome.resumed_from},
     }
+
+
+@sections.register
+def _(lineage: Lineage) -> dict[str, Any]:
+    return {"lineage": lineage.to_manifest()}
 
 
 @sections.register

@@ -349,3 +349,28 @@ class Outputs:
     adapter_files: list[dict[str, Any]]
     base_model_dir: Path | None
     sequences_path: Path
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """An `update` run's parent and what changed since it: the manifest's `lineage`."""
+
+    parent_manifest: Path
+    parent_sha256: str
+    old_head: str
+    new_head: str
+    commits_added: list[str]
+    """Reachable from new_head and not from old_head, newest first."""
+    forgetting: dict[str, Any] | None = None
+    """The parent's held-out loss before and after this run trained."""
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "parent_manifest": str(self.parent_manifest.resolve()),
+            "parent_sha256": self.parent_sha256,
+            "parent_output_dir": str(self.parent_manifest.parent.resolve()),
+            "old_head": self.old_head,
+            "new_head": self.new_head,
+            "commits_added": self.commits_added,
+            "forgetting": self.forgetting,
+        }

@@ -264,6 +264,15 @@ def rev_list(
         raise RepositoryError(f"{repo.path}: git rev-list failed: {failure}") from None
 
 
+def is_ancestor(repo: Repository, older: str, newer: str) -> bool:
+    """Whether `older` is in `newer`'s history (False too when the repository no longer has it)."""
+    try:
+        repo.git.execute(["git", "merge-base", "--is-ancestor", older, newer])
+    except git.GitCommandError:  # exit 1: not an ancestor; 128: no such commit
+        return False
+    return True
+
+
 def resolved(repo: Repository, rev: str) -> list[str]:
     """The commits a revision or range names right now (a range: both ends), so a scrape can tell
     whether what it would read changed."""

@@ -87,6 +87,13 @@ def module_source(index: int) -> str:
     )
 
 
+def add_features(repo: GitRepo, indexes: range = range(1, 23)) -> GitRepo:
+    """One commit `Add compute_N` per index, each adding its own module (22: enough to hold one out)."""
+    for index in indexes:
+        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    return repo
+
+
 @pytest.fixture
 def sample_repo(tmp_path: Path) -> GitRepo:
     """Twelve commits: eleven that add or change code, one binary-only."""

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from pipeline.diff import compare
-from tests.conftest import FAST_TRAINING, GitRepo, cpu_only_host, module_source, read_json
+from tests.conftest import FAST_TRAINING, GitRepo, add_features, cpu_only_host, read_json
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +21,7 @@ def two_runs(tmp_path_factory):
     import run_pipeline
 
     base = tmp_path_factory.mktemp("runs")
-    repo = GitRepo(base / "repo")
-    for index in range(1, 23):
-        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    repo = add_features(GitRepo(base / "repo"))
     manifests = []
     for name, batch in (("before", "1"), ("after", "2")):
         out = base / name

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+from tests.conftest import FAST_TRAINING, GitRepo, add_features, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -28,9 +28,7 @@ def torchrun(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
 
 
 def test_two_processes_train_one_adapter_with_the_planned_steps(tmp_path):
-    repo = GitRepo(tmp_path / "repo")
-    for index in range(1, 23):
-        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    repo = add_features(GitRepo(tmp_path / "repo"))
     out = tmp_path / "out"
     result = torchrun(
         "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=3"

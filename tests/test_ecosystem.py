@@ -8,15 +8,13 @@ import re
 
 import pytest
 
-from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+from tests.conftest import FAST_TRAINING, GitRepo, add_features, read_json
 
 
 def test_tensorboard_gets_the_curves_the_plan_and_the_manifest(cli, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    repo = GitRepo(tmp_path / "repo")
-    for index in range(1, 23):  # enough for held-out commits, so evaluations during training
-        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    repo = add_features(GitRepo(tmp_path / "repo"))
     out = tmp_path / "out"
     result = cli(
         "--repo", repo.path, "--output-dir", out, *FAST_TRAINING,
