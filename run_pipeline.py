@@ -99,10 +99,11 @@ def train_and_evaluate(
     """Evaluate on the held-out commits, train (resuming, retrying an out-of-memory), evaluate again."""
     from pipeline.dataset import read_sequences
     from pipeline.evaluation import evaluate, format_evaluation, task_prompts
+    from pipeline.model import CHECKPOINT_DIR, AdapterFacts
     from pipeline.planner import plan_for
     from pipeline.probe import remember_speed
     from pipeline.progress import say
-    from pipeline.trainer import CHECKPOINT_DIR, Job, train
+    from pipeline.trainer import Job, train
 
     config, prepared = loaded.config, data.prepared
     held_out = packed.held_out_blocks(plan.eval_blocks)
@@ -118,9 +119,10 @@ def train_and_evaluate(
     say(
         f"training {plan.total_steps} steps on {plan.device} × {plan.world_size} ({model.trainable_parameters:,} trainable parameters)"
     )
+    facts = AdapterFacts(prepared.facts.name, prepared.style, plan.quantization)
     job = Job(
         model.model, packed.train, held_out, plan, record.output_dir / CHECKPOINT_DIR, prepared.cache.key,
-        config.monitor, record.coordinator, resume, record.progress,
+        config.monitor, record.coordinator, facts, prepared.tokenizer, resume, record.progress,
     )  # fmt: skip
     smaller = lambda cap: plan_for(prepared, data.machine, loaded, plan.probe, cap, plan.speed)  # noqa: E731
     outcome = record.step("train", train, job, smaller)
@@ -223,9 +225,10 @@ def prepare(args: argparse.Namespace) -> None:
 def monitor(args: argparse.Namespace) -> None:
     """Watch GPUs, CPU and RAM (and a process) with the pipeline's sampler; a summary and advice at the end."""
     from pipeline.config import load_config
-    from pipeline.watch import format_summary, watch
+    from pipeline.watch import fitted_interval, format_summary, watch
 
-    interval = args.interval or load_config(None).config.monitor.collection_interval_seconds
+    configured = load_config(None).config.monitor.collection_interval_seconds
+    interval = args.interval or fitted_interval(configured, args.duration)
     report = watch(args.duration, interval, args.pid, args.output, args.argv)
     print(format_summary(report))
     print(args.output)

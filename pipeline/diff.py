@@ -90,6 +90,8 @@ SERIES = (
 VOLATILE = (
     "run.id",
     "run.argv",
+    "run.pid",
+    "run.hostname",
     "*_at",
     "*.timestamp",
     "repository.path",

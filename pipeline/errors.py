@@ -31,11 +31,14 @@ class TrainingError(PipelineError):
 
 
 class Interrupted(PipelineError):
-    """SIGINT or SIGTERM during training: a checkpoint was saved and the run can be resumed."""
+    """SIGINT or SIGTERM: during training a checkpoint was saved and the run can be resumed; `partial`
+    is what training did until then (recorded in the manifest)."""
 
-    def __init__(self, message: str, signum: int):
+    def __init__(self, message: str, signum: int, partial=None):
         super().__init__(message)
         self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+        self.signum = signum
+        self.partial = partial
 
 
 USER_ERRORS = (PipelineError, ScrapeError)

@@ -5,16 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ModelLoadError
-from pipeline.model import ADAPTER_DIR, BASE_MODEL_DIR
+from pipeline.model import ADAPTER_DIR, ADAPTER_FACTS_FILE, BASE_MODEL_DIR, CHECKPOINT_DIR
 
 
 def adapter_directory(path: str | Path) -> Path:
-    """An adapter directory, or a run's output directory holding one."""
+    """An adapter directory, or a run's output directory holding one; for a run that did not finish, one
+    line offering its newest checkpoint's adapter. Checked before any heavy import: it answers at once."""
     directory = Path(path).expanduser()
     if (directory / ADAPTER_DIR / "adapter_config.json").exists():
         return directory / ADAPTER_DIR
     if (directory / "adapter_config.json").exists():
         return directory
+    checkpoints = sorted(
+        (c for c in (directory / CHECKPOINT_DIR).glob("checkpoint-*") if (c / ADAPTER_FACTS_FILE).exists()),
+        key=lambda checkpoint: int(checkpoint.name.rsplit("-", 1)[1]),
+    )
+    if checkpoints:
+        raise ModelLoadError(
+            f"--adapter {path}: no adapter/ (the run did not finish), but its newest checkpoint has one: "
+            f"--adapter {checkpoints[-1]}"
+        )
     raise ModelLoadError(
         f"--adapter {path}: no adapter_config.json there (pass a run's output directory or its adapter/)"
     )
@@ -42,9 +52,10 @@ def load_adapter(path: str | Path, dense: bool = False):
         recorded = PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
     except (OSError, ValueError) as err:  # a truncated or hand-edited adapter_config.json / repotune.json
         raise ModelLoadError(f"--adapter {path}: not a readable adapter ({_first_line(err)})") from None
-    # A random base is saved beside its adapter: use that copy, wherever the run directory went since
-    # (the adapter records the absolute path it had when it trained).
-    beside = directory.parent / BASE_MODEL_DIR
+    # A random base is saved in the run directory, beside adapter/ and checkpoints/: use that copy, wherever
+    # the run directory went since (the adapter records the absolute path it had when it trained).
+    run_directory = directory.parent.parent if directory.parent.name == CHECKPOINT_DIR else directory.parent
+    beside = run_directory / BASE_MODEL_DIR
     base_name = str(beside) if (beside / "config.json").exists() else recorded
     base = load_pretrained(
         AutoModelForCausalLM, base_name, **quantized_loading(facts.quantization, "fp32", "cpu")
@@ -72,6 +83,7 @@ def load_adapter(path: str | Path, dense: bool = False):
 def generate(path: str | Path, prompt: str, max_new_tokens: int, task: str | None = None) -> str:
     """The model's greedy continuation of `prompt`; with `task`, the prompt is asked as training asked
     it (`message`: write the commit message for this diff; `diff`: write the change for this message)."""
+    adapter_directory(path)  # a missing adapter is said before the libraries load
     from pipeline.evaluation import generate_batched
     from pipeline.examples import answer_prefix, render_prompt
     from pipeline.model import adapter_facts
@@ -87,6 +99,7 @@ def generate(path: str | Path, prompt: str, max_new_tokens: int, task: str | Non
 def merge(path: str | Path, destination: str | Path) -> Path:
     """Fold the adapter into the base weights and save a standalone model (plus tokenizer); a quantized
     base is dequantized first, so the merged model holds the weights the adapter was trained against."""
+    adapter_directory(path)  # a missing adapter is said before the libraries load
     model, tokenizer = load_adapter(path, dense=True)
     destination = Path(destination).expanduser()
     model.merge_and_unload().save_pretrained(destination)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import socket
 import subprocess
 import uuid
 from datetime import UTC, datetime
@@ -57,6 +58,8 @@ def new_manifest(command: str, argv: list[str]) -> dict[str, Any]:
                 "argv": argv,
                 "started_at": utc_now(),
                 "status": "running",
+                "pid": os.getpid(),
+                "hostname": socket.gethostname(),
             },
         }
     )

@@ -29,6 +29,7 @@ TINY_MAX_POSITIONS = 2048
 EOS_TOKEN = "<|endoftext|>"
 ADAPTER_DIR = "adapter"
 BASE_MODEL_DIR = "base_model"
+CHECKPOINT_DIR = "checkpoints"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """A planned precision's torch dtype, by name (torch is imported only where a model is built)."""
 

@@ -9,6 +9,9 @@ place that knows the layout, and a finished manifest is validated against it.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +31,7 @@ from pipeline.manifest import (
     schema_problems,
     write_manifest,
 )
+from pipeline.progress import say
 from pipeline.types import (
     Evaluation,
     Lineage,
@@ -63,6 +67,9 @@ class Record:
             "effective": loaded.config.to_dict(),
         }
         self.doc["distributed"] = coordinator.to_manifest()
+        self.doc["run"]["replaced"] = _stale(self.previous)
+        self.stage: str | None = None
+        """The stage running now (named if the run ends in it)."""
         self._started = time.perf_counter()
 
     @property
@@ -79,11 +86,12 @@ class Record:
 
     def step(self, name: str, stage: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a stage, time it into `.timings.<name>_s` (even if it fails), and record what it returns."""
-        started = time.perf_counter()
+        started, self.stage = time.perf_counter(), name
         try:
             result = stage(*args, **kwargs)
         finally:
             self.doc["timings"][f"{name}_s"] = round(time.perf_counter() - started, 3)
+        self.stage = None
         self.add(result)
         return result
 
@@ -122,6 +130,7 @@ class Record:
         """How the run ended. A manifest that ends well and does not match the schema is a bug, said
         here (a failed run's manifest is written as it is: its error is what the user needs)."""
         mark_finished(self.doc, status, error)
+        self.doc["run"]["stage"] = self.stage
         self.save()
         problems = schema_problems(self.doc) if self.writes and error is None else []
         if problems:
@@ -259,6 +268,60 @@ def _(outputs: Outputs) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM end any stage with the manifest saying `interrupted` and where (training
+    replaces this with its own handler, which saves a checkpoint first)."""
+
+    def stop(signum, frame):
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}", signum)
+
+    try:
+        previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: leave signals as they are
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupted(record: Record, message: str) -> str:
+    """The interruption, the stage it came in, and what the next run can reuse."""
+    if record.stage is None or record.stage == "train" or "a checkpoint was saved" in message:
+        return message if record.stage is None else f"{message} (during {record.stage})"
+    done = set(record.doc["timings"]) - {f"{record.stage}_s"}
+    kept = [
+        what
+        for stage, what in (
+            ("scrape_s", "the scrape (reused by the next run on the same HEADs and config)"),
+            ("tokenize_s", "the token cache"),
+            ("load_model_s", "the converted model"),
+        )
+        if stage in done
+    ]
+    return f"{message} during {record.stage}; kept: {', '.join(kept) if kept else 'nothing yet'}"
+
+
+def _stale(previous: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest this directory held, if it says `running` and its process (on this host) is gone."""
+    run = (previous or {}).get("run") or {}
+    pid = run.get("pid")
+    if run.get("status") != "running" or not pid or run.get("hostname") != socket.gethostname():
+        return None
+    if pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+            return None  # still alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # alive, someone else's
+            return None
+    return {"id": run.get("id"), "pid": pid, "started_at": run.get("started_at")}
+
+
 def _read_previous(path: Path) -> dict[str, Any] | None:
     try:
         return read_manifest(path)
@@ -295,19 +358,29 @@ def open_run(
         prepare_output_dir(loaded.config.output.dir) if launch.writes else Path(loaded.config.output.dir)
     )
     record = Record(output_dir, loaded, command, argv, coordinator)
+    if replaced := record.doc["run"]["replaced"]:
+        say(
+            f"the run {replaced['id']} that {output_dir} last recorded was still `running` but its process "
+            f"({replaced['pid']}) is gone: it was killed (kill -9, out of memory, a reboot); starting afresh"
+            + (" (--resume continues from its newest complete checkpoint)" if command == "run" else "")
+        )
     record.save()
     finished = False
     try:
-        yield record
+        with _signals_interrupt():
+            yield record
         finished = True
     except Interrupted as err:
+        if err.partial is not None:  # what training did before the signal
+            record.add(err.partial)
+        err.args = (_interrupted(record, str(err)),)  # the line the user reads says it too
         record.finish("interrupted", str(err))
         raise
     except USER_ERRORS as err:
         record.finish("failed", str(err))
         raise
     except KeyboardInterrupt:
-        record.finish("interrupted", "interrupted by the user (Ctrl-C)")
+        record.finish("interrupted", _interrupted(record, "interrupted by the user (Ctrl-C)"))
         raise
     except Exception as err:
         record.finish("failed", f"internal error: {type(err).__name__}: {err}")

@@ -36,6 +36,7 @@ from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.evaluation import held_out_loss, perplexity
 from pipeline.hardware import usable_cores
 from pipeline.manifest import MANIFEST_FILE, finite, write_manifest
+from pipeline.model import AdapterFacts, record_base
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.performance import throughput_report
 from pipeline.progress import clock, say
@@ -43,7 +44,6 @@ from pipeline.trackers import attach_trackers
 from pipeline.types import Plan, TrainOutcome
 
 STAMP_FILE = "repotune_state.json"
-CHECKPOINT_DIR = "checkpoints"
 TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
 
 
@@ -97,6 +97,7 @@ class RepotuneTrainer(Trainer):
 @dataclass
 class TrainingHistory(TrainerCallback):
     tokens_per_epoch: int
+    blocks_per_epoch: int
     include_epoch_summary: bool
     on_update: Callable[[], None]
     loss_history: list[dict[str, Any]] = field(default_factory=list)
@@ -118,6 +119,7 @@ class TrainingHistory(TrainerCallback):
     train_runtime_s: float | None = None
     _epoch_started: float = 0.0
     _epoch_losses: list[float] = field(default_factory=list)
+    _epoch_first_block: int = 0
     _last_step_end: float = 0.0
     _train_started: float = 0.0
 
@@ -151,6 +153,7 @@ class TrainingHistory(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_started = time.perf_counter()
         self._epoch_losses = []
+        self._epoch_first_block = self.blocks
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.perf_counter()
@@ -196,6 +199,11 @@ class TrainingHistory(TrainerCallback):
             return
         duration = time.perf_counter() - self._epoch_started
         losses = self._epoch_losses
+        # The blocks this epoch really trained (an interrupted epoch trained only some), in real tokens.
+        share = (
+            (self.blocks - self._epoch_first_block) / self.blocks_per_epoch if self.blocks_per_epoch else 1.0
+        )
+        tokens = round(self.tokens_per_epoch * min(1.0, share))
         self.epoch_summaries.append(
             {
                 "epoch": len(self.epoch_summaries) + 1,
@@ -204,8 +212,8 @@ class TrainingHistory(TrainerCallback):
                 "loss_min": min(losses) if losses else None,
                 "loss_max": max(losses) if losses else None,
                 "duration_s": round(duration, 3),
-                "tokens": self.tokens_per_epoch,
-                "tokens_per_s": round(self.tokens_per_epoch / duration, 1) if duration > 0 else None,
+                "tokens": tokens,
+                "tokens_per_s": round(tokens / duration, 1) if duration > 0 else None,
             }
         )
         self.on_update()
@@ -266,6 +274,7 @@ class GracefulStop(TrainerCallback):
             self.received = self.received or signal.SIGTERM
             control.should_save = True
             control.should_training_stop = True
+            control.should_log = True  # the history, and the manifest's current step, end where training did
 
 
 def sequence_ids(position_ids):
@@ -329,14 +338,17 @@ class TimeLimit(TrainerCallback):
 
 
 class CheckpointStamp(TrainerCallback):
-    """Writes what each checkpoint was trained on (data fingerprint, effective batch, total steps)."""
+    """Writes what each checkpoint was trained on (data fingerprint, effective batch, total steps), and
+    what `generate` needs to use its adapter (how it reads prompts, the tokenizer)."""
 
-    def __init__(self, stamp: dict[str, Any]):
-        self.stamp = stamp
+    def __init__(self, stamp: dict[str, Any], facts: AdapterFacts, tokenizer):
+        self.stamp, self.facts, self.tokenizer = stamp, facts, tokenizer
 
     def on_save(self, args, state, control, **kwargs):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
+            record_base(checkpoint, self.facts)
+            self.tokenizer.save_pretrained(checkpoint)
             # Last and atomic: its presence is what makes the checkpoint complete (see resumable_checkpoint).
             write_manifest(checkpoint / STAMP_FILE, {**self.stamp, "step": state.global_step})
 
@@ -403,6 +415,9 @@ class Job:
     """The token cache's key: what the blocks were made from."""
     monitor: MonitorConfig
     coordinator: Coordinator
+    facts: AdapterFacts
+    """How the adapter reads prompts, recorded in each checkpoint for `generate`."""
+    tokenizer: Any
     resume: bool = False
     on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] = lambda report, evaluations: None
     """After every log: the training report so far and the evaluations during training."""
@@ -428,7 +443,10 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
     )
     time_limit = plan.time_budget_s * TRAINING_TIME_LIMIT if plan.time_budget_s else None
     progress = _Progress(job, monitor, time_limit)
-    history = TrainingHistory(job.train.real_tokens, job.monitor.include_epoch_summary, progress)
+    history = TrainingHistory(
+        job.train.real_tokens, math.ceil(job.train.blocks / plan.world_size),  # this process's share
+        job.monitor.include_epoch_summary, progress,
+    )  # fmt: skip
     progress.history = history
     resumed_from = None
     if job.resume:
@@ -449,8 +467,21 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
             f"CUDA out of memory at micro-batch {retry['batch_size']}: retrying with {retry['batch_size'] // 2}"
         )
 
-    with monitor:
-        final_plan = _train_retrying(job, history, resumed_from, time_limit, replan_after_oom, on_oom)
+    try:
+        with monitor:
+            final_plan = _train_retrying(job, history, resumed_from, time_limit, replan_after_oom, on_oom)
+    except Interrupted as err:  # what ran until the signal is recorded, then the run ends
+        hardware, throughput = _gathered(job, history, job.plan, monitor)
+        err.partial = TrainOutcome(
+            history.report(),
+            history.eval_history,
+            job.plan,
+            retries,
+            throughput,
+            hardware,
+            resumed_from.name if resumed_from else None,
+        )
+        raise
     if history.time_limit:
         say(
             f"stopped at step {history.time_limit['step']} of {plan.total_steps}: the time budget's limit "
@@ -562,7 +593,7 @@ def build_trainer(job: Job, history: TrainingHistory, time_limit: float | None) 
         train_dataset=job.train.dataset(),
         eval_dataset=job.held_out,
         data_collator=default_data_collator,
-        callbacks=[history, CheckpointStamp(job.stamp)]
+        callbacks=[history, CheckpointStamp(job.stamp, job.facts, job.tokenizer)]
         + ([TimeLimit(time_limit, history)] if time_limit else []),
         history=history,
         precision=job.plan.precision,

@@ -21,6 +21,13 @@ from pipeline.hardware import detect_hardware
 from pipeline.manifest import conform, mark_finished, new_manifest, write_manifest
 from pipeline.monitor import GPU_METRICS, HardwareMonitor, import_nvml
 
+SAMPLES_AT_LEAST = 10  # a short --duration gets its interval fitted to this many samples
+
+
+def fitted_interval(configured: float, duration_s: float | None) -> float:
+    """The configured interval, shortened so a short watch still takes SAMPLES_AT_LEAST samples."""
+    return min(configured, duration_s / SAMPLES_AT_LEAST) if duration_s else configured
+
 
 def watch(
     duration_s: float | None, interval_s: float, pid: int | None, output: Path, argv: list[str]

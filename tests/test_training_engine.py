@@ -240,7 +240,11 @@ def test_kill_9_then_resume_completes_the_same_run(tmp_path):
     resumed = subprocess.run(command(repo, out, "--resume"), cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {out / 'checkpoints'}" in resumed.stderr
+    assert f"was still `running` but its process ({killed['run']['pid']}) is gone" in resumed.stderr
     manifest = read_json(out / "MANIFEST.json")
+    assert manifest["run"]["replaced"] == {
+        "id": killed["run"]["id"], "pid": killed["run"]["pid"], "started_at": killed["run"]["started_at"]
+    }  # fmt: skip
     assert manifest["status"] == "completed"
     assert manifest["training_report"]["training"]["global_step"] == total
     assert manifest["run"]["resumed_from"].startswith("checkpoint-")
@@ -264,6 +268,19 @@ def test_a_signal_saves_a_checkpoint_and_marks_the_run_interrupted(tmp_path, sig
     assert manifest["status"] == "interrupted"
     step = int(last.split(" at step ")[1].split(";")[0])
     assert (out / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").exists()
+    # The record agrees with the message, and its figures are what really ran.
+    assert (
+        manifest["run"]["current_step"]
+        == step
+        == manifest["training_report"]["training"]["loss_history"][-1]["step"]
+    )
+    assert manifest["run"]["stage"] == "train"
+    throughput = manifest["training_report"]["throughput"]
+    assert throughput["tokens_per_s"] > 0 and throughput["processed_tokens"] > 0
+    total = manifest["training_parameters"]["total_steps"]
+    for epoch in manifest["training_report"]["training"]["epoch_summaries"]:
+        assert epoch["tokens"] <= manifest["dataset"]["real_tokens"]
+    assert step < total
 
 
 def test_resume_refuses_a_checkpoint_from_other_data(cli, tmp_path):

@@ -1,0 +1,122 @@
+"""Every record tells the truth: a signal in any stage ends the run as `interrupted` with the stage and
+what the next run can reuse, and a manifest left `running` by a process that is gone is said to be so."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import orjson
+
+from tests.conftest import FAST_TRAINING, read_json
+
+
+def test_a_signal_before_training_names_the_stage_and_what_is_kept(cli, sample_repo, tmp_path, monkeypatch):
+    from pipeline import hardware
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` from another terminal
+
+    monkeypatch.setattr(hardware, "machine", terminated)
+    out = tmp_path / "out"
+    result = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING)
+    assert result.code == 143
+    assert result.err.strip().splitlines()[-1] == (
+        "repotune: error: interrupted by SIGTERM during detect; kept: the scrape (reused by the next run on the "
+        "same HEADs and config), the token cache"
+    )
+    manifest = read_json(out / "MANIFEST.json")
+    assert (manifest["status"], manifest["run"]["stage"]) == ("interrupted", "detect")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the run's only
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_running_manifest_whose_process_is_gone_is_said_to_be(cli, sample_repo, tmp_path):
+    out = tmp_path / "out"
+    assert cli("scrape", "--repo", sample_repo.path, "--output-dir", out).code == 0
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    manifest = orjson.loads((out / "MANIFEST.json").read_bytes())
+    manifest["status"] = manifest["run"]["status"] = "running"
+    manifest["run"]["pid"] = gone.pid
+    (out / "MANIFEST.json").write_bytes(orjson.dumps(manifest))
+    again = cli("scrape", "--repo", sample_repo.path, "--output-dir", out)
+    assert again.code == 0
+    assert f"was still `running` but its process ({gone.pid}) is gone" in again.err
+    assert read_json(out / "MANIFEST.json")["run"]["replaced"]["pid"] == gone.pid
+
+
+def test_generate_offers_the_checkpoint_of_a_run_that_did_not_finish(cli, sample_repo, tmp_path):
+    import shutil
+    import time
+
+    out = tmp_path / "out"
+    trained = cli(
+        "--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.save_steps=4"
+    )
+    assert trained.code == 0, trained.err
+    shutil.rmtree(out / "adapter")  # as a run stopped before saving it leaves the directory
+    started = time.perf_counter()
+    offered = cli("generate", "--adapter", out, "--prompt", "def ")
+    assert offered.code == 2 and time.perf_counter() - started < 5  # said before any model loads
+    newest = max((out / "checkpoints").glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    assert offered.err.strip() == (
+        f"repotune: error: --adapter {out}: no adapter/ (the run did not finish), but its newest checkpoint "
+        f"has one: --adapter {newest}"
+    )
+    used = cli("generate", "--adapter", newest, "--prompt", "def ", "--max-new-tokens", "4")
+    assert used.code == 0, used.err
+    assert (newest / "repotune.json").exists() and (newest / "tokenizer.json").exists()
+
+
+CHECK_HELP = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as stop:
+    assert stop.code in (0, None), stop.code
+heavy = sorted(name for name in ("torch", "transformers", "datasets", "peft") if name in sys.modules)
+assert not heavy, f"{' '.join(sys.argv)} imported {heavy}"
+"""
+
+
+def test_every_help_answers_without_importing_torch():
+    import sys
+    from pathlib import Path
+
+    import run_pipeline
+
+    root = Path(__file__).resolve().parent.parent
+    commands = [["run_pipeline.py", "--help"]] + [
+        ["run_pipeline.py", name, "--help"] for name in run_pipeline.COMMANDS
+    ]
+    benchmarks = [
+        [str(path.relative_to(root)), "--help"] for path in sorted((root / "benchmarks").glob("bench_*.py"))
+    ]
+    assert len(benchmarks) >= 4
+    for argv in commands + benchmarks:
+        done = subprocess.run(
+            [sys.executable, "-c", CHECK_HELP, *argv], cwd=root, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert "usage:" in done.stdout, argv
+
+
+def test_a_short_monitor_fits_its_interval_to_the_duration(cli, tmp_path):
+    import time
+
+    from pipeline.watch import fitted_interval
+
+    assert (
+        fitted_interval(5.0, 3.0) == 0.3
+        and fitted_interval(5.0, 600.0) == 5.0
+        and fitted_interval(5.0, None) == 5.0
+    )
+    started = time.perf_counter()
+    result = cli("monitor", "--duration", "1", "--output", tmp_path / "monitor.json")
+    assert result.code == 0, result.err
+    assert time.perf_counter() - started < 5
+    samples = read_json(tmp_path / "monitor.json")["training_report"]["hardware"]["samples"]
+    assert len(samples) >= 5  # not 1 sample every 5 s
