@@ -40,9 +40,22 @@ def scrape(
         f"scraped {stats.commits_seen} commits of {scraped.where} in {result.duration_s:.2f} s: "
         f"kept {stats.commits_kept} ({result.sequences['train']} train / {result.sequences['eval']} eval "
         f"sequences), skipped: {stats.skipped_summary()}"
-        + (f"; redacted {sum(stats.redactions.values())} secrets" if stats.redactions else "")
+        + (
+            f"; redacted {sum(stats.redactions.values())} secrets ({_origins(stats.redacted_paths)})"
+            if stats.redactions
+            else ""
+        )
     )
     return scraped
+
+
+def _origins(paths, shown: int = 3) -> str:
+    """Where the redacted secrets were, the most first: `in tests/test_secrets.py 12, README.md 3, and 2
+    more files` (a user tells fixtures from leaks; `.scrape.redacted_paths` has them all)."""
+    ranked = paths.most_common()
+    listed = ", ".join(f"{path} {count}" for path, count in ranked[:shown])
+    more = len(ranked) - shown
+    return f"in {listed}" + (f", and {more} more {'file' if more == 1 else 'files'}" if more > 0 else "")
 
 
 def provenance(repos: list[str], config: ScrapeConfig) -> str:

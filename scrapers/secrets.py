@@ -301,3 +301,19 @@ def _replace(match: re.Match[str], rule: Rule, counts: Counter) -> str:
     whole = match.group(0)
     start = match.start(rule.group) - match.start(0)
     return whole[:start] + f"<REDACTED:{rule.name}>" + whole[start + len(secret) :]
+
+
+MESSAGE_ORIGIN = "(commit message)"
+
+
+def redaction_origins(diff_text: str) -> Counter:
+    """Where a redacted diff-format text (message, then `diff --git a/PATH b/PATH` sections) had its
+    secrets: counts per file path, the message's as MESSAGE_ORIGIN. Counts only, never values."""
+    origins: Counter = Counter()
+    where = MESSAGE_ORIGIN
+    for line in diff_text.splitlines():
+        if line.startswith("diff --git a/"):
+            where = line[len("diff --git a/") :].rsplit(" b/", 1)[0]
+        elif "<REDACTED:" in line:
+            origins[where] += line.count("<REDACTED:")
+    return origins

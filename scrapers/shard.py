@@ -20,7 +20,7 @@ from scrapers.config import ScrapeConfig
 from scrapers.filters import Filters
 from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
 from scrapers.git import LogOptions, blob_sizes, repository_at, stream_commits
-from scrapers.secrets import redact_all
+from scrapers.secrets import redact_all, redaction_origins
 
 REDACT_BATCH = 128  # commits redacted together: enough to share the hint scans, little to hold
 PROGRESS_EVERY = 64  # commits between progress-counter updates (a shared counter costs a lock)
@@ -48,6 +48,8 @@ class ScrapeStats:
     redactions: Counter = field(default_factory=Counter)
     """Secrets replaced, by rule."""
     redacted_commits: list[str] = field(default_factory=list)
+    redacted_paths: Counter = field(default_factory=Counter)
+    """Secrets replaced, by the file (or commit message) they were in: a fixture or a leak?"""
 
     def add(self, other: ScrapeStats) -> None:
         for name in ("commits_seen", "commits_kept", "files_seen", "files_kept", "bytes_seen", "bytes_kept"):
@@ -56,6 +58,7 @@ class ScrapeStats:
         self.files_skipped.update(other.files_skipped)
         self.redactions.update(other.redactions)
         self.redacted_commits.extend(other.redacted_commits)
+        self.redacted_paths.update(other.redacted_paths)
 
     def skipped_summary(self) -> str:
         return describe_counts(self.skipped)
@@ -72,6 +75,7 @@ class ScrapeStats:
             "files_skipped": dict(sorted(self.files_skipped.items())),
             "redactions": dict(sorted(self.redactions.items())),
             "redacted_commits": sorted(self.redacted_commits),
+            "redacted_paths": dict(self.redacted_paths.most_common()),
         }
 
 
@@ -191,6 +195,7 @@ def _write_batch(
         if found:
             stats.redactions.update(found)
             stats.redacted_commits.append(commit.sha)
+            stats.redacted_paths.update(redaction_origins(results[identity][0]))
         for name, (text, _) in zip(formats, results, strict=False):  # the formats, not the key's extra text
             # `split` comes last, as "train": the merge step rewrites the held-out ones' bytes in place.
             record = {

@@ -120,3 +120,19 @@ def test_a_short_monitor_fits_its_interval_to_the_duration(cli, tmp_path):
     assert time.perf_counter() - started < 5
     samples = read_json(tmp_path / "monitor.json")["training_report"]["hardware"]["samples"]
     assert len(samples) >= 5  # not 1 sample every 5 s
+
+
+def test_the_redaction_summary_says_where_the_secrets_were(cli, tmp_path):
+    from tests.conftest import GitRepo, add_features
+
+    repo = add_features(GitRepo(tmp_path / "repo"), range(1, 4))
+    key = "AKIA" + "QWERTYUIOPASDFGH"  # an AWS access key id's shape
+    repo.commit("Add fixtures", {"tests/fixtures/keys.py": f'AWS = "{key}"\nOTHER = "{key[:-1]}Z"\n'})
+    repo.commit(f"Rotate {key}", {"pkg/settings.py": "REGION = 'eu-west-1'\n"})
+    out = tmp_path / "out"
+    result = cli("scrape", "--repo", repo.path, "--output-dir", out, "--set", "scrape.format=diff")
+    assert result.code == 0, result.err
+    assert "redacted 3 secrets (in tests/fixtures/keys.py 2, (commit message) 1)" in result.err
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["scrape"]["redacted_paths"] == {"tests/fixtures/keys.py": 2, "(commit message)": 1}
+    assert key not in (out / "sequences.jsonl").read_text() and key not in (out / "MANIFEST.json").read_text()
