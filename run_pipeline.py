@@ -54,12 +54,14 @@ def prepare_data(
     """Scrape (or reuse the scrape) → tokenize → plan → pack: what training needs from the history."""
     from pipeline.dataset import pack
     from pipeline.hardware import machine
+    from pipeline.model import load_libraries
     from pipeline.planner import plan_for
     from pipeline.sources import scrape as scrape_sources
     from pipeline.token_cache import prepare
 
     config = loaded.config
     scraped = record.step("scrape", scrape_sources, repos, config.scrape, record.output_dir, record.previous)
+    record.step("imports", load_libraries)
     prepared = record.step("tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir))
     planned_for = record.step("detect", machine, hardware_profile, record.launch)
     plan = record.step("plan", plan_for, prepared, planned_for, loaded)

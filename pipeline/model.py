@@ -47,6 +47,26 @@ class TinyShape:
     norm, so a random model could barely sharpen its predictions; 0.05 leaves room."""
 
 
+def load_libraries() -> None:
+    """Import torch and the Hugging Face libraries once, as a stage of its own: their start-up (seconds)
+    is then not billed to whichever stage happens to import them first."""
+    import logging
+    import time
+
+    from pipeline.progress import say
+
+    # bitsandbytes (peft imports it) warns on a CPU that an optional kernel package is missing: not ours.
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    started = time.perf_counter()
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    quiet_library_output()
+    say(f"loaded torch, transformers, datasets and peft in {time.perf_counter() - started:.1f} s")
+
+
 def quiet_library_output() -> None:
     """Keep stdout and the log for what matters: no save progress bars, no notice that is not ours to act on."""
     import logging

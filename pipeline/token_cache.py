@@ -70,12 +70,18 @@ class TokenCache:
     def meta(self) -> dict[str, Any]:
         return orjson.loads((self.directory / "meta.json").read_bytes())
 
+    @property
+    def build_seconds(self) -> float | None:
+        """How long building this entry took (a hit saves about that much); None for older entries."""
+        return self.meta().get("build_seconds")
+
     def to_manifest(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "dir": str(self.directory),
             "hit": self.hit,
             "seconds": round(self.seconds, 3),
+            "build_seconds": self.build_seconds,
         }
 
 
@@ -115,7 +121,8 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
     shutil.rmtree(staging, ignore_errors=True)
     try:
         counts = build(staging)
-        (staging / "meta.json").write_bytes(orjson.dumps({"key": key, **counts}, option=orjson.OPT_INDENT_2))
+        built = {"key": key, **counts, "build_seconds": round(time.perf_counter() - started, 3)}
+        (staging / "meta.json").write_bytes(orjson.dumps(built, option=orjson.OPT_INDENT_2))
         try:
             staging.rename(directory)
         except OSError:  # another process finished the same entry first: theirs is as good as ours
@@ -261,7 +268,13 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepare
     counts = {
         name: meta[name] for name in ("train_sequences", "eval_sequences", "train_tokens", "eval_tokens")
     }
-    say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
+    if cache.hit and cache.build_seconds:
+        say(
+            f"token cache hit: {cache.directory} ({cache.seconds:.2f} s; building it took "
+            f"{cache.build_seconds:.1f} s, so {cache.build_seconds - cache.seconds:.1f} s saved)"
+        )
+    else:
+        say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
     return Prepared(
         tokenizer, config, describe_model(model_name, config, tokenizer), cache, cache.stats(), counts, style
     )

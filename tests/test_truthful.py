@@ -136,3 +136,24 @@ def test_the_redaction_summary_says_where_the_secrets_were(cli, tmp_path):
     manifest = read_json(out / "MANIFEST.json")
     assert manifest["scrape"]["redacted_paths"] == {"tests/fixtures/keys.py": 2, "(commit message)": 1}
     assert key not in (out / "sequences.jsonl").read_text() and key not in (out / "MANIFEST.json").read_text()
+
+
+def test_stage_timings_leave_imports_out_and_a_cache_hit_shows_its_saving(cli, sample_repo, tmp_path):
+    out = tmp_path / "out"
+    built = cli("prepare", "--repo", sample_repo.path, "--output-dir", out)
+    assert built.code == 0, built.err
+    assert "loaded torch, transformers, datasets and peft in " in built.err
+    first = read_json(out / "MANIFEST.json")
+    assert "imports_s" in first["timings"] and first["dataset"]["cache"]["build_seconds"] > 0
+    hit = cli("prepare", "--repo", sample_repo.path, "--output-dir", out)
+    assert hit.code == 0, hit.err
+    line = next(line for line in hit.err.splitlines() if line.startswith("token cache hit: "))
+    assert (
+        f"building it took {first['dataset']['cache']['build_seconds']:.1f} s, so " in line
+        and line.endswith(" s saved)")
+    )
+    second = read_json(out / "MANIFEST.json")
+    assert (
+        second["dataset"]["cache"]["hit"]
+        and second["dataset"]["cache"]["build_seconds"] == first["dataset"]["cache"]["build_seconds"]
+    )
