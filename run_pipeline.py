@@ -49,9 +49,14 @@ def run(args: argparse.Namespace) -> None:
 
 
 def prepare_data(
-    record: Record, loaded: LoadedConfig, repos: list[str], hardware_profile: str | None = None
+    record: Record,
+    loaded: LoadedConfig,
+    repos: list[str],
+    hardware_profile: str | None = None,
+    sample: int | None = None,
 ) -> Data:
-    """Scrape (or reuse the scrape) → tokenize → plan → pack: what training needs from the history."""
+    """Scrape (or reuse the scrape) → tokenize → plan → pack: what training needs from the history
+    (with `sample`, token statistics estimated from that many sequences unless they are cached)."""
     from pipeline.dataset import pack
     from pipeline.hardware import machine
     from pipeline.model import load_libraries
@@ -62,7 +67,9 @@ def prepare_data(
     config = loaded.config
     scraped = record.step("scrape", scrape_sources, repos, config.scrape, record.output_dir, record.previous)
     record.step("imports", load_libraries)
-    prepared = record.step("tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir))
+    prepared = record.step(
+        "tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir), sample
+    )
     planned_for = record.step("detect", machine, hardware_profile, record.launch)
     plan = record.step("plan", plan_for, prepared, planned_for, loaded)
     packed = record.step("pack", pack, prepared, plan)
@@ -195,13 +202,15 @@ def scrape(args: argparse.Namespace) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    """Scrape (or reuse the scrape), plan, print the decisions; train nothing."""
+    """Scrape (or reuse the scrape), plan, print the decisions; train nothing. Token statistics come from
+    the token cache, or from a sample of a history not tokenized yet."""
     from pipeline.planner import format_plan
     from pipeline.probe import needs_measuring
+    from pipeline.token_cache import PLAN_SAMPLE
 
     loaded = loaded_config(args)
     with open_run(loaded, "plan", args.argv) as record:
-        data = prepare_data(record, loaded, args.repos, args.hardware_profile)
+        data = prepare_data(record, loaded, args.repos, args.hardware_profile, PLAN_SAMPLE)
         decided = data.plan
         if needs_measuring(
             decided, data.machine, loaded

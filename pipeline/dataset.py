@@ -207,11 +207,12 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
     else:
         method += f"; a sequence longer than {length} tokens is split into {length}-token pieces"
     # One vectorised pass (a fraction of a second on thousands of commits): a line when done, no bar.
-    say(
-        f"packed {prepared.counts['train_sequences']:,} training sequences into {train.blocks:,} blocks of "
-        f"{length} tokens ({train.efficiency:.1%} filled) in {time.perf_counter() - started:.2f} s"
-    )
-    return Packed(train, held_out, method)
+    if prepared.estimate is None:  # (a sample's blocks are not the data's)
+        say(
+            f"packed {prepared.counts['train_sequences']:,} training sequences into {train.blocks:,} blocks of "
+            f"{length} tokens ({train.efficiency:.1%} filled) in {time.perf_counter() - started:.2f} s"
+        )
+    return Packed(train, held_out, method, sample=prepared.estimate is not None)
 
 
 def held_out_splits(directory: Path, table, length: int, pad: int, cut: int | None) -> dict[str, PackedSplit]:

@@ -180,6 +180,7 @@ def _(prepared: Prepared) -> dict[str, Any]:
         },
         "dataset": {
             "cache": prepared.cache.to_manifest(),
+            "estimate": prepared.estimate,
             **prepared.counts,
             "token_length_median": stats.percentile(50),
             "token_length_p95": stats.percentile(95),
@@ -201,6 +202,8 @@ def _(plan: Plan) -> dict[str, Any]:
 @sections.register
 def _(packed: Packed) -> dict[str, Any]:
     train = packed.train
+    if packed.sample:  # a sample's blocks: the plan's own decisions (train_blocks) are the estimate
+        return {}
     return {
         "dataset": {
             "block_size": train.block_size,

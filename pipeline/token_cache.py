@@ -20,6 +20,7 @@ Layout of one entry (`cache_dir/tokens-<key>/`):
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import sys
@@ -41,6 +42,7 @@ from scrapers.errors import RepositoryError
 CACHE_FORMAT = 3  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
 TOKENIZE_CHUNK = 256  # sequences per unit of work (and of progress)
+PLAN_SAMPLE = 1000  # training sequences `plan` tokenizes to estimate a larger history it has not cached
 
 
 @dataclass(frozen=True)
@@ -222,9 +224,11 @@ def _encode_chunk(chunk: tuple[list[str], list[str]]):
     return flat_ids, flat_masks, lengths
 
 
-def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepared:
+def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: int | None = None) -> Prepared:
     """Tokenize the sequences into the provenance-keyed cache (or load them from it), and describe the
-    model for the planner (its config only: no weights are loaded)."""
+    model for the planner (its config only: no weights are loaded). With `sample`, a history of more
+    training sequences than that which is not in the cache yet is estimated from every k-th sequence
+    (`plan`: a dry run answers in seconds and pays for no tokenization that nothing uses)."""
     from pipeline.dataset import read_sequences
     from pipeline.model import (
         describe_model,
@@ -239,7 +243,8 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepare
     from pipeline.sources import skipped
 
     quiet_library_output()
-    if not scraped.summary["split"]["train_sequences"]:
+    total = scraped.summary["split"]["train_sequences"]
+    if not total:
         raise RepositoryError(
             f"{scraped.where}: no commit survived the filters (skipped: {skipped(scraped)}); nothing to train on"
         )
@@ -247,9 +252,21 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepare
     pretrained = pretrained_tokenizer(model_name)  # loaded once: for the key, and to tokenize on a miss
     style = text_style(loaded, model_name, bool(pretrained is not None and pretrained.chat_template))
     max_tokens = (loaded.config.train.max_sequence_length, loaded.config.train.max_prompt_tokens)
+    key = cache_key(
+        scraped.summary["provenance_key"], model_name, tokenizer_recipe(pretrained), style, max_tokens
+    )
+    every = math.ceil(total / sample) if sample and total > sample else 1
+    if every > 1 and (cache_root / f"tokens-{key}" / "meta.json").exists():
+        every = 1  # tokenized already: the real statistics cost nothing
+    if every > 1:
+        key = f"{key}-every{every}"
 
     def build(staging: Path) -> dict[str, int]:  # only on a cache miss: a hit reads none of the sequences
         records = list(read_sequences(scraped.sequences_path))
+        if every > 1:  # every k-th of each split, newest first as they are listed
+            records = [
+                r for split in ("train", "eval") for r in [r for r in records if r["split"] == split][::every]
+            ]
         tokenizer = (
             pretrained
             if pretrained is not None
@@ -258,9 +275,6 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepare
         tokenizer.save_pretrained(staging / "tokenizer")
         return tokenize_sequences(records, tokenizer, style, max_tokens, staging)
 
-    key = cache_key(
-        scraped.summary["provenance_key"], model_name, tokenizer_recipe(pretrained), style, max_tokens
-    )
     cache = open_or_build(cache_root, key, build)
     tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
     config = model_config(model_name, tokenizer)
@@ -268,16 +282,39 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path) -> Prepare
     counts = {
         name: meta[name] for name in ("train_sequences", "eval_sequences", "train_tokens", "eval_tokens")
     }
-    if cache.hit and cache.build_seconds:
+    stats, estimate = cache.stats(), None
+    if every > 1:
+        stats, counts = _scaled(stats, counts, every, scraped.summary["split"])
+        estimate = (
+            f"estimated from {meta['train_sequences']:,} of {total:,} training sequences (one in every {every}), "
+            f"tokenized in {cache.seconds:.1f} s; `prepare` or a run tokenizes them all"
+        )
+        say(f"token statistics {estimate}")
+    elif cache.hit and cache.build_seconds:
         say(
             f"token cache hit: {cache.directory} ({cache.seconds:.2f} s; building it took "
             f"{cache.build_seconds:.1f} s, so {cache.build_seconds - cache.seconds:.1f} s saved)"
         )
     else:
         say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
-    return Prepared(
-        tokenizer, config, describe_model(model_name, config, tokenizer), cache, cache.stats(), counts, style
-    )
+    facts = describe_model(model_name, config, tokenizer)
+    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate)
+
+
+def _scaled(
+    stats: DataStats, counts: dict[str, int], every: int, split: dict[str, int]
+) -> tuple[DataStats, dict[str, int]]:
+    """Every k-th sequence's statistics as the whole split's: each sampled length stands for the `every`
+    sequences around it, in order (newest first), to the split's real count."""
+    total = split["train_sequences"]
+    lengths = [length for length in stats.newest_first for _ in range(every)][:total]
+    eval_scale = split["eval_sequences"] / counts["eval_sequences"] if counts["eval_sequences"] else 0
+    return DataStats.from_lengths(lengths), {
+        "train_sequences": total,
+        "eval_sequences": split["eval_sequences"],
+        "train_tokens": sum(lengths),
+        "eval_tokens": round(counts["eval_tokens"] * eval_scale),
+    }
 
 
 def cache_summary(data: Data, seconds: float) -> str:

@@ -256,6 +256,9 @@ class Prepared:
     """Sequences and tokens per split (`train_sequences`, `eval_tokens`, ...)."""
     style: TextStyle
     """How records became tokens (evaluation prompts are rendered the same way)."""
+    estimate: str | None = None
+    """How the statistics were estimated from a sample (`plan` on a history not tokenized yet); None:
+    every sequence was tokenized."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,8 @@ class Packed:
     """How sequences were laid out in blocks, for people."""
     left_out: dict[str, Any] | None = None
     """What a time budget did not train on: sequences, tokens, reason."""
+    sample: bool = False
+    """Blocks of a sample only (`plan`'s estimate): not the data's, so not recorded as its."""
 
     def held_out_blocks(self, limit: int | None) -> dict[str, Any]:
         """Each format's held-out blocks as a dataset, the first `limit` of them (all for None)."""

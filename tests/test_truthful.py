@@ -157,3 +157,36 @@ def test_stage_timings_leave_imports_out_and_a_cache_hit_shows_its_saving(cli, s
         second["dataset"]["cache"]["hit"]
         and second["dataset"]["cache"]["build_seconds"] == first["dataset"]["cache"]["build_seconds"]
     )
+
+
+def test_plan_estimates_a_large_history_from_a_sample_and_uses_the_cache_when_there(
+    cli, tmp_path, monkeypatch
+):
+    from pipeline import token_cache
+    from tests.conftest import GitRepo, add_features
+
+    repo = add_features(GitRepo(tmp_path / "repo"), range(1, 31))
+    out = tmp_path / "out"
+    options = ("--repo", repo.path, "--output-dir", out, "--set", "scrape.format=diff", "--budget", "none")
+    monkeypatch.setattr(token_cache, "PLAN_SAMPLE", 6)
+    sampled = cli("plan", *options)
+    assert sampled.code == 0, sampled.err
+    estimated = read_json(out / "MANIFEST.json")
+    assert estimated["dataset"]["estimate"].startswith(
+        "estimated from 6 of 29 training sequences (one in every 5)"
+    )
+    assert "token statistics estimated from 6 of 29" in sampled.err
+    assert [path.name.split("-every")[1] for path in (out / "cache").glob("tokens-*")] == [
+        "5"
+    ]  # no full tokenization
+    assert cli("prepare", *options).code == 0
+    exact = cli("plan", *options)
+    assert exact.code == 0 and "token cache hit" in exact.err
+    measured = read_json(out / "MANIFEST.json")
+    assert measured["dataset"]["estimate"] is None
+    train = "train_sequences", "sequence_length"
+    assert [estimated["training_parameters"][name] for name in train] == [
+        measured["training_parameters"][name] for name in train
+    ]
+    blocks = estimated["training_parameters"]["train_blocks"], measured["training_parameters"]["train_blocks"]
+    assert abs(blocks[0] - blocks[1]) <= max(2, blocks[1] // 5), blocks
