@@ -11,6 +11,7 @@ a Hugging Face id or a local directory.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import urllib.request
 from collections.abc import Iterable
@@ -27,6 +28,10 @@ TINY = "tiny"
 TINY_VOCAB_SIZE = 1024  # enough merges for code on a small corpus, few enough rows to learn in a short run
 TINY_MAX_POSITIONS = 2048
 EOS_TOKEN = "<|endoftext|>"
+# bitsandbytes (peft imports it) warns on a CPU that an optional kernel package is missing: not the user's
+# to act on. Set before anything here imports peft (training, update, generate all come through this module).
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
 ADAPTER_DIR = "adapter"
 BASE_MODEL_DIR = "base_model"
 CHECKPOINT_DIR = "checkpoints"
@@ -50,13 +55,10 @@ class TinyShape:
 def load_libraries() -> None:
     """Import torch and the Hugging Face libraries once, as a stage of its own: their start-up (seconds)
     is then not billed to whichever stage happens to import them first."""
-    import logging
     import time
 
     from pipeline.progress import say
 
-    # bitsandbytes (peft imports it) warns on a CPU that an optional kernel package is missing: not ours.
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     started = time.perf_counter()
     import datasets  # noqa: F401
     import peft  # noqa: F401
@@ -435,6 +437,8 @@ def load_model(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(continue_from), is_trainable=True)
+        for config in model.peft_config.values():  # the base as loaded here: saving reads its config, offline
+            config.base_model_name_or_path = model.get_base_model().name_or_path
     else:
         model = attach_lora(model, lora_config, plan.base_modules_trained, plan.lora_dropout)
     if plan.quantization == "none":  # a quantized base was placed on its device as it loaded
