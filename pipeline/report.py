@@ -31,6 +31,7 @@ table.samples { table-layout: fixed; width: 100%; } table.samples td, table.samp
 def render_report(manifest: dict[str, Any]) -> str:
     sections = [
         _summary(manifest),
+        _lineage(manifest),
         _decisions(manifest),
         _training(manifest),
         _evaluation(manifest),
@@ -110,6 +111,27 @@ def _summary(m: dict[str, Any]) -> str:
     return f'<h1>{_e("repotune run")}</h1><p class="muted">{_e(run.get("id"))}</p>' + _table(
         ("", ""), rows, escape=False
     )
+
+
+def _lineage(m: dict[str, Any]) -> str:
+    """An update's parent, what it added, and what it kept of the parent's held-out commits (else nothing)."""
+    lineage = m.get("lineage")
+    if not lineage:
+        return ""
+    forgetting = lineage.get("forgetting") or {}
+    was, now = (forgetting.get(when) or {} for when in ("before", "after"))
+    rows = [
+        ("continues", lineage.get("parent_manifest")),
+        ("parent's sha256", lineage.get("parent_sha256")),
+        ("HEAD", f"{(lineage.get('old_head') or '')[:12]} → {(lineage.get('new_head') or '')[:12]}"),
+        ("commits added", len(lineage.get("commits_added") or [])),
+        (
+            "parent's held-out loss",
+            f"{_fmt(was.get('loss'))} → {_fmt(now.get('loss'))} ({_fmt(forgetting.get('relative_change'))} relative: "
+            "a rise is forgetting)",
+        ),
+    ]
+    return "<h2>Lineage (an update)</h2>" + _table(("", ""), rows)
 
 
 def _decisions(m: dict[str, Any]) -> str:

@@ -76,6 +76,10 @@ def test_an_update_trains_the_parent_adapter_on_the_new_commits_only(cli, parent
     assert (child / "adapter" / "adapter_model.safetensors").exists()
     assert manifest["run"]["command"] == "update" and manifest["status"] == "completed"
 
+    from pipeline.report import render_report
+
+    page = render_report(manifest)
+    assert "<h2>Lineage (an update)</h2>" in page and f"{old_head[:12]} → {new_head[:12]}" in page
     shown = cli("diff", out / "MANIFEST.json", child / "MANIFEST.json").out
     assert "== lineage (params) ==" in shown and "== lineage (metrics) ==" in shown
     assert "forgetting.after.loss" in shown and "evaluation.after.loss" in shown
