@@ -163,3 +163,17 @@ def test_a_missing_parent_and_a_range_are_one_line(cli, parent, tmp_path):
     repo.commit("Add more", {"pkg/more.py": module_source(50)})
     line = update_error(cli, "--from", out, "--repo", repo.path, "--rev", "HEAD~1")
     assert line.startswith("repotune: error: update reads the commits made since its parent, so scrape.rev")
+
+
+def test_forgetting_is_said_in_a_line_and_not_invented_without_a_parent_held_out_set(tmp_path):
+    from pipeline.lineage import describe_forgetting, forgetting
+    from pipeline.types import Scores
+
+    was, now = Scores({"loss": 2.0}, None, []), Scores({"loss": 2.1}, None, [])
+    assert forgetting(was, now)["relative_change"] == pytest.approx(0.05)
+    assert describe_forgetting(tmp_path, was, now).endswith(
+        "loss 2.0000 → 2.1000 (+5.0%: what it knew is forgotten)"
+    )
+    unscored = Scores(None, None, [])
+    assert forgetting(unscored, unscored) == {"before": None, "after": None, "relative_change": None}
+    assert "not scored" in describe_forgetting(tmp_path, unscored, unscored)
