@@ -59,14 +59,14 @@ def prepare_data(
     (with `sample`, token statistics estimated from that many sequences unless they are cached)."""
     from pipeline.dataset import pack
     from pipeline.hardware import machine
-    from pipeline.model import load_libraries
+    from pipeline.model import DATA_LIBRARIES, load_libraries
     from pipeline.planner import plan_for
     from pipeline.sources import scrape as scrape_sources
     from pipeline.token_cache import prepare
 
     config = loaded.config
     scraped = record.step("scrape", scrape_sources, repos, config.scrape, record.output_dir, record.previous)
-    record.step("imports", load_libraries)
+    record.step("imports", load_libraries, DATA_LIBRARIES)
     prepared = record.step(
         "tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir), sample
     )
@@ -83,12 +83,13 @@ def fit_to_machine(
     this machine (the largest micro-batch that fits a GPU, the training speed for a time budget) and plan
     again, keep the blocks that plan trains on."""
     from pipeline.dataset import keep_newest
-    from pipeline.model import load_model
+    from pipeline.model import TRAINING_LIBRARIES, load_libraries, load_model
     from pipeline.planner import format_plan
     from pipeline.probe import measure, resumed_speed
     from pipeline.progress import say
 
     config, prepared = loaded.config, data.prepared
+    record.step("imports_training", load_libraries, TRAINING_LIBRARIES)
     model = record.step(
         "load_model", load_model, config.train.model, prepared, data.plan, config.lora, record.launch,
         record.output_dir, continue_from,
@@ -152,13 +153,13 @@ def update(args: argparse.Namespace) -> None:
     """Continue a run's adapter on the commits made since it: check the parent → scrape the new commits →
     tokenize → plan (short warmup, lower peak) → train from the parent's adapter → evaluate on the newest
     commits and on the parent's held-out ones (forgetting) → save, with the lineage in the manifest."""
+    from pipeline.evaluation import evaluate
     from pipeline.lineage import (
         check_tokenizer,
         describe_forgetting,
         find_parent,
         forgetting,
         parent_held_out,
-        parent_scores,
         update_config,
     )
     from pipeline.model import save_adapter
@@ -180,9 +181,10 @@ def update(args: argparse.Namespace) -> None:
         check_tokenizer(parent, data.prepared)
         model, plan, packed = fit_to_machine(record, loaded, data, False, parent.adapter_dir)
         earlier = parent_held_out(parent, data.prepared, loaded, plan, record.output_dir / "parent_held_out")
-        kept = record.step("evaluate_parent_before", parent_scores, model.model, earlier, plan)
+        loss_only = (model.model, earlier, (), plan, data.prepared, loaded.config.eval)  # no task prompts
+        kept = record.step("evaluate_parent_before", evaluate, *loss_only)
         outcome = train_and_evaluate(record, loaded, data, model, plan, packed, False)
-        after = record.step("evaluate_parent_after", parent_scores, model.model, earlier, plan)
+        after = record.step("evaluate_parent_after", evaluate, *loss_only)
         record.add(parent.lineage(forgetting(kept, after)))
         say(describe_forgetting(parent.directory, kept, after))
         record.step("save", save_adapter, model, data.prepared, outcome.plan, record.output_dir)

@@ -31,13 +31,13 @@ class TrainingError(PipelineError):
 
 
 class Interrupted(PipelineError):
-    """SIGINT or SIGTERM: during training a checkpoint was saved and the run can be resumed; `partial`
-    is what training did until then (recorded in the manifest)."""
+    """SIGINT or SIGTERM. `checkpointed`: training saved a checkpoint and its message says how to resume;
+    `partial` is what training did until then (recorded in the manifest)."""
 
-    def __init__(self, message: str, signum: int, partial=None):
+    def __init__(self, message: str, signum: int, checkpointed: bool = False, partial=None):
         super().__init__(message)
         self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-        self.signum = signum
+        self.checkpointed = checkpointed
         self.partial = partial
 
 

@@ -289,16 +289,20 @@ def evaluate(
     return Scores(loss, tasks, samples)
 
 
+def relative_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
+    """(after − before) / before of two held-out losses; None when either was not measured."""
+    if not (before and after and before["loss"] and after["loss"] is not None):
+        return None
+    return round((after["loss"] - before["loss"]) / before["loss"], 6)
+
+
 def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
     """The manifest's `training_report.evaluation`."""
     before, after = evaluation.before, evaluation.after or Scores(None, None, [])
-    change = None
-    if before.loss and after.loss and before.loss["loss"] and after.loss["loss"] is not None:
-        change = round((after.loss["loss"] - before.loss["loss"]) / before.loss["loss"], 6)
     return {
         "before": before.loss,
         "after": after.loss,
-        "relative_change": change,
+        "relative_change": relative_change(before.loss, after.loss),
         "history": evaluation.history,
         "tasks": {"before": before.tasks, "after": after.tasks},
         "samples": {"before": before.samples, "after": after.samples},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ModelLoadError
-from pipeline.model import ADAPTER_DIR, ADAPTER_FACTS_FILE, BASE_MODEL_DIR, CHECKPOINT_DIR
+from pipeline.model import ADAPTER_DIR, BASE_MODEL_DIR, CHECKPOINT_DIR, newest_checkpoint
 
 
 def adapter_directory(path: str | Path) -> Path:
@@ -16,14 +16,10 @@ def adapter_directory(path: str | Path) -> Path:
         return directory / ADAPTER_DIR
     if (directory / "adapter_config.json").exists():
         return directory
-    checkpoints = sorted(
-        (c for c in (directory / CHECKPOINT_DIR).glob("checkpoint-*") if (c / ADAPTER_FACTS_FILE).exists()),
-        key=lambda checkpoint: int(checkpoint.name.rsplit("-", 1)[1]),
-    )
-    if checkpoints:
+    if newest := newest_checkpoint(directory / CHECKPOINT_DIR):
         raise ModelLoadError(
             f"--adapter {path}: no adapter/ (the run did not finish), but its newest checkpoint has one: "
-            f"--adapter {checkpoints[-1]}"
+            f"--adapter {newest}"
         )
     raise ModelLoadError(
         f"--adapter {path}: no adapter_config.json there (pass a run's output directory or its adapter/)"

@@ -172,7 +172,7 @@ def parent_held_out(parent: Parent, prepared: Prepared, loaded: LoadedConfig, pl
     """The parent's held-out commits, tokenized and packed as this update trains, by format ({} when the
     parent kept none, or its sequences.jsonl is gone)."""
     from pipeline.dataset import held_out_splits, read_sequences
-    from pipeline.token_cache import tokenize_sequences
+    from pipeline.token_cache import read_split, tokenize_sequences
 
     sequences = parent.directory / SEQUENCES_FILE
     records = (
@@ -190,9 +190,7 @@ def parent_held_out(parent: Parent, prepared: Prepared, loaded: LoadedConfig, pl
         (train.max_sequence_length, train.max_prompt_tokens),
         directory,
     )
-    from datasets import load_from_disk
-
-    table = load_from_disk(str(directory / "eval")).data.table
+    table = read_split(directory, "eval")
     splits = held_out_splits(
         directory, table, plan.sequence_length, prepared.tokenizer.pad_token_id, plan.truncate_at
     )
@@ -201,19 +199,13 @@ def parent_held_out(parent: Parent, prepared: Prepared, loaded: LoadedConfig, pl
 
 def forgetting(before: Scores, after: Scores) -> dict[str, Any]:
     """The parent's held-out loss before and after the update: a rise is what the update forgot."""
-    was, now = before.loss, after.loss
-    change = None
-    if was and now and was.get("loss") and now.get("loss") is not None:
-        change = round((now["loss"] - was["loss"]) / was["loss"], 6)
-    return {"before": was, "after": now, "relative_change": change}
+    from pipeline.evaluation import relative_change
 
-
-def parent_scores(model, held_out: dict[str, Any], plan: Plan) -> Scores:
-    """Held-out loss on the parent's held-out blocks (none: not measured)."""
-    from pipeline.evaluation import held_out_loss
-
-    loss = held_out_loss(model, held_out, plan.batch_size, plan.precision) if held_out else None
-    return Scores(loss, None, [])
+    return {
+        "before": before.loss,
+        "after": after.loss,
+        "relative_change": relative_change(before.loss, after.loss),
+    }
 
 
 def describe_forgetting(parent_dir: Path, before: Scores, after: Scores) -> str:

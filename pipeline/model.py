@@ -35,6 +35,7 @@ logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 ADAPTER_DIR = "adapter"
 BASE_MODEL_DIR = "base_model"
 CHECKPOINT_DIR = "checkpoints"
+STAMP_FILE = "repotune_state.json"  # written last into a checkpoint: its presence means the save completed
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """A planned precision's torch dtype, by name (torch is imported only where a model is built)."""
 
@@ -52,21 +53,29 @@ class TinyShape:
     norm, so a random model could barely sharpen its predictions; 0.05 leaves room."""
 
 
-def load_libraries() -> None:
-    """Import torch and the Hugging Face libraries once, as a stage of its own: their start-up (seconds)
-    is then not billed to whichever stage happens to import them first."""
+def newest_checkpoint(checkpoints: Path) -> Path | None:
+    """The newest checkpoint that finished saving (a run killed mid-save leaves one without the stamp)."""
+    complete = [path for path in checkpoints.glob("checkpoint-*") if (path / STAMP_FILE).exists()]
+    return max(complete, key=lambda path: int(path.name.rsplit("-", 1)[1]), default=None)
+
+
+DATA_LIBRARIES = ("torch", "transformers", "datasets")  # what tokenizing and planning use
+TRAINING_LIBRARIES = ("peft",)  # and what attaching LoRA adds (2.5 s here, with bitsandbytes): not for `plan`
+
+
+def load_libraries(modules: tuple[str, ...]) -> None:
+    """Import libraries as a stage of their own: their start-up (seconds) is then not billed to whichever
+    stage happens to import them first."""
+    import importlib
     import time
 
     from pipeline.progress import say
 
     started = time.perf_counter()
-    import datasets  # noqa: F401
-    import peft  # noqa: F401
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-
+    for name in modules:
+        importlib.import_module(name)
     quiet_library_output()
-    say(f"loaded torch, transformers, datasets and peft in {time.perf_counter() - started:.1f} s")
+    say(f"loaded {', '.join(modules)} in {time.perf_counter() - started:.1f} s")
 
 
 def quiet_library_output() -> None:

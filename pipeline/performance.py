@@ -26,7 +26,7 @@ def throughput_report(
     """`efficiency`: real tokens per block slot of the trained blocks (the rest is padding); `parameters`:
     the base model's."""
     runtime = history.train_runtime_s or 0.0
-    processed = round(history.blocks * plan.sequence_length * efficiency)
+    processed = history.processed_tokens(plan.sequence_length, efficiency)
     step_total = sum(history.step_time_s)
     wait_share = sum(history.data_wait_s) / step_total if step_total else None
     tokens_per_s = processed / runtime if runtime else None

@@ -291,10 +291,11 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _interrupted(record: Record, message: str) -> str:
-    """The interruption, the stage it came in, and what the next run can reuse."""
-    if record.stage is None or record.stage == "train" or "a checkpoint was saved" in message:
-        return message if record.stage is None else f"{message} (during {record.stage})"
+def _interrupted(record: Record, message: str, checkpointed: bool = False) -> str:
+    """The interruption, the stage it came in, and what the next run can reuse (training that saved a
+    checkpoint says where and how to resume itself)."""
+    if checkpointed or record.stage is None:
+        return message
     done = set(record.doc["timings"]) - {f"{record.stage}_s"}
     kept = [
         what
@@ -376,7 +377,7 @@ def open_run(
     except Interrupted as err:
         if err.partial is not None:  # what training did before the signal
             record.add(err.partial)
-        err.args = (_interrupted(record, str(err)),)  # the line the user reads says it too
+        err.args = (_interrupted(record, str(err), err.checkpointed),)  # the line the user reads says it too
         record.finish("interrupted", str(err))
         raise
     except USER_ERRORS as err:

@@ -56,10 +56,7 @@ class TokenCache:
     def split(self, name: str):
         """The split's rows as a pyarrow table (input_ids, loss_mask, length, commit, format), or None
         when it has no sequences (they are not stored)."""
-        from datasets import load_from_disk
-
-        path = self.directory / name
-        return load_from_disk(str(path)).data.table if path.exists() else None
+        return read_split(self.directory, name)
 
     def stats(self) -> DataStats:
         """Token-length histogram of the training split, for the planner."""
@@ -85,6 +82,14 @@ class TokenCache:
             "seconds": round(self.seconds, 3),
             "build_seconds": self.build_seconds,
         }
+
+
+def read_split(directory: Path, name: str):
+    """A split that `tokenize_sequences` saved in `directory`, as a pyarrow table; None if it has none."""
+    from datasets import load_from_disk
+
+    path = directory / name
+    return load_from_disk(str(path)).data.table if path.exists() else None
 
 
 def provenance_hash(payload: dict[str, Any]) -> str:

@@ -36,14 +36,13 @@ from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.evaluation import held_out_loss, perplexity
 from pipeline.hardware import usable_cores
 from pipeline.manifest import MANIFEST_FILE, finite, write_manifest
-from pipeline.model import AdapterFacts, record_base
+from pipeline.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.performance import throughput_report
 from pipeline.progress import clock, say
 from pipeline.trackers import attach_trackers
 from pipeline.types import Plan, TrainOutcome
 
-STAMP_FILE = "repotune_state.json"
 TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
 
 
@@ -145,6 +144,10 @@ class TrainingHistory(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._train_started = self._last_step_end = time.perf_counter()
         self.start_step = state.global_step
+
+    def processed_tokens(self, sequence_length: int, efficiency: float) -> int:
+        """Real tokens (padding excluded) of the blocks trained so far; `efficiency`: real tokens per slot."""
+        return round(self.blocks * sequence_length * efficiency)
 
     def elapsed_s(self) -> float:
         """Seconds since training began in this process."""
@@ -471,16 +474,7 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
         with monitor:
             final_plan = _train_retrying(job, history, resumed_from, time_limit, replan_after_oom, on_oom)
     except Interrupted as err:  # what ran until the signal is recorded, then the run ends
-        hardware, throughput = _gathered(job, history, job.plan, monitor)
-        err.partial = TrainOutcome(
-            history.report(),
-            history.eval_history,
-            job.plan,
-            retries,
-            throughput,
-            hardware,
-            resumed_from.name if resumed_from else None,
-        )
+        err.partial = _outcome(job, history, job.plan, monitor, retries, resumed_from)
         raise
     if history.time_limit:
         say(
@@ -488,11 +482,23 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
             f"({history.time_limit['limit_s']:.0f} s of training) was reached; the speed was measured at "
             f"{plan.measured_tokens_per_s} tokens/s"
         )
-    hardware, throughput = _gathered(job, history, final_plan, monitor)
+    return _outcome(job, history, final_plan, monitor, retries, resumed_from)
+
+
+def _outcome(
+    job: Job,
+    history: TrainingHistory,
+    plan: Plan,
+    monitor: HardwareMonitor,
+    retries: list[dict[str, Any]],
+    resumed_from: Path | None,
+) -> TrainOutcome:
+    """What training did (to its end, or to a signal), with every rank's throughput and hardware."""
+    hardware, throughput = _gathered(job, history, plan, monitor)
     return TrainOutcome(
         history.report(),
         history.eval_history,
-        final_plan,
+        plan,
         retries,
         throughput,
         hardware,
@@ -528,7 +534,7 @@ class _Progress:
         elapsed, done = history.elapsed_s(), step - history.start_step
         if done <= 0 or elapsed <= 0:
             return ""
-        tokens = history.blocks * plan.sequence_length * self.job.train.efficiency
+        tokens = history.processed_tokens(plan.sequence_length, self.job.train.efficiency)
         left = (plan.total_steps - step) * elapsed / done
         until = ""
         if self.time_limit is not None and elapsed + left > self.time_limit:
@@ -566,12 +572,11 @@ def resumable_checkpoint(checkpoints: Path, stamp: dict[str, Any]) -> Path:
     Complete means repotune's stamp is in it: the stamp is written, atomically, after everything
     the Trainer saves, so a run killed mid-save leaves a checkpoint that is passed over here.
     """
-    complete = [path for path in checkpoints.glob("checkpoint-*") if (path / STAMP_FILE).exists()]
-    if not complete:
+    latest = newest_checkpoint(checkpoints)
+    if latest is None:
         raise PipelineError(
             f"--resume: no checkpoint in {checkpoints} that finished saving; run without --resume to start afresh"
         )
-    latest = max(complete, key=lambda path: int(path.name.rsplit("-", 1)[1]))
     saved = orjson.loads((latest / STAMP_FILE).read_bytes())
     for key, what in (
         ("dataset_fingerprint", "the training data"),
@@ -660,5 +665,6 @@ def _train_retrying(
             f"interrupted by {name} at step {trainer.state.global_step}; a checkpoint was saved: "
             "run the same command with --resume to continue",
             signum=stop.received,
+            checkpointed=True,
         )
     return job.plan
