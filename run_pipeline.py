@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipeline.cli import (
     Command,
@@ -41,9 +42,11 @@ def run(args: argparse.Namespace) -> None:
     with open_run(loaded, "run", args.argv, distributed=True) as record:
         data = record.shared(lambda: prepare_data(record, loaded, args.repos))
         model, plan, packed = fit_to_machine(record, loaded, data, args.resume)
-        outcome = train_and_evaluate(record, loaded, data, model, plan, packed, args.resume)
+        outcome, suggester = train_and_evaluate(record, loaded, data, model, plan, packed, args.resume)
         if record.writes:
-            record.step("save", save_adapter, model, data.prepared, outcome.plan, record.output_dir)
+            record.step(
+                "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester
+            )
         record.finish("completed")
     record.announce()
 
@@ -105,34 +108,59 @@ def fit_to_machine(
 
 def train_and_evaluate(
     record: Record, loaded: LoadedConfig, data: Data, model: Loaded, plan: Plan, packed: Packed, resume: bool
-) -> TrainOutcome:
-    """Evaluate on the held-out commits, train (resuming, retrying an out-of-memory), evaluate again."""
-    from pipeline.dataset import read_sequences
-    from pipeline.evaluation import evaluate, format_evaluation, task_prompts
+) -> tuple[TrainOutcome, Any]:
+    """Index the repository's past, evaluate on the held-out commits, train (resuming, retrying an
+    out-of-memory), evaluate again beside the lookup and the suggestion system; the training's outcome
+    and the suggestion system to save beside the adapter (None on ranks that do not write)."""
+    from pipeline.evaluation import (
+        EVALUATION_FILE,
+        base_scores_cache,
+        evaluate,
+        evaluate_base,
+        format_evaluation,
+        held_out_note,
+        score_past,
+        task_prompts,
+        write_answers,
+    )
     from pipeline.model import CHECKPOINT_DIR, AdapterFacts
     from pipeline.planner import plan_for
     from pipeline.probe import remember_speed
     from pipeline.progress import say
+    from pipeline.suggestion import for_use, learn_past
     from pipeline.trainer import Job, train
 
     config, prepared = loaded.config, data.prepared
     held_out = packed.held_out_blocks(plan.eval_blocks)
-    records = read_sequences(data.scraped.sequences_path) if record.writes else ()
-    prompts = task_prompts(
-        records, prepared.tokenizer, prepared.style, plan.eval_samples, config.train.max_prompt_tokens
+    past = (
+        record.step("retrieval", learn_past, data.scraped.sequences_path, config.retrieval, plan.seed)
+        if record.writes
+        else None
     )
+    prompts = (
+        task_prompts(
+            past.split("eval"),
+            prepared.tokenizer,
+            prepared.style,
+            plan.eval_samples,
+            config.train.max_prompt_tokens,
+        )
+        if past
+        else ()
+    )
+    cache = base_scores_cache(config.eval, prepared.facts, loaded.continues is not None)
     before = record.step(
-        "evaluate_before", evaluate, model.model, held_out, prompts, plan, prepared, config.eval
+        "evaluate_before", evaluate_base, model.model, held_out, prompts, plan, prepared, config.eval, cache
     )
-    record.add(Evaluation(before, None, []))
+    record.add(Evaluation(before, None, [], prompts))
 
     say(
         f"training {plan.total_steps} steps on {plan.device} × {plan.world_size} ({model.trainable_parameters:,} trainable parameters)"
     )
     facts = AdapterFacts(prepared.facts.name, prepared.style, plan.quantization)
     job = Job(
-        model.model, packed.train, held_out, plan, record.output_dir / CHECKPOINT_DIR, prepared.cache.key,
-        config.monitor, record.coordinator, facts, prepared.tokenizer, resume, record.progress,
+        model.model, packed.train, packed.validation_blocks(plan.eval_blocks), plan, record.output_dir / CHECKPOINT_DIR,
+        prepared.cache.key, config.monitor, record.coordinator, facts, prepared.tokenizer, resume, record.progress,
     )  # fmt: skip
     smaller = lambda cap: plan_for(prepared, data.machine, loaded, plan.probe, cap, plan.speed)  # noqa: E731
     outcome = record.step("train", train, job, smaller)
@@ -140,13 +168,22 @@ def train_and_evaluate(
     after = record.step(
         "evaluate_after", evaluate, model.model, held_out, prompts, outcome.plan, prepared, config.eval
     )
-    evaluation = Evaluation(before, after, outcome.evaluations)
+    evaluation, suggester = Evaluation(before, after, outcome.evaluations, prompts), None
+    if past:
+        scored = record.step("evaluate_past", score_past, past, prompts, after, config.retrieval)
+        evaluation = Evaluation(
+            before, after, outcome.evaluations, prompts, scored.nearest_commit, scored.suggested, scored.system,
+            held_out_note(len(past.split("eval")), plan.eval_samples, data.scraped.summary),
+        )  # fmt: skip
+        record.add(past)
+        suggester = for_use(past, scored.system["name"])
     record.add(evaluation)
     for line in format_evaluation(evaluation):
         say(line)
     if record.writes:
+        write_answers(record.output_dir / EVALUATION_FILE, evaluation)
         remember_speed(outcome, data.machine, prepared.facts.name)
-    return outcome
+    return outcome, suggester
 
 
 def update(args: argparse.Namespace) -> None:
@@ -183,11 +220,11 @@ def update(args: argparse.Namespace) -> None:
         earlier = parent_held_out(parent, data.prepared, loaded, plan, record.output_dir / "parent_held_out")
         loss_only = (model.model, earlier, (), plan, data.prepared, loaded.config.eval)  # no task prompts
         kept = record.step("evaluate_parent_before", evaluate, *loss_only)
-        outcome = train_and_evaluate(record, loaded, data, model, plan, packed, False)
+        outcome, suggester = train_and_evaluate(record, loaded, data, model, plan, packed, False)
         after = record.step("evaluate_parent_after", evaluate, *loss_only)
         record.add(parent.lineage(forgetting(kept, after)))
         say(describe_forgetting(parent.directory, kept, after))
-        record.step("save", save_adapter, model, data.prepared, outcome.plan, record.output_dir)
+        record.step("save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester)
         record.finish("completed")
     record.announce()
 
@@ -255,7 +292,7 @@ def generate(args: argparse.Namespace) -> None:
         print(generation.merge(args.adapter, args.merge))
     else:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-        print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task))
+        print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system))
 
 
 def diff(args: argparse.Namespace) -> int:

@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""Did the model learn the repository? Train smollm2-135m on a real history's older commits and
-score it on the newest ones, before and after, with the same prompts.
+"""Is the run worth more than the repository's own past? Train smollm2-135m on a real history's older
+commits for each time budget, and score every system on the same newest (held-out) commits.
 
-    python benchmarks/bench_learning.py /path/to/requests --budget 10m
+    python benchmarks/bench_learning.py /path/to/requests --budgets 10m,20m,40m
 
-Runs the real CLI (`run_pipeline.py`, formats `diff` and `message`, the chat template, answers-only
-loss) in a subprocess, then reads its manifest and prints held-out perplexity (all and per format),
-the commit-message task (chrF, edit similarity, subject exact match, output lengths) and the
-change task, before → after, with a few held-out commits side by side: what git has, what the base
-model wrote, what the adapter writes. The goal: held-out perplexity at least 15% lower after
-training, and chrF of the commit messages higher. Exit 0 when both hold, 1 when not.
+Runs the real CLI (`run_pipeline.py`, the default quick start with `--budget`) once per budget in a
+subprocess, then reads each manifest and its evaluation.jsonl and prints, per budget, the commit-message
+scoreboard: the base model, the fine-tuned model (the model without the repository's past), the lookup
+(the message of the most similar earlier commit: no model) and the suggestion system the run chose on
+its validation commits (the default system), each with chrF and edit similarity and 95% bootstrap
+intervals, and the paired differences that decide the goal:
 
-Use a real history (for example psf/requests): the newest 5% of its kept commits are held out.
+    suggested ≥ lookup + 3 chrF and + 3 edit similarity, and ≥ the fine-tuned model + 3 on both.
+
+Also the next-line code task and held-out perplexity, before → after. Exit 0 when every budget meets
+the goal, 1 when one does not, 2 when a run fails. Use a real history (psf/requests, pallets/flask):
+the newest 100 kept commits are held out, the 100 before them validate every choice.
 """
 
 from __future__ import annotations
@@ -22,98 +26,152 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PERPLEXITY_GOAL = -0.15  # relative change of held-out perplexity the run must reach
+GOAL_POINTS = 3.0  # chrF and edit-similarity points the suggestion must gain over the lookup and the model
+SYSTEMS = {
+    "before": "base model",
+    "after": "fine-tuned model",
+    "nearest_commit": "lookup",
+    "suggested": "suggested",
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("repo", help="a git repository with a real history (hundreds of commits or more)")
-    parser.add_argument("--budget", default="10m", help="the run's time budget (default 10m)")
+    parser.add_argument(
+        "--budgets", default="10m", help="comma-separated time budgets, one run each (default 10m)"
+    )
     parser.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
-    parser.add_argument("--output-dir", default="bench-learning-output", help="where the run writes")
+    parser.add_argument(
+        "--output-dir", default="bench-learning-output", help="where the runs write (one folder per budget)"
+    )
     parser.add_argument("--samples", type=int, default=3, help="held-out commits shown side by side")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], help="more config overrides, as for the CLI"
     )
     args = parser.parse_args()
 
-    command = [
-        sys.executable, str(ROOT / "run_pipeline.py"), "--repo", args.repo, "--output-dir", args.output_dir,
-        "--model", args.model, "--budget", args.budget, "--set", "scrape.format=[diff, message]",
-        *[part for override in args.overrides for part in ("--set", override)],
-    ]  # fmt: skip
-    print("$ " + " ".join(command), flush=True)
-    finished = subprocess.run(command)  # in the caller's directory: relative paths are theirs
-    if finished.returncode != 0:
-        print(f"the run failed (exit {finished.returncode})", file=sys.stderr)
-        return 2
+    outcomes = []
+    for budget in args.budgets.split(","):
+        output = Path(args.output_dir) / budget
+        command = [
+            sys.executable, str(ROOT / "run_pipeline.py"), "--repo", args.repo, "--output-dir", str(output),
+            "--model", args.model, "--budget", budget,
+            "--set", f"output.cache_dir={Path(args.output_dir) / 'cache'}",  # one token cache for every budget
+            *[part for override in args.overrides for part in ("--set", override)],
+        ]  # fmt: skip
+        print("$ " + " ".join(command), flush=True)
+        finished = subprocess.run(command)  # in the caller's directory: relative paths are theirs
+        if finished.returncode != 0:
+            print(f"the {budget} run failed (exit {finished.returncode})", file=sys.stderr)
+            return 2
+        outcomes.append((budget, output))
+    met = [report(budget, output, args.samples) for budget, output in outcomes]
+    return 0 if all(met) else 1
+
+
+def report(budget: str, output: Path, shown: int) -> bool:
+    """One budget's scoreboard and goal lines; True when the goal is met."""
     import orjson
 
-    manifest = orjson.loads((Path(args.output_dir) / "MANIFEST.json").read_bytes())
-    return report(manifest, args.samples)
+    from pipeline.evaluation import EVALUATION_FILE, paired_difference
 
-
-def report(manifest: dict, shown: int) -> int:
-    params, dataset = manifest["training_parameters"], manifest["dataset"]
-    evaluation = manifest["training_report"]["evaluation"]
-    before, after = evaluation["before"], evaluation["after"]
-    tasks = evaluation["tasks"]
-    throughput = manifest["training_report"]["throughput"]
-    left_out = dataset["left_out"] or {"sequences": 0}
-    print()
-    print(f"model {manifest['model']['name']}, {params['style']} style, loss on {params['loss_on']}")
+    manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
+    answers = [orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line]
+    params, report_ = manifest["training_parameters"], manifest["training_report"]
+    evaluation = report_["evaluation"]
+    tasks, system = evaluation["tasks"], evaluation["system"] or {}
+    left_out = manifest["dataset"]["left_out"] or {"sequences": 0}
+    print(f"\n=== budget {budget}: {manifest['repository']['path']} ===")
     print(
-        f"trained {params['total_steps']} steps on the newest {params['train_sequences']} sequences "
-        f"({left_out['sequences']} older left out) in {manifest['timings']['train_s']:.0f} s, "
-        f"{throughput['tokens_per_s']} tokens/s; held out: {dataset['eval_sequences']} sequences "
-        f"({after['tokens']} tokens scored for loss, {tasks['after']['message']['samples']} commits per task)"
+        f"trained {report_['training']['global_step']} steps on the newest {params['train_sequences']} sequences "
+        f"({left_out['sequences']} older left out) in {manifest['timings']['train_s']:.0f} s at "
+        f"{report_['throughput']['tokens_per_s']} tokens/s; the run took {manifest['total_execution_time_seconds']:.0f} s, "
+        f"evaluation {_cost(evaluation['cost'], manifest['total_execution_time_seconds'])}"
     )
-    rows = [("held-out perplexity", before["perplexity"], after["perplexity"])]
-    rows += [
-        (f"  {name} perplexity", was["perplexity"], after["per_format"][name]["perplexity"])
-        for name, was in before["per_format"].items()
-    ]
-    for task, label in (("message", "commit message"), ("diff", "change")):
-        was, now = tasks["before"][task], tasks["after"][task]
-        rows += [(f"{label} {key}", was[key], now[key]) for key in ("chrf", "edit_similarity")]
-        if task == "message":
-            rows += [
-                (f"{label} {key}", was[key], now[key])
-                for key in ("subject_exact_match_pct", "first_word_match_pct", "output_chars_mean")
-            ]
-            rows.append(("  (reference chars)", was["reference_chars_mean"], now["reference_chars_mean"]))
-        rows.append((f"{label} blank outputs", was["whitespace_only"], now["whitespace_only"]))
-    print(f"\n{'metric':<34}{'before':>10}{'after':>10}{'change':>10}")
-    for name, was, now in rows:
-        change = f"{now / was - 1:+.1%}" if was and now is not None else ""
-        print(f"{name:<34}{_show(was):>10}{_show(now):>10}{change:>10}")
+    kept = report_["training"].get("kept")
+    if kept:
+        print(
+            f"kept step {kept['step']} ({kept['kept']}): validation loss {kept['validation_loss']} (last {kept['last_validation_loss']})"
+        )
+    messages = {name: (tasks.get(name) or {}).get("message") for name in SYSTEMS}
+    count = next((m["samples"] for m in messages.values() if m), 0)
+    print(
+        f"\ncommit message from diff, {count} held-out commits (suggested = {system.get('name')}: {system.get('reason')})"
+    )
+    print(f"{'system':<20}{'chrF [95%]':>22}{'ES [95%]':>22}{'chrF vs lookup':>24}{'ES vs lookup':>24}")
+    for name, label in SYSTEMS.items():
+        scored = messages[name]
+        if not scored:
+            continue
+        versus = scored.get("vs_nearest_commit") or {}
+        print(
+            f"{label:<20}{_ci(scored, 'chrf'):>22}{_ci(scored, 'edit_similarity'):>22}"
+            f"{_delta(versus, 'chrf'):>24}{_delta(versus, 'edit_similarity'):>24}"
+        )
+    asked = [row for row in answers if row["task"] == "message"]
+    references = [row["reference"] for row in asked]
+    over_model = paired_difference(
+        "message", [row["fine_tuned"] for row in asked], [row["suggested"] for row in asked], references
+    )
+    print(
+        f"{'suggested vs fine-tuned':<20}{'':>44}{_delta(over_model, 'chrf'):>24}{_delta(over_model, 'edit_similarity'):>24}"
+    )
 
-    samples = list(zip(evaluation["samples"]["before"], evaluation["samples"]["after"], strict=True))
-    messages = [(was, now) for was, now in samples if was["task"] == "message"][:shown]
-    for was, now in messages:
-        print(f"\ncommit {was['commit'][:10]}")
-        print(f"  git has : {_line(was['reference'])}")
-        print(f"  base    : {_line(was['output'])}")
-        print(f"  adapter : {_line(now['output'])}")
+    code = {name: (tasks.get(name) or {}).get("code") for name in ("before", "after")}
+    if code["before"] and code["after"]:
+        versus = code["after"].get("vs_before") or {}
+        print(
+            f"\nnext line of a change, {code['after']['samples']} held-out commits: exact match "
+            f"{_ci(code['before'], 'exact_match_pct')} → {_ci(code['after'], 'exact_match_pct')} "
+            f"({_delta(versus, 'exact_match_pct')}), edit similarity {_ci(code['before'], 'edit_similarity')} → "
+            f"{_ci(code['after'], 'edit_similarity')} ({_delta(versus, 'edit_similarity')})"
+        )
+    before, after = evaluation["before"], evaluation["after"]
+    if before and after:
+        print(f"held-out perplexity {before['perplexity']} → {after['perplexity']}")
+        for name, was in before["per_format"].items():
+            print(f"  {name:<8} {was['perplexity']} → {after['per_format'][name]['perplexity']}")
 
-    perplexity_change = after["perplexity"] / before["perplexity"] - 1
-    chrf_before, chrf_after = tasks["before"]["message"]["chrf"], tasks["after"]["message"]["chrf"]
+    for row in asked[:shown]:
+        print(f"\ncommit {row['commit'][:10]}")
+        for key, label in (("reference", "git has"), ("nearest_commit", "lookup"), ("suggested", "suggested"),
+                           ("fine_tuned", "fine-tuned"), ("base", "base")):  # fmt: skip
+            print(f"  {label:<11}: {_line(row[key] or '')}")
+
+    suggested = messages["suggested"]["vs_nearest_commit"] if messages["suggested"] else {}
     goals = [
-        (f"held-out perplexity {perplexity_change:+.1%} (goal ≤ {PERPLEXITY_GOAL:.0%})", perplexity_change <= PERPLEXITY_GOAL),
-        (f"commit-message chrF {chrf_before} → {chrf_after} (goal: higher)", chrf_after > chrf_before),
+        (f"suggested vs lookup: chrF {_delta(suggested, 'chrf')}, ES {_delta(suggested, 'edit_similarity')} (goal ≥ +{GOAL_POINTS:g} each)",
+         suggested.get("chrf", -1) >= GOAL_POINTS and suggested.get("edit_similarity", -1) >= GOAL_POINTS),
+        (f"suggested vs fine-tuned: chrF {_delta(over_model, 'chrf')}, ES {_delta(over_model, 'edit_similarity')} (goal ≥ +{GOAL_POINTS:g} each)",
+         over_model["chrf"] >= GOAL_POINTS and over_model["edit_similarity"] >= GOAL_POINTS),
     ]  # fmt: skip
     print()
     for text, met in goals:
-        print(f"{'met' if met else 'NOT met'}: {text}")
-    return 0 if all(met for _, met in goals) else 1
+        print(f"{'met' if met else 'NOT met'} ({budget}): {text}")
+    return all(met for _, met in goals)
 
 
-def _show(value) -> str:
-    return "-" if value is None else f"{value:g}"
+def _cost(cost: dict, total_s: float) -> str:
+    spent = cost["before_s"] + cost["after_s"] + cost["retrieval_s"]
+    cached = " (base model's scores cached)" if cost["before_cached"] else ""
+    return f"{spent:.0f} s ({100 * spent / total_s:.1f}% of the run{cached})"
+
+
+def _ci(scored: dict, key: str) -> str:
+    low, high = scored[f"{key}_ci95"]
+    return f"{scored[key]:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def _delta(versus: dict, key: str) -> str:
+    if key not in versus:
+        return "-"
+    low, high = versus[f"{key}_ci95"]
+    return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 def _line(text: str) -> str:
-    """A generation on one line: newlines shown, blank output named."""
+    """An answer on one line: newlines shown, blank output named."""
     return repr(text[:100]) if text.strip() else "(blank: whitespace only)"
 
 

@@ -144,6 +144,13 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
         "`diff` writes the change for the commit message in --prompt",
     )
     parser.add_argument(
+        "--system",
+        choices=["lookup", "selector", "model"],
+        help="with --task message: who answers (default: the system the run chose on its validation "
+        "commits, see MANIFEST.json .training_report.evaluation.system): the message of the most similar "
+        "past commit, the selector's choice among the similar past commits, or the fine-tuned model",
+    )
+    parser.add_argument(
         "--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)"
     )
     parser.add_argument(

@@ -128,7 +128,11 @@ class TrainConfig:
     logging_steps: int | Auto = field(default="auto", metadata=POSITIVE)
     """Optimizer steps between loss/LR records; auto gives about 50 points per run."""
     eval_steps: int | Auto = field(default="auto", metadata=POSITIVE)
-    """Optimizer steps between evaluations of the held-out commits; auto gives about 10 per run."""
+    """Optimizer steps between validations (loss on the validation commits, which chooses the checkpoint
+    kept and when to stop); auto gives about 10 per run, fewer where they would cost much."""
+    early_stopping_patience: int | Auto = field(default="auto", metadata=NON_NEGATIVE)
+    """Validations in a row without a new best after which training stops (the best weights are kept
+    either way); 0 never stops early; auto: 3 when there are validations during training."""
     save_steps: int | Auto = field(default="auto", metadata=POSITIVE)
     """Optimizer steps between checkpoints; auto gives about 10 per run."""
     save_total_limit: int = field(default=2, metadata=POSITIVE)
@@ -148,15 +152,29 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    samples: int = field(default=12, metadata=NON_NEGATIVE)
-    """Newest held-out commits scored on both tasks (message from diff, change from message), before and
-    after training, with greedy decoding; 0 scores held-out loss only."""
+    samples: int = field(default=100, metadata=NON_NEGATIVE)
+    """Newest held-out commits asked both tasks (a commit message from its diff, the next line of its
+    change), before and after training, greedy; 100 gives intervals narrow enough to decide; 0 scores
+    held-out loss only."""
     message_tokens: int = field(default=48, metadata=POSITIVE)
     """Most tokens generated for a commit message."""
-    diff_tokens: int = field(default=96, metadata=POSITIVE)
-    """Most tokens generated for a change (scored against the start of git's diff)."""
     max_blocks: int | Auto = field(default="auto", metadata=POSITIVE)
     """Held-out blocks per format scored for loss; auto: all on a GPU, bounded by time on a CPU."""
+    cache_base_scores: bool = True
+    """Keep the base model's scores per model and held-out set (~/.cache/repotune/evaluations), so a
+    second run on the same commits evaluates only the fine-tuned model."""
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    k: int = field(default=10, metadata=POSITIVE)
+    """Most similar past commits retrieved for a diff: the selector's candidates."""
+    selector_history: int = field(default=1000, metadata=NON_NEGATIVE)
+    """Newest training commits the selector learns from (each answered from the commits older than
+    itself); 0: no selector, the lookup's answer."""
+    system: Literal["auto", "lookup", "selector", "model"] = "auto"
+    """What makes a run's suggestions: the lookup, the selector over the past commits, or the fine-tuned
+    model; auto: the best on the validation commits (the model only where it answered them)."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +227,7 @@ class Config:
     plan: PlanConfig = field(default_factory=PlanConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)

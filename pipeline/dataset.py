@@ -191,10 +191,11 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
     pad = prepared.tokenizer.pad_token_id
     started = time.perf_counter()
     train = packed_blocks(cache.directory, cache.split("train"), "train", length, pad, cut)
-    held_out = (
-        held_out_splits(cache.directory, cache.split("eval"), length, pad, cut)
-        if prepared.counts["eval_tokens"]
+    held_out, validation = (
+        held_out_splits(cache.directory, cache.split(split), length, pad, cut, split)
+        if prepared.counts[f"{split}_tokens"]
         else {}
+        for split in ("eval", "valid")
     )
     method = (
         "best-fit-decreasing blocks; position_ids restart per sequence "
@@ -212,17 +213,24 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
             f"packed {prepared.counts['train_sequences']:,} training sequences into {train.blocks:,} blocks of "
             f"{length} tokens ({train.efficiency:.1%} filled) in {time.perf_counter() - started:.2f} s"
         )
-    return Packed(train, held_out, method, sample=prepared.estimate is not None)
+    return Packed(train, held_out, method, validation=validation, sample=prepared.estimate is not None)
 
 
-def held_out_splits(directory: Path, table, length: int, pad: int, cut: int | None) -> dict[str, PackedSplit]:
-    """A held-out split's blocks by format (scored apart: a commit message and a change are different
-    tasks), cached in `directory`."""
+def held_out_splits(
+    directory: Path, table, length: int, pad: int, cut: int | None, split: str = "eval"
+) -> dict[str, PackedSplit]:
+    """A held-out split's (`eval` or `valid`) blocks by format (scored apart: a commit message and a
+    change are different tasks), cached in `directory`."""
     import pyarrow.compute as pc
 
     return {
         name: packed_blocks(
-            directory, table.filter(pc.equal(table.column("format"), name)), f"eval-{name}", length, pad, cut
+            directory,
+            table.filter(pc.equal(table.column("format"), name)),
+            f"{split}-{name}",
+            length,
+            pad,
+            cut,
         )
         for name in sorted(set(table.column("format").to_pylist()))
     }

@@ -56,6 +56,9 @@ PARAMS = (
     "scrape.sequences",
     "scrape.split.*",
     "scrape.skipped.*",
+    "retrieval.k",
+    "retrieval.index.commits",
+    "retrieval.selector.commits",
 )
 METRICS = (
     "status",
@@ -72,6 +75,8 @@ DETAIL = (
     "training_parameters.decisions.*",
     "training_parameters.batch_probe*",
     "dataset.cache.*",
+    "training_report.evaluation.cost.*",
+    "training_report.evaluation.system.reason",
     "scrape.commits_per_s",
     "*.seconds",
 )

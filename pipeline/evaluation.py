@@ -1,91 +1,137 @@
-"""Did the model learn the repository? Held-out loss per format and task metrics, before and after.
+"""Did the model learn the repository, and is it worth more than the repository's own past?
 
-The held-out split is the newest commits, never trained on. Two tasks are
-scored on the same commits with the same prompts before and after training,
-with greedy (deterministic) decoding:
+The held-out commits are the newest, never trained on and never retrieved from. Every system answers
+the same questions about them, greedy (deterministic) where a model writes:
 
-- `message`: the model is given the commit's diff and writes its message.
-  Scored as the field scores commit-message generation: corpus chrF
-  (sacrebleu's `CHRF()` defaults, as Long Code Arena), exact match of the
-  subject line and of its first word, and edit similarity (normalised
-  character Levenshtein, 0–100, rapidfuzz), with output lengths beside them
-  so that a "gain" that is only a shorter output is visible.
-- `diff`: the model is given the commit message and writes the change.
-  Scored by chrF and edit similarity against the start of git's real diff
-  (as many characters as the model could have written).
+- `message`: a commit's diff is given, its message is asked. Scored as the field scores commit-message
+  generation: corpus chrF (sacrebleu's `CHRF()` defaults, as Long Code Arena) and edit similarity
+  (normalised character Levenshtein, 0–100, rapidfuzz: what tracks how much people edit a suggestion),
+  exact match of the subject line and of its first word, with output lengths beside them so that a
+  "gain" that is only a shorter output shows. Answered by the base model (`before`), the fine-tuned
+  model (`after`), the lookup (`nearest_commit`: the message of the most similar earlier commit) and
+  the suggestion system the run chose (`suggested`).
+- `code`: the next line of a change, given its file's path, the hunk heading and the lines before it
+  in the hunk (after the commit message, as training asks for a change): exact match and edit
+  similarity of the line, as code completion is scored. One line per commit, chosen by the commit's
+  hash among its added lines, so every run asks the same.
 
-Held-out loss is computed over the packed held-out blocks in batches,
-token-weighted, per format, with the standard error over blocks.
+Each score has a 95% bootstrap interval over the commits (`*_ci95`), and each system's message
+scores the paired difference to the lookup (`vs_nearest_commit`), the fine-tuned model's code its
+difference to the base model (`vs_before`): a gain inside its interval is noise.
+
+Held-out loss is computed over the packed held-out blocks in batches, token-weighted, per format,
+with the standard error over blocks. The base model's scores are cached per model and held-out set
+(`~/.cache/repotune/evaluations/`): a second run on the same commits pays only for the fine-tuned one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from pipeline.config import EvalConfig
-from pipeline.examples import answer_prefix, prompt_content, render_prompt
-from pipeline.types import Evaluation, Plan, Prepared, Scores, TextStyle
-from scrapers.formats import prompt_and_response
+import orjson
 
-TASKS = ("message", "diff")
+from pipeline.config import EvalConfig, RetrievalConfig
+from pipeline.examples import answer_prefix, render_prompt
+from pipeline.types import (
+    Evaluation,
+    ModelFacts,
+    Past,
+    PastCommit,
+    PastScores,
+    Plan,
+    Prepared,
+    Scores,
+    TaskPrompt,
+    TextStyle,
+)
+
+TASKS = ("message", "code")
 SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
-
-
-@dataclass(frozen=True)
-class TaskPrompt:
-    task: str
-    """`message` (diff → message) or `diff` (message → change)."""
-    commit: str
-    text: str
-    """What the model continues: the prompt rendered in the training style."""
-    given: str
-    """The prompt's content, for people (the message, or the start of the diff)."""
-    reference: str
-    """What git has: the full message, or the diff."""
+SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
+BOOTSTRAP_RESAMPLES = 1000
+EVALUATION_FILE = "evaluation.jsonl"
+EVALUATION_FORMAT = 1  # bump when prompts or scoring change: cached base-model scores are then not reused
+CODE_CONTEXT_LINES = (
+    12  # lines of the hunk before the one asked (a completion's usual window, and prompts stay short)
+)
+CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
+CODE_MIN_CHARS = 4  # nor when it is shorter than this without its spaces (a brace, a blank line)
+CODE_TOKENS = 32  # most tokens generated for one line
 
 
 def task_prompts(
-    records: Iterable[dict[str, Any]], tokenizer, style: TextStyle, commits: int, prompt_tokens: int
-) -> list[TaskPrompt]:
-    """Both tasks' prompts for the newest `commits` held-out commits, rendered as in training (a
-    diff given as a prompt cut to `prompt_tokens`)."""
-    pairs: dict[str, tuple[str, str]] = {}
-    for record in records:
-        if record["split"] != "eval" or record["format"] not in TASKS or record["commit"] in pairs:
-            continue
-        prompt, response = prompt_and_response(record["format"], record["text"])
-        if not prompt:
-            continue
-        content = prompt_content(record["format"], prompt)
-        message, diff = (content, response) if record["format"] == "diff" else (response.strip(), content)
-        pairs[record["commit"]] = (message, diff)
-        if len(pairs) == commits:
-            break
+    commits: Sequence[PastCommit], tokenizer, style: TextStyle, count: int, prompt_tokens: int | None
+) -> tuple[TaskPrompt, ...]:
+    """Both tasks' questions about the newest `count` of `commits` (held-out commits, newest first),
+    rendered as in training (a diff given as a prompt is cut to `prompt_tokens`; None: whole)."""
     prompts = []
-    for commit, (message, diff) in pairs.items():
+    for commit in commits[:count]:
         prompts.append(
             TaskPrompt(
                 "message",
-                commit,
-                render_prompt(tokenizer, style, "message", diff, prompt_tokens),
-                diff[:SHOWN_CHARS],
-                message,
+                commit.sha,
+                render_prompt(tokenizer, style, "message", commit.diff, prompt_tokens),
+                commit.diff[:SHOWN_CHARS],
+                commit.message,
+                commit.diff,
             )
         )
-        prompts.append(
-            TaskPrompt("diff", commit, render_prompt(tokenizer, style, "diff", message), message, diff)
-        )
-    return prompts
+        asked = next_line(commit)
+        if asked is not None:
+            before, line = asked
+            intent = render_prompt(tokenizer, style, "diff", commit.message)
+            # The chat prompt already opens the change (`diff --git a/`): the rest of its lines follow it.
+            text = intent + before[len(answer_prefix(style, "diff")) :] + "+"
+            prompts.append(TaskPrompt("code", commit.sha, text, before[-SHOWN_CHARS:], line))
+    return tuple(prompts)
+
+
+def next_line(commit: PastCommit) -> tuple[str, str] | None:
+    """The line of `commit`'s change the code task asks for, and what comes before it (its file's diff
+    header, the hunk heading and up to CODE_CONTEXT_LINES lines of the hunk); None when no added line
+    qualifies. The choice depends on the commit's hash alone."""
+    eligible: list[tuple[str, str]] = []
+    header: list[str] = []
+    hunk: list[str] = []
+    for line in commit.diff.splitlines():
+        if line.startswith("diff --git "):
+            header, hunk = [line], []
+        elif line.startswith("@@"):
+            hunk = [line]
+        elif not hunk:
+            header.append(line)
+        elif line.startswith("\\"):
+            continue
+        else:
+            if (
+                line.startswith("+")
+                and len(hunk) > CODE_MIN_CONTEXT
+                and len(line[1:].strip()) >= CODE_MIN_CHARS
+            ):
+                context = "\n".join([*header, hunk[0], *hunk[1:][-CODE_CONTEXT_LINES:]]) + "\n"
+                eligible.append((context, line[1:].rstrip()))
+            hunk.append(line)
+    if not eligible:
+        return None
+    return eligible[int(commit.sha[:12], 16) % len(eligible)]
 
 
 def generate_batched(
-    model, tokenizer, prompts: Sequence[str], max_new_tokens: int, precision: str, batch_size: int = 16
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    precision: str,
+    batch_size: int = 16,
+    stop_at_newline: bool = False,
 ) -> list[str]:
-    """Greedy continuations of `prompts`, batched with left padding and the KV cache."""
+    """Greedy continuations of `prompts`, batched with left padding and the KV cache (with
+    `stop_at_newline`, each ends at its first line break, which is left out)."""
     import torch
 
     from pipeline.model import autocast
@@ -97,6 +143,7 @@ def generate_batched(
     tokenizer.padding_side = "left"
     was_training = model.training
     model.eval()
+    stopping = {"stop_strings": ["\n"], "tokenizer": tokenizer} if stop_at_newline else {}
     try:
         for start in range(0, len(order), batch_size):
             chosen = order[start : start + batch_size]
@@ -110,52 +157,128 @@ def generate_batched(
                     do_sample=False,
                     pad_token_id=tokenizer.pad_token_id,
                     eos_token_id=tokenizer.eos_token_id,
+                    **stopping,
                 )
             for row, index in enumerate(chosen):
                 new = generated[row, batch["input_ids"].shape[1] :]
-                outputs[index] = tokenizer.decode(new, skip_special_tokens=True)
+                text = tokenizer.decode(new, skip_special_tokens=True)
+                outputs[index] = text.split("\n", 1)[0] if stop_at_newline else text
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
     return outputs
 
 
-def score_tasks(prompts: Sequence[TaskPrompt], outputs: Sequence[str], seconds: float) -> dict[str, Any]:
-    """Each task's metrics over its samples (None for a task with no samples)."""
-    from rapidfuzz.distance import Levenshtein
+def _chrf_statistics(outputs: Sequence[str], references: Sequence[str]):
+    """sacrebleu's chrF statistics per sample: corpus chrF of any resample is the score of their sum."""
+    import numpy as np
     from sacrebleu.metrics import CHRF
 
-    scores: dict[str, Any] = {}
-    for task in TASKS:
-        pairs = [(o, p.reference) for p, o in zip(prompts, outputs, strict=True) if p.task == task]
-        if not pairs:
-            scores[task] = None
-            continue
-        produced = [o.strip() for o, _ in pairs]
-        # A diff is compared with as much of git's diff as the model could have written.
-        wanted = [r.strip() if task == "message" else r[: max(1, len(o))] for o, r in pairs]
-        result = {
-            "samples": len(pairs),
-            "chrf": round(CHRF().corpus_score(produced, [wanted]).score, 2),
-            "edit_similarity": round(
-                100
-                * sum(Levenshtein.normalized_similarity(o, r) for o, r in zip(produced, wanted, strict=True))
-                / len(pairs),
-                2,
-            ),
-            "whitespace_only": sum(not o.strip() for o, _ in pairs),
-            "output_chars_mean": round(sum(len(o) for o in produced) / len(pairs), 1),
-            "reference_chars_mean": round(sum(len(r) for r in wanted) / len(pairs), 1),
-        }
-        if task == "message":
-            subjects = [(_subject(o), _subject(r)) for o, r in zip(produced, wanted, strict=True)]
-            result["subject_exact_match_pct"] = _pct(sum(o == r for o, r in subjects), len(pairs))
-            result["first_word_match_pct"] = _pct(
-                sum(_first_word(o) == _first_word(r) for o, r in subjects), len(pairs)
-            )
-        scores[task] = result
-    scores["seconds"] = round(seconds, 3)
-    return scores
+    metric = CHRF()
+    return metric, np.asarray(metric._extract_corpus_statistics(list(outputs), [list(references)]))
+
+
+def _edit_similarities(outputs: Sequence[str], references: Sequence[str]):
+    import numpy as np
+    from rapidfuzz.distance import Levenshtein
+
+    return np.asarray(
+        [100 * Levenshtein.normalized_similarity(o, r) for o, r in zip(outputs, references, strict=True)]
+    )
+
+
+def _resamples(count: int):
+    """The same BOOTSTRAP_RESAMPLES resamples of `count` samples for every score of a run."""
+    import numpy as np
+
+    return np.random.default_rng(0).integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
+
+
+def _interval(values) -> list[float]:
+    import numpy as np
+
+    low, high = np.percentile(values, [2.5, 97.5])
+    return [round(float(low), 2), round(float(high), 2)]
+
+
+def score_messages(outputs: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """The message task's metrics over its samples, with 95% bootstrap intervals."""
+    produced = [o.strip() for o in outputs]
+    wanted = [r.strip() for r in references]
+    metric, statistics = _chrf_statistics(produced, wanted)
+    similarity = _edit_similarities(produced, wanted)
+    resamples = _resamples(len(wanted))
+    subjects = [(_subject(o), _subject(r)) for o, r in zip(produced, wanted, strict=True)]
+    return {
+        "samples": len(wanted),
+        "chrf": _chrf(metric, statistics),
+        "chrf_ci95": _interval([_chrf(metric, statistics[rows]) for rows in resamples]),
+        "edit_similarity": round(float(similarity.mean()), 2),
+        "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
+        "subject_exact_match_pct": _pct(sum(o == r for o, r in subjects), len(wanted)),
+        "first_word_match_pct": _pct(sum(_first_word(o) == _first_word(r) for o, r in subjects), len(wanted)),
+        "whitespace_only": sum(not o for o in produced),
+        "output_chars_mean": round(sum(len(o) for o in produced) / len(wanted), 1),
+        "reference_chars_mean": round(sum(len(r) for r in wanted) / len(wanted), 1),
+    }
+
+
+def score_code(outputs: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """The code task's metrics (exact match and edit similarity of the line, spaces at its ends
+    ignored), with 95% bootstrap intervals."""
+    import numpy as np
+
+    produced = [o.strip() for o in outputs]
+    wanted = [r.strip() for r in references]
+    exact = 100 * np.asarray([o == r for o, r in zip(produced, wanted, strict=True)], dtype=float)
+    similarity = _edit_similarities(produced, wanted)
+    resamples = _resamples(len(wanted))
+    return {
+        "samples": len(wanted),
+        "exact_match_pct": round(float(exact.mean()), 2),
+        "exact_match_pct_ci95": _interval(exact[resamples].mean(axis=1)),
+        "edit_similarity": round(float(similarity.mean()), 2),
+        "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
+        "whitespace_only": sum(not o for o in produced),
+        "output_chars_mean": round(sum(len(o) for o in produced) / len(wanted), 1),
+        "reference_chars_mean": round(sum(len(r) for r in wanted) / len(wanted), 1),
+    }
+
+
+def paired_difference(
+    task: str, baseline: Sequence[str], system: Sequence[str], references: Sequence[str]
+) -> dict[str, Any]:
+    """`system` − `baseline` on the same samples, with 95% paired bootstrap intervals: chrF and edit
+    similarity for messages, exact match and edit similarity for code."""
+    import numpy as np
+
+    wanted = [r.strip() for r in references]
+    ours, theirs = [o.strip() for o in system], [o.strip() for o in baseline]
+    resamples = _resamples(len(wanted))
+    similarity = _edit_similarities(ours, wanted) - _edit_similarities(theirs, wanted)
+    result = {
+        "edit_similarity": round(float(similarity.mean()), 2),
+        "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
+    }
+    if task == "message":
+        metric, mine = _chrf_statistics(ours, wanted)
+        _, other = _chrf_statistics(theirs, wanted)
+        result["chrf"] = round(_chrf(metric, mine) - _chrf(metric, other), 2)
+        result["chrf_ci95"] = _interval(
+            [_chrf(metric, mine[rows]) - _chrf(metric, other[rows]) for rows in resamples]
+        )
+    else:
+        exact = 100 * (
+            np.asarray([o == r for o, r in zip(ours, wanted, strict=True)], dtype=float)
+            - np.asarray([o == r for o, r in zip(theirs, wanted, strict=True)], dtype=float)
+        )
+        result["exact_match_pct"] = round(float(exact.mean()), 2)
+        result["exact_match_pct_ci95"] = _interval(exact[resamples].mean(axis=1))
+    return result
+
+
+def _chrf(metric, statistics) -> float:
+    return round(float(metric._compute_score_from_stats(list(statistics.sum(axis=0))).score), 2)
 
 
 def _subject(text: str) -> str:
@@ -170,33 +293,33 @@ def _pct(count: int, total: int) -> float:
     return round(100 * count / total, 1)
 
 
-def run_tasks(
-    model, tokenizer, style: TextStyle, prompts: Sequence[TaskPrompt], tokens: dict[str, int], precision: str
-):
-    """Generate every prompt's answer (each task with its own length) and score them;
-    returns (scores, samples)."""
-    started = time.perf_counter()
-    outputs: list[str] = [""] * len(prompts)
+SCORERS = {"message": score_messages, "code": score_code}
+
+
+def score_outputs(prompts: Sequence[TaskPrompt], outputs: dict[str, list[str]]) -> dict[str, Any]:
+    """Each task's metrics (None for a task with no answers)."""
+    scored = {}
     for task in TASKS:
-        indexes = [i for i, p in enumerate(prompts) if p.task == task]
-        answers = generate_batched(
-            model, tokenizer, [prompts[i].text for i in indexes], tokens[task], precision
-        )
-        for index, answer in zip(indexes, answers, strict=True):
-            outputs[index] = answer_prefix(style, task) + answer  # the part of the answer the prompt gave
-    scores = score_tasks(prompts, outputs, time.perf_counter() - started)
-    samples = [
-        {
-            "task": p.task,
-            "commit": p.commit,
-            "prompt": p.given,
-            "reference": p.reference[:SHOWN_CHARS],
-            "output": output,
-            "whitespace_only": not output.strip(),
-        }
-        for p, output in zip(prompts, outputs, strict=True)
-    ]
-    return scores, samples
+        references = [p.reference for p in prompts if p.task == task]
+        answers = outputs.get(task)
+        scored[task] = SCORERS[task](answers, references) if references and answers is not None else None
+    return scored
+
+
+def answer_tasks(
+    model, tokenizer, style: TextStyle, prompts: Sequence[TaskPrompt], config: EvalConfig, precision: str
+) -> dict[str, list[str]]:
+    """A model's answers to every prompt, by task, in the prompts' order."""
+    tokens = {"message": config.message_tokens, "code": CODE_TOKENS}
+    outputs = {}
+    for task in TASKS:
+        asked = [p.text for p in prompts if p.task == task]
+        if asked:
+            answers = generate_batched(
+                model, tokenizer, asked, tokens[task], precision, stop_at_newline=task == "code"
+            )
+            outputs[task] = [answer_prefix(style, task) + answer for answer in answers]
+    return outputs
 
 
 def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str) -> dict[str, Any] | None:
@@ -275,18 +398,150 @@ def perplexity(loss: float | None) -> float | None:
 def evaluate(
     model,
     held_out: dict[str, Any],
-    prompts: list[TaskPrompt],
+    prompts: Sequence[TaskPrompt],
     plan: Plan,
     prepared: Prepared,
     config: EvalConfig,
 ) -> Scores:
-    """Held-out loss on every rank (the same on each); the task metrics where there are prompts (rank 0)."""
+    """Held-out loss on every rank (the same on each); the tasks where there are prompts (rank 0)."""
+    started = time.perf_counter()
     loss = held_out_loss(model, held_out, plan.batch_size, plan.precision)
     if not prompts:
-        return Scores(loss, None, [])
-    tokens = {"message": config.message_tokens, "diff": config.diff_tokens}
-    tasks, samples = run_tasks(model, prepared.tokenizer, prepared.style, prompts, tokens, plan.precision)
-    return Scores(loss, tasks, samples)
+        return Scores(loss, None, {}, time.perf_counter() - started)
+    outputs = answer_tasks(model, prepared.tokenizer, prepared.style, prompts, config, plan.precision)
+    return Scores(loss, score_outputs(prompts, outputs), outputs, time.perf_counter() - started)
+
+
+def base_scores_key(prepared: Prepared, plan: Plan, config: EvalConfig, prompts: Sequence[TaskPrompt]) -> str:
+    """What the base model's scores depend on: the model, the held-out data as tokenized, the questions,
+    how they are answered and scored, and the precision they are computed in."""
+    payload = {
+        "format": EVALUATION_FORMAT,
+        "model": prepared.facts.name,
+        "source": prepared.facts.source,
+        "data": prepared.cache.key,
+        "prompts": [[p.task, p.commit, p.text] for p in prompts],
+        "eval": [
+            config.message_tokens,
+            plan.eval_blocks,
+            plan.precision,
+            plan.sequence_length,
+            plan.truncate_at,
+        ],
+    }
+    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
+
+
+def evaluate_base(
+    model, held_out, prompts, plan: Plan, prepared: Prepared, config: EvalConfig, cache: Path | None
+) -> Scores:
+    """`evaluate` for the base model, read from `cache` (a directory) when the same base model has
+    answered the same questions there before; None for `cache` evaluates (a random base, an adapter
+    being continued)."""
+    path = cache / f"{base_scores_key(prepared, plan, config, prompts)}.json" if cache else None
+    if path is not None and path.exists():
+        try:
+            saved = orjson.loads(path.read_bytes())
+            return Scores(saved["loss"], saved["tasks"], saved["outputs"], 0.0, cached=True)
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable: evaluate again, and write it anew
+    scores = evaluate(model, held_out, prompts, plan, prepared, config)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".{time.time_ns()}.tmp")
+        staging.write_bytes(
+            orjson.dumps({"loss": scores.loss, "tasks": scores.tasks, "outputs": scores.outputs})
+        )
+        staging.replace(path)
+    return scores
+
+
+def score_past(
+    past: Past, prompts: Sequence[TaskPrompt], after: Scores | None, config: RetrievalConfig
+) -> PastScores:
+    """The lookup's and the suggestion system's messages for the held-out commits, the system chosen on
+    the validation commits (each answered from the training commits only: older than all of them)."""
+    started = time.perf_counter()
+    suggester = past.suggester
+    asked = [p for p in prompts if p.task == "message"]
+    lookup = [suggester.lookup(p.diff) for p in asked]
+    nearest = Scores(
+        None, score_outputs(prompts, {"message": lookup}), {"message": lookup}, time.perf_counter() - started
+    )
+
+    validation = past.split("valid")
+    compared: dict[str, Any] = {}
+    if validation:
+        oldest = len(validation) - 1  # the index lists the validation commits first: its newest
+        references = [commit.message for commit in validation]
+        for name, answer in (("lookup", suggester.lookup), ("selector", suggester.select)):
+            if name == "selector" and suggester.selector is None:
+                continue
+            scored = score_messages([answer(commit.diff, oldest) for commit in validation], references)
+            compared[name] = {key: scored[key] for key in ("chrf", "edit_similarity")}
+    system, reason = _choose_system(config.system, compared, after)
+    started = time.perf_counter()
+    if system == "selector":
+        outputs = [suggester.select(p.diff) for p in asked]
+    elif system == "model":
+        outputs = list((after.outputs if after else {}).get("message") or [])
+    else:
+        outputs = lookup
+    suggested = Scores(
+        None,
+        score_outputs(prompts, {"message": outputs}),
+        {"message": outputs},
+        time.perf_counter() - started,
+    )
+    chosen = {"name": system, "reason": reason, "validation_commits": len(validation), "validation": compared}
+    return PastScores(nearest, suggested, chosen)
+
+
+def _choose_system(configured: str, compared: dict[str, Any], after: Scores | None) -> tuple[str, str]:
+    """The system a run suggests with, and why: as configured, or the best mean of chrF and edit
+    similarity on the validation commits (never the held-out ones)."""
+    if configured != "auto":
+        return configured, "set by retrieval.system"
+    if not compared:
+        return (
+            "lookup",
+            "no validation commits to choose on (a short history): the lookup, which needs no choice",
+        )
+    ranked = sorted(
+        compared, key=lambda name: -(compared[name]["chrf"] + compared[name]["edit_similarity"]) / 2
+    )
+    best = ranked[0]
+    scores = ", ".join(
+        f"{name} chrF {compared[name]['chrf']:.1f} / ES {compared[name]['edit_similarity']:.1f}"
+        for name in ranked
+    )
+    return best, f"best mean of chrF and edit similarity on the validation commits ({scores})"
+
+
+def base_scores_cache(config: EvalConfig, facts: ModelFacts, continuing: bool) -> Path | None:
+    """Where the base model's scores are kept between runs; None when they cannot be reused: turned off,
+    a random base (each run's is its own), or an update (its "before" is the adapter it continues)."""
+    from pipeline.builtin import cache_home
+
+    if not config.cache_base_scores or facts.random_init or continuing:
+        return None
+    return cache_home() / "evaluations"
+
+
+def held_out_note(available: int, asked: int, scrape: dict[str, Any]) -> dict[str, Any]:
+    """How many held-out commits the tasks scored, and why fewer than `eval.samples` when they did."""
+    scored = min(available, asked)
+    kept = scrape.get("commits_kept")
+    note = None
+    if asked and scored < asked:
+        note = (
+            f"scored {scored} held-out commits, not {asked}: the history kept {kept} commits and at most "
+            "scrape.holdout_max_share of them are held out, so that it still trains on most of itself; "
+            "intervals are wider accordingly"
+            if scored
+            else f"no held-out commits to score: the history kept {kept} commits (20 are needed)"
+        )
+    return {"asked": asked, "available": available, "scored": scored, "note": note}
 
 
 def relative_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
@@ -296,24 +551,119 @@ def relative_change(before: dict[str, Any] | None, after: dict[str, Any] | None)
     return round((after["loss"] - before["loss"]) / before["loss"], 6)
 
 
+def _references(prompts: Sequence[TaskPrompt], task: str) -> list[str]:
+    return [p.reference for p in prompts if p.task == task]
+
+
+def _compared(evaluation: Evaluation, scores: Scores | None) -> dict[str, Any] | None:
+    """A system's task metrics, each with its paired difference to the baseline it must beat: the
+    lookup for messages, the base model for code."""
+    if scores is None or scores.tasks is None:
+        return None
+    prompts, result = evaluation.prompts, {}
+    lookup = evaluation.nearest_commit.outputs.get("message") if evaluation.nearest_commit else None
+    base = evaluation.before.outputs.get("code")
+    for task, metrics in scores.tasks.items():
+        if metrics is None:
+            result[task] = None
+            continue
+        metrics = dict(metrics)
+        ours = scores.outputs.get(task)
+        if task == "message" and lookup is not None and scores is not evaluation.nearest_commit:
+            metrics["vs_nearest_commit"] = paired_difference(task, lookup, ours, _references(prompts, task))
+        if task == "code" and base is not None and scores is not evaluation.before:
+            metrics["vs_before"] = paired_difference(task, base, ours, _references(prompts, task))
+        result[task] = metrics
+    return result
+
+
+def _samples(prompts: Sequence[TaskPrompt], scores: Scores | None) -> list[dict[str, Any]]:
+    """The first SHOWN_SAMPLES answers of each task, for the manifest."""
+    if scores is None:
+        return []
+    shown = []
+    for task in TASKS:
+        asked = [p for p in prompts if p.task == task]
+        for prompt, output in list(zip(asked, scores.outputs.get(task) or [], strict=False))[:SHOWN_SAMPLES]:
+            shown.append(
+                {
+                    "task": task,
+                    "commit": prompt.commit,
+                    "prompt": prompt.given,
+                    "reference": prompt.reference[:SHOWN_CHARS],
+                    "output": output,
+                    "whitespace_only": not output.strip(),
+                }
+            )
+    return shown
+
+
+SYSTEMS = ("before", "after", "nearest_commit", "suggested")
+
+
 def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
     """The manifest's `training_report.evaluation`."""
-    before, after = evaluation.before, evaluation.after or Scores(None, None, [])
+    before, after = evaluation.before, evaluation.after or Scores(None, None)
+    systems = {
+        "before": evaluation.before,
+        "after": evaluation.after,
+        "nearest_commit": evaluation.nearest_commit,
+        "suggested": evaluation.suggested,
+    }
     return {
         "before": before.loss,
         "after": after.loss,
         "relative_change": relative_change(before.loss, after.loss),
         "history": evaluation.history,
-        "tasks": {"before": before.tasks, "after": after.tasks},
-        "samples": {"before": before.samples, "after": after.samples},
+        "tasks": {name: _compared(evaluation, scores) for name, scores in systems.items()},
+        "samples": {name: _samples(evaluation.prompts, scores) for name, scores in systems.items()},
+        "system": evaluation.system,
+        "held_out_commits": evaluation.held_out_commits,
+        "cost": {
+            "before_s": round(before.seconds, 3),
+            "before_cached": before.cached,
+            "after_s": round(after.seconds, 3),
+            "retrieval_s": round(
+                sum(s.seconds for s in (evaluation.nearest_commit, evaluation.suggested) if s), 3
+            ),
+        },
         "note": None
         if before.loss
-        else "no held-out commits: fewer than 20 were kept, or scrape.eval_fraction is 0",
+        else "no held-out commits: fewer than 20 were kept, or scrape.eval_commits is 0",
     }
 
 
+def write_answers(path: Path, evaluation: Evaluation) -> Path:
+    """Every held-out question with what git has and what each system answered (evaluation.jsonl)."""
+    columns = {
+        "base": evaluation.before,
+        "fine_tuned": evaluation.after,
+        "nearest_commit": evaluation.nearest_commit,
+        "suggested": evaluation.suggested,
+    }
+    position = dict.fromkeys(TASKS, 0)
+    lines = []
+    for prompt in evaluation.prompts:
+        row = {
+            "task": prompt.task,
+            "commit": prompt.commit,
+            "given": prompt.given,
+            "reference": prompt.reference,
+        }
+        for name, scores in columns.items():
+            answers = scores.outputs.get(prompt.task) if scores else None
+            row[name] = answers[position[prompt.task]] if answers else None
+        position[prompt.task] += 1
+        lines.append(orjson.dumps(row))
+    staging = path.with_name(path.name + ".partial")
+    staging.write_bytes(b"\n".join(lines) + b"\n" if lines else b"")
+    staging.replace(path)
+    return path
+
+
 def format_evaluation(result: Evaluation) -> list[str]:
-    """Lines for the end of a run: held-out loss (per format) and each task's scores, before → after."""
+    """Lines for the end of a run: held-out loss (per format), then each task as a scoreboard: base,
+    fine-tuned, the lookup and the suggestion system, with intervals."""
     evaluation = evaluation_report(result)
     lines = []
     before, after = evaluation.get("before"), evaluation.get("after")
@@ -330,19 +680,51 @@ def format_evaluation(result: Evaluation) -> list[str]:
                     f"  {name:<8} perplexity {was['perplexity']:.2f} → {now['perplexity']:.2f} "
                     f"({now['perplexity'] / was['perplexity'] - 1:+.1%})"
                 )
-    tasks = evaluation.get("tasks") or {}
-    was, now = tasks.get("before") or {}, tasks.get("after") or {}
-    for task, label in (("message", "commit message from diff"), ("diff", "change from message")):
-        if not (was.get(task) and now.get(task)):
-            continue
-        a, b = was[task], now[task]
-        line = f"{label} ({b['samples']} held-out commits): chrF {a['chrf']:.1f} → {b['chrf']:.1f}, "
-        line += f"edit similarity {a['edit_similarity']:.1f} → {b['edit_similarity']:.1f}"
-        if task == "message":
-            line += (
-                f", subject exact {a['subject_exact_match_pct']:.0f}% → {b['subject_exact_match_pct']:.0f}%"
-            )
-        if b["whitespace_only"]:
-            line += f"; {b['whitespace_only']} blank outputs"
-        lines.append(line)
+    tasks = evaluation["tasks"]
+    labels = {
+        "before": "base model",
+        "after": "fine-tuned",
+        "nearest_commit": "lookup",
+        "suggested": "suggested",
+    }
+    messages = {name: (tasks.get(name) or {}).get("message") for name in labels}
+    if any(messages.values()):
+        count = next(m["samples"] for m in messages.values() if m)
+        system = (evaluation.get("system") or {}).get("name")
+        lines.append(
+            f"commit message from diff ({count} held-out commits; chrF, edit similarity [95% interval]):"
+        )
+        for name, label in labels.items():
+            scored = messages[name]
+            if not scored:
+                continue
+            if name == "suggested":
+                label = f"suggested ({system})"
+            line = f"  {label:<24} chrF {_with_ci(scored, 'chrf')}  ES {_with_ci(scored, 'edit_similarity')}"
+            versus = scored.get("vs_nearest_commit")
+            if versus:
+                line += f"  vs lookup {_delta(versus, 'chrf')} / {_delta(versus, 'edit_similarity')}"
+            lines.append(line)
+    codes = {name: (tasks.get(name) or {}).get("code") for name in ("before", "after")}
+    if codes["before"] and codes["after"]:
+        was, now = codes["before"], codes["after"]
+        lines.append(
+            f"next line of a change ({now['samples']} held-out commits): exact match "
+            f"{was['exact_match_pct']:.1f}% → {now['exact_match_pct']:.1f}%, edit similarity "
+            f"{was['edit_similarity']:.1f} → {now['edit_similarity']:.1f}"
+            + (f" ({_delta(now['vs_before'], 'edit_similarity')})" if now.get("vs_before") else "")
+        )
+    held = evaluation.get("held_out_commits") or {}
+    if held.get("note"):
+        lines.append(held["note"])
     return lines
+
+
+def _with_ci(scored: dict[str, Any], key: str) -> str:
+    low, high = scored[f"{key}_ci95"]
+    return f"{scored[key]:5.1f} [{low:.1f}, {high:.1f}]"
+
+
+def _delta(versus: dict[str, Any], key: str) -> str:
+    low, high = versus[f"{key}_ci95"]
+    return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"

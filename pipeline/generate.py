@@ -76,10 +76,20 @@ def load_adapter(path: str | Path, dense: bool = False):
     return model.eval(), load_saved_tokenizer(directory)
 
 
-def generate(path: str | Path, prompt: str, max_new_tokens: int, task: str | None = None) -> str:
+def generate(
+    path: str | Path, prompt: str, max_new_tokens: int, task: str | None = None, system: str | None = None
+) -> str:
     """The model's greedy continuation of `prompt`; with `task`, the prompt is asked as training asked
-    it (`message`: write the commit message for this diff; `diff`: write the change for this message)."""
-    adapter_directory(path)  # a missing adapter is said before the libraries load
+    it (`message`: write the commit message for this diff; `diff`: write the change for this message).
+    A commit message comes from the system the run chose (or `system`): the repository's past answers
+    without loading the model at all."""
+    directory = adapter_directory(path)  # a missing adapter is said before the libraries load
+    if task == "message":
+        suggested = _from_past(directory, prompt, system)
+        if suggested is not None:
+            return suggested
+    elif system:
+        raise ModelLoadError("--system chooses who writes a commit message: use it with --task message")
     from pipeline.evaluation import generate_batched
     from pipeline.examples import answer_prefix, render_prompt
     from pipeline.model import adapter_facts
@@ -87,9 +97,30 @@ def generate(path: str | Path, prompt: str, max_new_tokens: int, task: str | Non
     model, tokenizer = load_adapter(path)
     given = ""
     if task:
-        style = adapter_facts(adapter_directory(path)).style
+        style = adapter_facts(directory).style
         prompt, given = render_prompt(tokenizer, style, task, prompt.strip()), answer_prefix(style, task)
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32")[0]
+
+
+def _from_past(directory: Path, diff: str, system: str | None) -> str | None:
+    """The retrieval system's message for `diff` (the lookup's or the selector's), or None when the
+    model is to answer: it was chosen or asked for, the adapter has no retrieval saved, or no past
+    commit touched anything the diff touches."""
+    from pipeline.retrieval import INDEX_DIR
+    from pipeline.suggestion import Suggester
+
+    if not (directory / INDEX_DIR).is_dir():
+        if system in ("lookup", "selector"):
+            raise ModelLoadError(
+                f"--system {system}: {directory} has no {INDEX_DIR}/ (it was trained before runs kept the "
+                "repository's past); train again, or leave --system out"
+            )
+        return None
+    suggester = Suggester.load(directory)
+    chosen = system or suggester.system
+    if chosen == "model":
+        return None
+    return (suggester.lookup(diff) if chosen == "lookup" else suggester.select(diff)) or None
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

@@ -17,7 +17,7 @@ from pipeline.manifest import MANIFEST_FILE, load_manifest, sha256_file
 from pipeline.model import ADAPTER_DIR, BASE_MODEL_DIR, load_saved_tokenizer
 from pipeline.types import Lineage, Plan, Prepared, Scores
 from scrapers.git import head_commit, is_ancestor, open_repository, rev_list
-from scrapers.scrape import SEQUENCES_FILE, eval_count
+from scrapers.scrape import SEQUENCES_FILE, holdout_counts
 
 # Parent overrides an update does not replay: where it writes and what it reads are its own, its base is
 # the parent's, and its learning rate is planned for continued training.
@@ -148,13 +148,15 @@ def update_config(
         {**flags, **forced},
         base=replayed,
     )
-    # Hold out the newest new commit when the scrape's fraction would hold out none (it needs 20).
-    added, fraction = len(parent.commits_added), loaded.config.scrape.eval_fraction
-    if added >= 2 and not eval_count(added, fraction) and not loaded.explicit("scrape.eval_fraction"):
-        held_out = math.ceil(10_000 / added) / 10_000  # just above 1/added: one commit
-        loaded = load_config(
-            loaded.path, overrides, {**flags, **forced, "scrape.eval_fraction": held_out}, base=replayed
-        )
+    # Hold out the newest new commit when the scrape would hold out none (it needs 20), and validate on none.
+    added = len(parent.commits_added)
+    if (
+        added >= 2
+        and not holdout_counts(added, loaded.config.scrape)[0]
+        and not loaded.explicit("scrape.holdout_max_share")
+    ):
+        one = {"scrape.holdout_max_share": math.ceil(10_000 / added) / 10_000, "scrape.valid_commits": 0}
+        loaded = load_config(loaded.path, overrides, {**flags, **forced, **one}, base=replayed)
     return dataclasses.replace(loaded, continues=parent.plan)
 
 

@@ -456,8 +456,10 @@ def load_model(
     return Loaded(model, base_dir, trainable, plan.quantization, weights_gb)
 
 
-def save_adapter(loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Path) -> Outputs:
-    """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`)."""
+def save_adapter(loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Path, suggester=None) -> Outputs:
+    """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), and
+    the repository's past beside it (`retrieval/`: the index over the whole history, the selector and
+    the suggestion system the run chose: `pipeline.suggestion.Suggester`)."""
     from pipeline.manifest import sha256_file
     from scrapers.scrape import SEQUENCES_FILE
 
@@ -465,6 +467,8 @@ def save_adapter(loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Pat
     loaded.model.save_pretrained(adapter_dir)
     record_base(adapter_dir, AdapterFacts(prepared.facts.name, prepared.style, plan.quantization))
     prepared.tokenizer.save_pretrained(adapter_dir)
+    if suggester is not None:
+        suggester.save(adapter_dir)
     files = [
         {"path": str(path.relative_to(output_dir)), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
         for path in sorted(adapter_dir.rglob("*"))

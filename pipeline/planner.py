@@ -52,7 +52,8 @@ SMALL_DATASET_BLOCKS = (
 )
 LOG_POINTS = 50  # aim for this many loss/LR records per run
 CHECKPOINTS = 10  # aim for this many checkpoints per run
-EVALUATIONS = 10  # aim for this many held-out evaluations per run
+EVALUATIONS = 10  # aim for this many validations per run
+PATIENCE = 3  # validations in a row without a new best before training stops (of about EVALUATIONS)
 CPU_SEQUENCE_TOKENS = (
     512  # longest answer-with-prompt on a CPU (measured on 2 cores: 11% more tokens/s than 1024)
 )
@@ -119,11 +120,11 @@ def make_plan(
     launch: Launch = ONE_PROCESS,
     probe: tuple[ProbeRow, ...] = (),
     oom_cap: int | None = None,
-    eval_tokens: int = 0,
+    valid_tokens: int = 0,
     speed: Speed | None = None,
 ) -> Plan:
     """`probe`: measured micro-batch fits (CUDA); `oom_cap`: the largest micro-batch after a CUDA
-    out-of-memory in training; `eval_tokens`: tokens of the held-out commits (0: none); `speed`: the
+    out-of-memory in training; `valid_tokens`: tokens of the validation commits (0: none); `speed`: the
     measured training throughput, which a time budget needs."""
     config = loaded.config
     p = _Planner(loaded)
@@ -247,7 +248,7 @@ def make_plan(
     _dataloader(p, device, blocks, hardware)
     step_s = micro * accumulation * world * sequence_length / speed.tokens_per_s if speed else None
     eval_blocks = _evaluation_bound(p, device)
-    _cadence(p, total_steps, eval_tokens, step_s, eval_blocks, sequence_length, speed)
+    _cadence(p, total_steps, valid_tokens, step_s, eval_blocks, sequence_length, speed)
     p.from_config("save_total_limit", "train.save_total_limit")
     for name in ("fsdp", "fsdp_config", "deepspeed"):  # passed to the Trainer as they are (see README)
         p.from_config(name, f"distributed.{name}")
@@ -275,7 +276,7 @@ def plan_for(
         machine.launch,
         probe,
         oom_cap,
-        prepared.counts["eval_tokens"],
+        prepared.counts["valid_tokens"],
         speed,
     )
 
@@ -687,7 +688,7 @@ def _workers(blocks: int, hardware: Hardware) -> tuple[int, str]:
 def _cadence(
     p: _Planner,
     total_steps: int,
-    eval_tokens: int,
+    valid_tokens: int,
     step_s: float | None,
     eval_blocks: int | None,
     length: int,
@@ -704,15 +705,17 @@ def _cadence(
         p.planned("logging_steps", every, f"about {LOG_POINTS} loss/LR points over {total_steps} steps")
     else:
         p.from_config("logging_steps", "train.logging_steps")
-    if not eval_tokens:
+    if not valid_tokens:
         p.planned(
-            "eval_steps", None, "no held-out commits to evaluate (fewer than 20 kept, or eval_fraction 0)"
+            "eval_steps",
+            None,
+            "no validation commits (a short history, or scrape.valid_commits is 0): the last step is kept",
         )
     elif not p.is_auto("train.eval_steps"):
         p.from_config("eval_steps", "train.eval_steps")
     elif step_s and eval_blocks and speed:
-        # An evaluation is a forward pass over the held-out blocks of each format (two by default).
-        cost_s = min(eval_tokens, 2 * eval_blocks * length) / (FORWARD_SPEEDUP * speed.tokens_per_s)
+        # A validation is a forward pass over the validation blocks of each format (two by default).
+        cost_s = min(valid_tokens, 2 * eval_blocks * length) / (FORWARD_SPEEDUP * speed.tokens_per_s)
         every = evaluation_interval(
             total_steps,
             max(math.ceil(total_steps / EVALUATIONS), math.ceil(EVAL_COST_RATIO * cost_s / step_s)),
@@ -721,14 +724,14 @@ def _cadence(
             p.planned(
                 "eval_steps",
                 None,
-                f"an evaluation costs about {cost_s:.0f} s and a step {step_s:.0f} s: held-out loss before "
-                f"and after training only, not {EVAL_COST_RATIO}× its cost in between",
+                f"a validation costs about {cost_s:.0f} s and a step {step_s:.0f} s: not {EVAL_COST_RATIO}× "
+                "its cost in between, so the last step is kept",
             )
         else:
             p.planned(
                 "eval_steps",
                 every,
-                f"every {every} steps of about {step_s:.0f} s: an evaluation (about "
+                f"every {every} steps of about {step_s:.0f} s: a validation (about "
                 f"{cost_s:.0f} s) costs at most 1/{EVAL_COST_RATIO} of the time between two",
             )
     else:
@@ -736,8 +739,9 @@ def _cadence(
         p.planned(
             "eval_steps",
             every,
-            f"about {EVALUATIONS} evaluations of the held-out commits over {total_steps} steps",
+            f"about {EVALUATIONS} validations over {total_steps} steps: the best is kept",
         )
+    _patience(p, p.decisions["eval_steps"].value, total_steps)
     if not p.is_auto("train.save_steps"):
         p.from_config("save_steps", "train.save_steps")
     elif step_s:
@@ -751,6 +755,21 @@ def _cadence(
     else:
         every = max(1, math.ceil(total_steps / CHECKPOINTS))
         p.planned("save_steps", every, f"about {CHECKPOINTS} checkpoints over {total_steps} steps")
+
+
+def _patience(p: _Planner, eval_steps: int | None, total_steps: int) -> None:
+    if eval_steps is None:
+        p.planned("early_stopping_patience", None, "no validations during training: nothing to stop on")
+    elif not p.is_auto("train.early_stopping_patience"):
+        p.from_config("early_stopping_patience", "train.early_stopping_patience")
+    else:
+        p.planned(
+            "early_stopping_patience",
+            PATIENCE,
+            f"stop after {PATIENCE} validations in a row without a new best (of about "
+            f"{max(1, total_steps // eval_steps)}): the rest of the run would fit the training commits, not "
+            "the repository; the best weights are kept either way",
+        )
 
 
 def evaluation_interval(total_steps: int, every: int) -> int | None:
@@ -891,8 +910,8 @@ def _evaluation_bound(p: _Planner, device: str) -> int | None:
     p.from_config(
         "eval_samples",
         "eval.samples",
-        f"the {config.samples} newest held-out commits, asked both tasks before and after training: answers of at "
-        f"most {config.message_tokens} (message) and {config.diff_tokens} (change) new tokens, greedy, "
+        f"the {config.samples} newest held-out commits, asked both tasks before and after training: a commit "
+        f"message of at most {config.message_tokens} new tokens and the next line of a change, greedy, "
         "generated in batches with the KV cache",
     )
     if not p.is_auto("eval.max_blocks"):

@@ -39,6 +39,8 @@ from pipeline.types import (
     Machine,
     Outputs,
     Packed,
+    Past,
+    PastScores,
     Plan,
     Prepared,
     Scores,
@@ -209,6 +211,7 @@ def _(packed: Packed) -> dict[str, Any]:
             "block_size": train.block_size,
             "train_blocks": train.blocks,
             "eval_blocks": sum(split.blocks for split in packed.held_out.values()),
+            "valid_blocks": sum(split.blocks for split in packed.validation.values()),
             "real_tokens": train.real_tokens,
             "packing_efficiency": round(train.efficiency, 4),
             "packing_method": packed.method,
@@ -251,6 +254,16 @@ def _(outcome: TrainOutcome) -> dict[str, Any]:
         "training_parameters": {**outcome.plan.to_manifest(), "oom_retries": outcome.oom_retries},
         "run": {"resumed_from": outcome.resumed_from},
     }
+
+
+@sections.register
+def _(past: Past) -> dict[str, Any]:
+    return {"retrieval": past.facts}
+
+
+@sections.register
+def _(scored: PastScores) -> dict[str, Any]:
+    return {}  # recorded with the evaluation after training, beside the model's scores (`Evaluation`)
 
 
 @sections.register

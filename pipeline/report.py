@@ -23,18 +23,25 @@ th, td { border: 1px solid #d0d5de; padding: 0.25rem 0.5rem; text-align: left; v
 th { background: #f2f4f8; } .muted { color: #6b7385; } img { max-width: 100%; }
 pre { background: #f6f8fa; padding: 0.5rem; font-size: 0.8rem; white-space: pre-wrap; overflow-wrap: anywhere; margin: 0;
       max-height: 24em; overflow-y: auto; }
-table.samples { table-layout: fixed; width: 100%; } table.samples td, table.samples th { width: 33%; }
+table.samples { table-layout: fixed; width: 100%; } table.samples td, table.samples th { width: 25%; }
+table.plan td:nth-child(1), table.plan td:nth-child(3) { white-space: nowrap; overflow-wrap: normal; }
+table.plan td:nth-child(2) { max-width: 14em; } table.plan td:nth-child(4) { width: 60%; }
+table.scores td { white-space: nowrap; overflow-wrap: normal; } .better { color: #1a7f37; } .worse { color: #cf222e; }
+details > summary { cursor: pointer; font-size: 1.5em; font-weight: bold; margin-top: 2rem; }
 .status-completed { color: #1a7f37; } .status-failed, .status-interrupted { color: #cf222e; }
 """
 
 
 def render_report(manifest: dict[str, Any]) -> str:
+    """What the run learned first (the scoreboard against the repository's own past, then samples side by
+    side), then how it trained, then the plan (folded) and the rest."""
     sections = [
         _summary(manifest),
+        _scoreboard(manifest),
+        _samples(manifest),
         _lineage(manifest),
-        _decisions(manifest),
         _training(manifest),
-        _evaluation(manifest),
+        _decisions(manifest),
         _throughput(manifest),
         _stages(manifest),
         _hardware(manifest),
@@ -135,6 +142,7 @@ def _lineage(m: dict[str, Any]) -> str:
 
 
 def _decisions(m: dict[str, Any]) -> str:
+    """The plan, folded: every decision with its source and reason, in the order the CLI prints them."""
     params = m.get("training_parameters") or {}
     decisions = params.get("decisions") or {}
     if not decisions:
@@ -150,7 +158,11 @@ def _decisions(m: dict[str, Any]) -> str:
         )
         for name in order
     ]
-    return "<h2>Plan</h2>" + _table(("parameter", "value", "source", "reason"), rows)
+    return (
+        f"<details><summary>Plan ({len(rows)} decisions, each with its reason)</summary>"
+        + _table(("parameter", "value", "source", "reason"), rows, css="plan")
+        + "</details>"
+    )
 
 
 def _training(m: dict[str, Any]) -> str:
@@ -164,9 +176,10 @@ def _training(m: dict[str, Any]) -> str:
     def draw(plt):
         figure, (loss, norm, rate) = plt.subplots(1, 3, figsize=(13, 3.6))
         loss.plot([e["step"] for e in losses], [e["loss"] for e in losses], label="training loss")
-        held_out = held_out_curve(m)
-        if held_out:
-            loss.plot(*zip(*held_out, strict=True), "o-", label="held-out loss")
+        if validation := validation_curve(m):
+            loss.plot(*zip(*validation, strict=True), "s-", label="validation loss")
+        if held_out := held_out_curve(m):
+            loss.plot(*zip(*held_out, strict=True), "o--", label="held-out loss (before, after)")
         loss.set_xlabel("optimizer step")
         loss.set_ylabel("loss")
         loss.legend()
@@ -183,68 +196,167 @@ def _training(m: dict[str, Any]) -> str:
 
 
 def held_out_curve(m: dict[str, Any]) -> list[tuple[int, float]]:
-    """Held-out loss by step: before training at step 0, the evaluations during it, after it at the last."""
+    """Held-out loss by step: before training at step 0, after it at the last."""
     report = m.get("training_report") or {}
     evaluation = report.get("evaluation") or {}
-    points = [(e["step"], e["loss"]) for e in evaluation.get("history") or [] if e.get("loss") is not None]
+    points = []
     if (evaluation.get("before") or {}).get("loss") is not None:
-        points.insert(0, (0, evaluation["before"]["loss"]))
+        points.append((0, evaluation["before"]["loss"]))
     last = (report.get("training") or {}).get("global_step")
     if (evaluation.get("after") or {}).get("loss") is not None and last:
-        points = [point for point in points if point[0] != last] + [(last, evaluation["after"]["loss"])]
+        points.append((last, evaluation["after"]["loss"]))
     return points
 
 
-TASK_METRICS = {
-    "message": (
-        "commit message from diff",
-        ["chrf", "edit_similarity", "subject_exact_match_pct", "first_word_match_pct", "output_chars_mean",
-         "reference_chars_mean", "whitespace_only"],
-    ),
-    "diff": ("change from message", ["chrf", "edit_similarity", "output_chars_mean", "whitespace_only"]),
-}  # fmt: skip
+def validation_curve(m: dict[str, Any]) -> list[tuple[int, float]]:
+    """Validation loss during training (what chose the checkpoint kept)."""
+    evaluation = (m.get("training_report") or {}).get("evaluation") or {}
+    return [(e["step"], e["loss"]) for e in evaluation.get("history") or [] if e.get("loss") is not None]
 
 
-def _evaluation(m: dict[str, Any]) -> str:
+SYSTEM_LABELS = {
+    "before": "base model",
+    "after": "fine-tuned model",
+    "nearest_commit": "lookup (most similar past commit)",
+    "suggested": "suggested",
+}
+
+
+def _scoreboard(m: dict[str, Any]) -> str:
+    """The held-out commits' scores: each system's commit messages beside the lookup's (paired
+    differences with 95% intervals), the next-line code task before and after, and held-out loss."""
     evaluation = (m.get("training_report") or {}).get("evaluation") or {}
     if not evaluation.get("before") and not evaluation.get("after"):
-        return f'<h2>Evaluation</h2><p class="muted">{_e(evaluation.get("note") or "not measured")}</p>'
-    before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
-    rows = [("held-out loss", _fmt(before.get("loss")), _fmt(after.get("loss")))]
-    rows.append(("± standard error", _fmt(before.get("loss_stderr")), _fmt(after.get("loss_stderr"))))
-    rows.append(("perplexity", _fmt(before.get("perplexity")), _fmt(after.get("perplexity"))))
-    for name, scored in (before.get("per_format") or {}).items():
-        later = (after.get("per_format") or {}).get(name) or {}
-        rows.append((f"  {name} perplexity", _fmt(scored.get("perplexity")), _fmt(later.get("perplexity"))))
+        return f'<h2>What it learned</h2><p class="muted">{_e(evaluation.get("note") or "not measured")}</p>'
     tasks = evaluation.get("tasks") or {}
-    was, now = tasks.get("before") or {}, tasks.get("after") or {}
-    for task, (label, metrics) in TASK_METRICS.items():
-        if not (was.get(task) or now.get(task)):
+    system = evaluation.get("system") or {}
+    parts = ["<h2>What it learned (held-out commits: the newest, never trained on or retrieved from)</h2>"]
+    rows = []
+    for name, label in SYSTEM_LABELS.items():
+        scored = (tasks.get(name) or {}).get("message")
+        if not scored:
             continue
-        for metric in metrics:
-            rows.append(
+        if name == "suggested":
+            label = f"suggested: {system.get('name')} (what generate and the hook offer)"
+        versus = scored.get("vs_nearest_commit") or {}
+        rows.append(
+            (
+                _e(label),
+                _e(_ci(scored, "chrf")),
+                _e(_ci(scored, "edit_similarity")),
+                _signed(versus, "chrf"),
+                _signed(versus, "edit_similarity"),
+                _e(_fmt(scored.get("subject_exact_match_pct"))),
+                _e(f"{_fmt(scored.get('output_chars_mean'))} ({_fmt(scored.get('reference_chars_mean'))})"),
+            )
+        )
+    if rows:
+        count = next(
+            ((tasks.get(n) or {}).get("message") or {}).get("samples")
+            for n in SYSTEM_LABELS
+            if (tasks.get(n) or {}).get("message")
+        )
+        parts.append(f"<h3>Commit message from its diff ({count} commits)</h3>")
+        header = ("system", "chrF [95%]", "edit similarity [95%]", "chrF vs lookup", "ES vs lookup",
+                  "subject exact %", "chars (git's)")  # fmt: skip
+        parts.append(_table(header, rows, escape=False, css="scores"))
+        if system:
+            parts.append(f'<p class="muted">suggestion system: {_e(system.get("reason"))}</p>')
+    code_rows = []
+    for name in ("before", "after"):
+        scored = (tasks.get(name) or {}).get("code")
+        if scored:
+            versus = scored.get("vs_before") or {}
+            code_rows.append(
                 (
-                    f"{label}: {metric}",
-                    _fmt((was.get(task) or {}).get(metric)),
-                    _fmt((now.get(task) or {}).get(metric)),
+                    _e(SYSTEM_LABELS[name]),
+                    _e(_ci(scored, "exact_match_pct")),
+                    _e(_ci(scored, "edit_similarity")),
+                    _signed(versus, "exact_match_pct"),
+                    _signed(versus, "edit_similarity"),
                 )
             )
-    parts = [
-        "<h2>Evaluation (held-out commits, never trained on)</h2>",
-        _table(("", "before training", "after training"), rows),
-        f"<p>relative change of the held-out loss: {_e(_fmt(evaluation.get('relative_change')))}; "
-        f"{_e(_fmt(after.get('tokens') or before.get('tokens')))} tokens scored</p>",
-    ]
-    samples = evaluation.get("samples") or {}
-    for was_sample, now_sample in zip(samples.get("before") or [], samples.get("after") or [], strict=False):
-        asked = "its commit message, from its diff" if was_sample.get("task") == "message" else "its change"
+    if code_rows:
+        parts.append("<h3>Next line of a change (path, hunk heading and the lines before it given)</h3>")
+        header = ("model", "exact match % [95%]", "edit similarity [95%]", "exact vs base", "ES vs base")
+        parts.append(_table(header, code_rows, escape=False, css="scores"))
+    before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
+    loss_rows = [("held-out loss", _fmt(before.get("loss")), _fmt(after.get("loss")))]
+    loss_rows.append(("± standard error", _fmt(before.get("loss_stderr")), _fmt(after.get("loss_stderr"))))
+    loss_rows.append(("perplexity", _fmt(before.get("perplexity")), _fmt(after.get("perplexity"))))
+    for name, scored in (before.get("per_format") or {}).items():
+        later = (after.get("per_format") or {}).get(name) or {}
+        loss_rows.append(
+            (f"  {name} perplexity", _fmt(scored.get("perplexity")), _fmt(later.get("perplexity")))
+        )
+    parts.append("<h3>Held-out loss</h3>" + _table(("", "before training", "after training"), loss_rows))
+    held = evaluation.get("held_out_commits") or {}
+    if held.get("note"):
+        parts.append(f'<p class="muted">{_e(held["note"])}</p>')
+    cost = evaluation.get("cost") or {}
+    if cost:
         parts.append(
-            f"<h3>{_e(was_sample['commit'][:12])}: {_e(asked)}</h3><pre>{_e(was_sample['prompt'][:300])}</pre>"
-            f'<table class="samples"><tr><th>before training</th><th>after training</th><th>what git has</th></tr><tr>'
-            f"<td>{_output(was_sample)}</td><td>{_output(now_sample)}</td>"
-            f"<td><pre>{_e(was_sample['reference'])}</pre></td></tr></table>"
+            f'<p class="muted">evaluation cost: base model {_fmt(cost.get("before_s"), " s")}'
+            + (" (cached)" if cost.get("before_cached") else "")
+            + f", fine-tuned {_fmt(cost.get('after_s'), ' s')}, retrieval {_fmt(cost.get('retrieval_s'), ' s')}</p>"
         )
     return "\n".join(parts)
+
+
+def _ci(scored: dict[str, Any], key: str) -> str:
+    low, high = scored.get(f"{key}_ci95") or (None, None)
+    return f"{_fmt(scored.get(key))} [{_fmt(low)}, {_fmt(high)}]"
+
+
+def _signed(versus: dict[str, Any], key: str) -> str:
+    """A paired difference with its interval, green when the interval is above 0, red below."""
+    if key not in versus:
+        return ""
+    low, high = versus[f"{key}_ci95"]
+    css = "better" if low > 0 else "worse" if high < 0 else ""
+    return f'<span class="{css}">{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]</span>'
+
+
+def _samples(m: dict[str, Any]) -> str:
+    """Held-out commits side by side: what git has, the lookup, the suggestion, the fine-tuned model."""
+    evaluation = (m.get("training_report") or {}).get("evaluation") or {}
+    samples = evaluation.get("samples") or {}
+    columns = [("what git has", None), ("lookup", "nearest_commit"), ("suggested", "suggested"),
+               ("fine-tuned model", "after"), ("base model", "before")]  # fmt: skip
+    by_commit = {
+        name: {(s["task"], s["commit"]): s for s in samples.get(name) or []} for _, name in columns if name
+    }
+    asked = [s for s in samples.get("after") or samples.get("before") or []]
+    if not asked:
+        return ""
+    parts = [
+        '<h2>Samples</h2><p class="muted">the first held-out commits; evaluation.jsonl beside the manifest has every one</p>'
+    ]
+    for sample in asked:
+        key = (sample["task"], sample["commit"])
+        what = (
+            "its commit message, from its diff"
+            if sample["task"] == "message"
+            else "the next line of its change"
+        )
+        shown = [
+            (label, by_commit[name].get(key)) for label, name in columns if name and by_commit[name].get(key)
+        ]
+        header = "".join(
+            f"<th>{_e(label)}</th>" for label in ["what git has", *[label for label, _ in shown]]
+        )
+        cells = f"<td><pre>{_e(sample['reference'])}</pre></td>" + "".join(
+            _output_cell(found) for _, found in shown
+        )
+        parts.append(
+            f"<h3>{_e(sample['commit'][:12])}: {_e(what)}</h3><pre>{_e(sample['prompt'][-300:] if sample['task'] == 'code' else sample['prompt'][:300])}</pre>"
+            f'<table class="samples"><tr>{header}</tr><tr>{cells}</tr></table>'
+        )
+    return "\n".join(parts)
+
+
+def _output_cell(sample: dict[str, Any]) -> str:
+    return f"<td>{_output(sample)}</td>"
 
 
 def _output(sample: dict[str, Any]) -> str:
@@ -408,11 +520,12 @@ def _figure(draw, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _table(header, rows, escape: bool = True) -> str:
+def _table(header, rows, escape: bool = True, css: str | None = None) -> str:
     cell = _e if escape else str
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{cell(value)}</td>" for value in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    attribute = f' class="{css}"' if css else ""
+    return f"<table{attribute}><tr>{head}</tr>{body}</table>"
 
 
 def _before_after(evaluation: dict[str, Any]) -> str:

@@ -38,8 +38,8 @@ def scrape(
     stats = result.stats
     say(
         f"scraped {stats.commits_seen} commits of {scraped.where} in {result.duration_s:.2f} s: "
-        f"kept {stats.commits_kept} ({result.sequences['train']} train / {result.sequences['eval']} eval "
-        f"sequences), skipped: {stats.skipped_summary()}"
+        f"kept {stats.commits_kept} ({result.sequences['train']} train / {result.sequences['valid']} validation / "
+        f"{result.sequences['eval']} held-out sequences), skipped: {stats.skipped_summary()}"
         + (
             f"; redacted {sum(stats.redactions.values())} secrets ({_origins(stats.redacted_paths)})"
             if stats.redactions

@@ -11,7 +11,7 @@ leaves nothing a later run would trust.
 Layout of one entry (`cache_dir/tokens-<key>/`):
 
     tokenizer/          the tokenizer (tiny's is trained on the corpus, so it is part of the cache)
-    train/, eval/       Arrow datasets: input_ids, loss_mask (1 where a token carries a loss), length,
+    train/, valid/, eval/  Arrow datasets: input_ids, loss_mask (1 where a token carries a loss), length,
                         commit, format (see pipeline.examples for how a record becomes tokens)
     blocks-<L>/         packed blocks for block size L (see pipeline.dataset)
     meta.json           the key's inputs and counts
@@ -38,8 +38,9 @@ from pipeline.hardware import usable_cores
 from pipeline.progress import Progress, say
 from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle
 from scrapers.errors import RepositoryError
+from scrapers.scrape import SPLITS
 
-CACHE_FORMAT = 3  # bump when the layout or the tokenization changes
+CACHE_FORMAT = 4  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
 TOKENIZE_CHUNK = 256  # sequences per unit of work (and of progress)
 PLAN_SAMPLE = 1000  # training sequences `plan` tokenizes to estimate a larger history it has not cached
@@ -155,8 +156,8 @@ def tokenize_sequences(
     from datasets import Dataset
 
     datasets.disable_progress_bars()  # saving is quick; the progress that matters is tokenizing's own
-    counts = {"train_sequences": 0, "train_tokens": 0, "eval_sequences": 0, "eval_tokens": 0}
-    for split in ("train", "eval"):
+    counts = {f"{split}_{what}": 0 for split in SPLITS for what in ("sequences", "tokens")}
+    for split in SPLITS:
         rows = [record for record in records if record["split"] == split]
         if not rows:
             continue
@@ -269,9 +270,7 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
     def build(staging: Path) -> dict[str, int]:  # only on a cache miss: a hit reads none of the sequences
         records = list(read_sequences(scraped.sequences_path))
         if every > 1:  # every k-th of each split, newest first as they are listed
-            records = [
-                r for split in ("train", "eval") for r in [r for r in records if r["split"] == split][::every]
-            ]
+            records = [r for split in SPLITS for r in [r for r in records if r["split"] == split][::every]]
         tokenizer = (
             pretrained
             if pretrained is not None
@@ -285,7 +284,7 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
     config = model_config(model_name, tokenizer)
     meta = cache.meta()
     counts = {
-        name: meta[name] for name in ("train_sequences", "eval_sequences", "train_tokens", "eval_tokens")
+        f"{split}_{what}": meta[f"{split}_{what}"] for split in SPLITS for what in ("sequences", "tokens")
     }
     stats, estimate = cache.stats(), None
     if every > 1:
@@ -313,13 +312,14 @@ def _scaled(
     sequences around it, in order (newest first), to the split's real count."""
     total = split["train_sequences"]
     lengths = [length for length in stats.newest_first for _ in range(every)][:total]
-    eval_scale = split["eval_sequences"] / counts["eval_sequences"] if counts["eval_sequences"] else 0
-    return DataStats.from_lengths(lengths), {
-        "train_sequences": total,
-        "eval_sequences": split["eval_sequences"],
-        "train_tokens": sum(lengths),
-        "eval_tokens": round(counts["eval_tokens"] * eval_scale),
-    }
+    scaled = {"train_sequences": total, "train_tokens": sum(lengths)}
+    for name in SPLITS[1:]:  # the held-out splits: their sampled tokens scaled to their real counts
+        sampled = counts[f"{name}_sequences"]
+        scaled[f"{name}_sequences"] = split[f"{name}_sequences"]
+        scaled[f"{name}_tokens"] = (
+            round(counts[f"{name}_tokens"] * split[f"{name}_sequences"] / sampled) if sampled else 0
+        )
+    return DataStats.from_lengths(lengths), scaled
 
 
 def cache_summary(data: Data, seconds: float) -> str:
@@ -331,8 +331,10 @@ def cache_summary(data: Data, seconds: float) -> str:
         [
             f"token cache {cache.key} ({state})",
             f"  location   {cache.directory}",
-            f"  sequences  {counts['train_sequences']} train, {counts['eval_sequences']} held out",
-            f"  tokens     {counts['train_tokens']} train, {counts['eval_tokens']} held out",
+            f"  sequences  {counts['train_sequences']} train, {counts['valid_sequences']} validation, "
+            f"{counts['eval_sequences']} held out",
+            f"  tokens     {counts['train_tokens']} train, {counts['valid_tokens']} validation, "
+            f"{counts['eval_tokens']} held out",
             f"  blocks     {packed.train.blocks} train, {held_out} held out, of {packed.train.block_size} tokens "
             f"({packed.train.efficiency:.1%} filled)",
             f"  took       {seconds:.2f} s",

@@ -71,8 +71,8 @@ class RepotuneTrainer(Trainer):
             return per_answer_loss(*answer_logits(model, inputs))
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """Held-out loss as the evaluations before and after training score it (token-weighted over every
-        format's blocks), so the history during training compares with them."""
+        """Validation loss, computed as the held-out loss before and after training is (token-weighted over
+        every format's blocks)."""
         scored = held_out_loss(
             self.model,
             eval_dataset or self.eval_dataset,
@@ -116,6 +116,9 @@ class TrainingHistory(TrainerCallback):
     start_step: int = 0
     """The step training began at in this process (a resumed run's checkpoint step)."""
     train_runtime_s: float | None = None
+    kept: dict[str, Any] | None = None
+    """The step whose adapter weights were kept (the best on validation, or the last) and why training
+    stopped where it did; None without validation during training."""
     _epoch_started: float = 0.0
     _epoch_losses: list[float] = field(default_factory=list)
     _epoch_first_block: int = 0
@@ -162,11 +165,11 @@ class TrainingHistory(TrainerCallback):
         now = time.perf_counter()
         self.step_time_s.append(now - self._last_step_end)
         self._last_step_end = now
-        # Always record the final step, so the history (and summary.last) ends where training did; the
-        # Trainer's own evaluation there would repeat the one after training, which scores the tasks too.
+        # Always record the final step, so the history (and summary.last) ends where training did; and with
+        # validation during training, score the last step too: it competes with the best one.
         if state.global_step == state.max_steps:
             control.should_log = True
-            control.should_evaluate = False
+            control.should_evaluate = args.eval_strategy != "no"
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
@@ -242,8 +245,61 @@ class TrainingHistory(TrainerCallback):
                 "train_runtime_s": round(self.train_runtime_s, 3) if self.train_runtime_s else None,
                 "diverged": self.diverged,
                 "time_limit": self.time_limit,
+                "kept": self.kept,
             },
             "learning_rate": {"history": self.lr_history},
+        }
+
+
+class KeepBest(TrainerCallback):
+    """The adapter weights that scored the lowest validation loss, kept in memory (LoRA's are megabytes),
+    and early stopping: training stops after `patience` validations in a row without a new best. After
+    training, `restore` puts the best weights back when the last step is not the best."""
+
+    def __init__(self, model, patience: int | None):
+        self.model, self.patience = model, patience
+        self.best: dict[str, Any] | None = None
+        self.last: dict[str, Any] | None = None
+        self.stopped: dict[str, Any] | None = None
+        self._weights: dict[str, Any] | None = None
+        self._worse = 0
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        loss = (metrics or {}).get("eval_loss")
+        if loss is None or not math.isfinite(loss) or not state.global_step:
+            return
+        self.last = {"step": state.global_step, "validation_loss": round(loss, 6)}
+        if self.best is None or loss < self.best["validation_loss"]:
+            self.best, self._worse = dict(self.last), 0
+            self._weights = {
+                name: tensor.detach().clone()
+                for name, tensor in self.model.state_dict().items()
+                if "lora_" in name or "modules_to_save" in name
+            }
+            return
+        self._worse += 1
+        if self.patience and self._worse >= self.patience and state.global_step < state.max_steps:
+            self.stopped = {
+                "step": state.global_step,
+                "reason": f"validation loss did not improve on step {self.best['step']}'s "
+                f"{self.best['validation_loss']:.4f} in {self._worse} validations (patience {self.patience})",
+            }
+            control.should_training_stop = True
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the best weights if the last validation is not the best; what was kept, and why."""
+        if self.best is None:
+            return None
+        kept_best = self.last is not None and self.last["step"] != self.best["step"]
+        if kept_best:
+            self.model.load_state_dict(self._weights, strict=False)
+        return {
+            "kept": "best" if kept_best else "last",
+            "step": self.best["step"] if kept_best else self.last["step"],
+            "validation_loss": self.best["validation_loss"],
+            "last_step": self.last["step"],
+            "last_validation_loss": self.last["validation_loss"],
+            "stopped_early": self.stopped,
         }
 
 
@@ -410,8 +466,9 @@ class Job:
 
     model: Any
     train: PackedSplit
-    held_out: dict[str, Any] | None
-    """Held-out blocks by format, scored during training as before and after it."""
+    validation: dict[str, Any] | None
+    """Validation blocks by format, scored during training: the checkpoint kept and when to stop are
+    chosen on them (never on the held-out commits)."""
     plan: Plan
     checkpoint_dir: Path
     data_key: str
@@ -596,7 +653,7 @@ def build_trainer(job: Job, history: TrainingHistory, time_limit: float | None) 
         model=job.model,
         args=training_arguments(job.plan, job.checkpoint_dir),
         train_dataset=job.train.dataset(),
-        eval_dataset=job.held_out,
+        eval_dataset=job.validation or None,
         data_collator=default_data_collator,
         callbacks=[history, CheckpointStamp(job.stamp, job.facts, job.tokenizer)]
         + ([TimeLimit(time_limit, history)] if time_limit else []),
@@ -632,7 +689,9 @@ def _train_retrying(
     while True:
         trainer = build_trainer(job, history, time_limit)
         stop = GracefulStop(job.coordinator.any)
+        keep = KeepBest(job.model, job.plan.early_stopping_patience)
         trainer.add_callback(stop)
+        trainer.add_callback(keep)
         try:
             with stop:
                 trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -667,4 +726,7 @@ def _train_retrying(
             signum=stop.received,
             checkpointed=True,
         )
+    if keep.last is not None and keep.last["step"] != trainer.state.global_step:
+        trainer.evaluate()  # a time limit or an early stop ended training between two validations
+    history.kept = keep.restore()
     return job.plan

@@ -140,7 +140,7 @@ class Speed:
 
     tokens_per_s: float
     how: str
-    """How it was measured, e.g. `the fastest of 3 forward and backward passes on a 1024-token block`."""
+    """How it was measured, e.g. `forward and backward passes on 3 training blocks spread over the data`."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,7 @@ class Plan:
     eval_blocks: int | None
     logging_steps: int
     eval_steps: int | None
+    early_stopping_patience: int | None
     save_steps: int
     save_total_limit: int
     fsdp: str
@@ -280,12 +281,18 @@ class Packed:
     """How sequences were laid out in blocks, for people."""
     left_out: dict[str, Any] | None = None
     """What a time budget did not train on: sequences, tokens, reason."""
+    validation: dict[str, PackedSplit] = field(default_factory=dict)
+    """The validation commits' blocks by format: every choice is made on them, never on the held-out ones."""
     sample: bool = False
     """Blocks of a sample only (`plan`'s estimate): not the data's, so not recorded as its."""
 
     def held_out_blocks(self, limit: int | None) -> dict[str, Any]:
         """Each format's held-out blocks as a dataset, the first `limit` of them (all for None)."""
         return {name: split.dataset(limit) for name, split in self.held_out.items()}
+
+    def validation_blocks(self, limit: int | None) -> dict[str, Any]:
+        """Each format's validation blocks as a dataset, the first `limit` of them (all for None)."""
+        return {name: split.dataset(limit) for name, split in self.validation.items()}
 
 
 @dataclass(frozen=True)
@@ -312,21 +319,85 @@ class Loaded:
 
 
 @dataclass(frozen=True)
+class PastCommit:
+    """A kept commit as retrieval and evaluation see it (its text as scraped: secrets redacted)."""
+
+    sha: str
+    message: str
+    diff: str
+    split: str
+    """`train`, `valid` or `eval` (see scrapers.scrape.SPLITS)."""
+
+
+@dataclass(frozen=True)
+class Past:
+    """The repository's own past, indexed: every kept commit (newest first), and the suggestion system
+    learned from the ones that are not held out (`pipeline.suggestion.Suggester`)."""
+
+    commits: tuple[PastCommit, ...]
+    suggester: Any
+    facts: dict[str, Any]
+    """Index size, build and selector times (the manifest's `retrieval`)."""
+
+    def split(self, name: str) -> list[PastCommit]:
+        return [commit for commit in self.commits if commit.split == name]
+
+
+@dataclass(frozen=True)
+class TaskPrompt:
+    """One question of a task, asked of every system on a held-out (or validation) commit."""
+
+    task: str
+    """`message` (a commit message from its diff) or `code` (the next line of a change)."""
+    commit: str
+    text: str
+    """What a model continues: the prompt rendered in the training style."""
+    given: str
+    """What the prompt gives, for people (the start of the diff, or the lines before the one asked)."""
+    reference: str
+    """What git has: the full message, or the line that was written."""
+    diff: str = ""
+    """The commit's diff (the `message` task: what retrieval looks up)."""
+
+
+@dataclass(frozen=True)
 class Scores:
-    """One evaluation: held-out loss (overall and per format), the task metrics and their samples."""
+    """One system's answers on the held-out commits: held-out loss (a model's, overall and per format),
+    each task's metrics, and the answers themselves (by task, in the order of the prompts)."""
 
     loss: dict[str, Any] | None
     tasks: dict[str, Any] | None
-    samples: list[dict[str, Any]]
+    outputs: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+    cached: bool = False
+    """Read back from the evaluation cache (the base model's scores on the same held-out commits)."""
+
+
+@dataclass(frozen=True)
+class PastScores:
+    """What the repository's past answers on the held-out commits: the lookup, the suggestion system, and
+    which system that is (chosen on the validation commits)."""
+
+    nearest_commit: Scores
+    suggested: Scores
+    system: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Before and after training, on the same held-out commits, and the held-out loss during training."""
+    """Before and after training, on the same held-out commits, beside what the repository's own past
+    offers (the lookup, and the suggestion system the run chose); the validation loss during training."""
 
     before: Scores
     after: Scores | None
     history: list[dict[str, Any]]
+    prompts: tuple[TaskPrompt, ...] = ()
+    nearest_commit: Scores | None = None
+    suggested: Scores | None = None
+    system: dict[str, Any] | None = None
+    """Which system makes the run's suggestions, and the validation scores that chose it."""
+    held_out_commits: dict[str, Any] | None = None
+    """How many held-out commits were scored, and why fewer than asked when they were."""
 
 
 @dataclass(frozen=True)

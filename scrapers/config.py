@@ -111,8 +111,15 @@ class ScrapeConfig:
     """A commit touching more kept files than this is skipped (mass renames, reformatting)."""
     rich_context_lines: int = field(default=10, metadata=NON_NEGATIVE)
     """Context lines around each change in the `rich` format (the others use git's 3)."""
-    eval_fraction: float = field(default=0.05, metadata=FRACTION)
-    """Share of the newest kept commits held out for evaluation (at least one when there are 20 or more)."""
+    eval_commits: int = field(default=100, metadata=NON_NEGATIVE)
+    """The newest kept commits, held out to score the run (never trained on, never retrieved from): 100
+    gives intervals narrow enough to decide; a small history holds out fewer (`holdout_max_share`)."""
+    valid_commits: int = field(default=100, metadata=NON_NEGATIVE)
+    """The kept commits just older than the held-out ones, held out for every choice a run makes (the
+    checkpoint it keeps, when it stops, the suggestion system): never trained on."""
+    holdout_max_share: float = field(default=0.1, metadata=FRACTION)
+    """Most of the kept commits each of the two held-out splits may take, so a small history still trains
+    on most of itself (the held-out split keeps at least one commit from 20 up)."""
     workers: int | Auto = field(default="auto", metadata=POSITIVE)
     """Parallel git log processes, each over its share of the commits; auto follows the cores and history size."""
 

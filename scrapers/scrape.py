@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class RepositoryScrape:
     info: RepositoryInfo
     stats: ScrapeStats
     train_commits: int
+    valid_commits: int
     eval_commits: int
     workers: int
     duration_s: float
@@ -53,6 +55,7 @@ class RepositoryScrape:
             "head": self.info.head,
             **self.stats.to_manifest(),
             "train_commits": self.train_commits,
+            "valid_commits": self.valid_commits,
             "eval_commits": self.eval_commits,
             "workers": self.workers,
             "duration_s": round(self.duration_s, 3),
@@ -67,7 +70,7 @@ class ScrapeResult:
     """All repositories together."""
     formats: list[str]
     sequences: dict[str, int]
-    """Sequences written per split (`train`, `eval`)."""
+    """Sequences written per split (`train`, `valid`, `eval`)."""
     duration_s: float
     failed: list[dict[str, str]]
     """Repositories that could not be scraped (path and error), skipped."""
@@ -80,8 +83,10 @@ class ScrapeResult:
             "sequences": sum(self.sequences.values()),
             "split": {
                 "train_commits": sum(r.train_commits for r in self.repositories),
+                "valid_commits": sum(r.valid_commits for r in self.repositories),
                 "eval_commits": sum(r.eval_commits for r in self.repositories),
                 "train_sequences": self.sequences["train"],
+                "valid_sequences": self.sequences["valid"],
                 "eval_sequences": self.sequences["eval"],
             },
             "duration_s": round(self.duration_s, 3),
@@ -134,7 +139,7 @@ def scrape(
     path = output_dir / SEQUENCES_FILE
     partial = path.with_name(path.name + ".partial")
     seen_keys: set[bytes] = set()
-    written = {"train": 0, "eval": 0}
+    written = dict.fromkeys(SPLITS, 0)
     repositories: list[RepositoryScrape] = []
     try:
         with partial.open("wb") as out:
@@ -191,15 +196,16 @@ def _merge(
     for result in results:
         stats.add(result.stats)
     shas = repository.shas
-    split = _assign_splits(shas, results, config.eval_fraction, seen_keys, stats)
+    split = _assign_splits(shas, results, config, seen_keys, stats)
     _write_sequences(shas, repository.tasks, results, split, len(config.formats), out, written)
-    eval_commits = sum(1 for value in split.values() if value == "eval")
+    counts = Counter(split.values())
     return RepositoryScrape(
         name=repository.name,
         info=repository.info,
         stats=stats,
-        train_commits=len(split) - eval_commits,
-        eval_commits=eval_commits,
+        train_commits=counts["train"],
+        valid_commits=counts["valid"],
+        eval_commits=counts["eval"],
         workers=len(repository.tasks),
         duration_s=sum(result.seconds for result in results),
     )
@@ -211,17 +217,19 @@ def shard_count(workers: int | str, commits: int, cores: int) -> int:
     return max(1, min(cores, commits // MIN_COMMITS_PER_SHARD, MAX_AUTO_WORKERS))
 
 
-def eval_count(kept: int, fraction: float) -> int:
-    """How many of the newest kept commits are held out: the fraction, at least one from 20 commits up."""
-    if fraction <= 0:
-        return 0
-    return max(math.floor(kept * fraction), 1 if kept >= 20 else 0)
+def holdout_counts(kept: int, config: ScrapeConfig) -> tuple[int, int]:
+    """How many of the newest kept commits are held out to score the run, and how many just older than
+    those validate its choices: as configured, each at most `holdout_max_share` of the history (the
+    held-out split at least one commit from 20 up)."""
+    most = math.floor(kept * config.holdout_max_share)
+    held_out = max(most, 1 if kept >= 20 and config.holdout_max_share else 0)
+    return min(config.eval_commits, held_out), min(config.valid_commits, most)
 
 
 def _assign_splits(
-    shas, results: list[ShardResult], fraction: float, seen_keys: set[bytes], stats: ScrapeStats
+    shas, results: list[ShardResult], config: ScrapeConfig, seen_keys: set[bytes], stats: ScrapeStats
 ):
-    """sha → "train" / "eval" for every kept, non-duplicate commit, walking newest first."""
+    """sha → "eval" / "valid" / "train" for every kept, non-duplicate commit, walking newest first."""
     kept = {record.sha: record for result in results for record in result.kept}
     unique = []
     for sha in shas:
@@ -236,12 +244,16 @@ def _assign_splits(
             continue
         seen_keys.add(record.key)
         unique.append(sha)
-    held_out = eval_count(len(unique), fraction)
-    return {sha: "eval" if position < held_out else "train" for position, sha in enumerate(unique)}
+    held_out, validation = holdout_counts(len(unique), config)
+    return {
+        sha: "eval" if position < held_out else "valid" if position < held_out + validation else "train"
+        for position, sha in enumerate(unique)
+    }
 
 
+SPLITS = ("train", "valid", "eval")
+"""Oldest to newest: trained on; held out to validate the run's choices; held out to score it."""
 _TRAIN_SUFFIX = b',"split":"train"}\n'
-_EVAL_SUFFIX = b',"split":"eval"}\n'
 
 
 def _write_sequences(
@@ -262,8 +274,9 @@ def _write_sequences(
             reader = readers[index % len(tasks)]
             lines = [reader.readline() for _ in range(per_commit)]
             destination = split.get(sha)
-            if destination == "eval":
-                lines = [line[: -len(_TRAIN_SUFFIX)] + _EVAL_SUFFIX for line in lines]
+            if destination not in (None, "train"):
+                ending = b',"split":"%s"}\n' % destination.encode()
+                lines = [line[: -len(_TRAIN_SUFFIX)] + ending for line in lines]
             if destination:
                 out.writelines(lines)
                 written[destination] += per_commit

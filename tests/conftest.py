@@ -254,7 +254,6 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--set", "plan.gradient_accumulation_steps=1",
         "--set", "eval.samples=1",
         "--set", "eval.message_tokens=16",
-        "--set", "eval.diff_tokens=24",
         "--set", "monitor.collection_interval_seconds=1",
         *[part for override in overrides for part in ("--set", override)],
     ]  # fmt: skip

@@ -222,8 +222,10 @@ def test_report_is_one_page_whose_images_all_decode(cli, two_runs, tmp_path):
     parser = Images()
     parser.feed(page.read_text())
     assert parser.headings == [
-        "Plan", "Training", "Evaluation", "Throughput", "Stages", "Hardware", "Epochs", "Data", "Config"
+        "What it learned", "Samples", "Training", "Throughput", "Stages", "Hardware", "Epochs", "Data", "Config"
     ]  # fmt: skip
+    text = page.read_text()
+    assert text.index("What it learned") < text.index("<summary>Plan") < text.index("Throughput")  # folded
     assert len(parser.sources) >= 2
     for source in parser.sources:
         assert source.startswith("data:image/png;base64,")  # embedded: the page opens offline
@@ -256,7 +258,8 @@ def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
     manifest = read_json(two_runs[0])
     manifest["training_report"]["evaluation"]["samples"]["after"][0]["output"] = "\n\n  \n"
     page = render_report(manifest)
-    assert "commit message from diff: chrf" in page and "change from message: edit_similarity" in page
+    assert "Commit message from its diff" in page and "lookup (most similar past commit)" in page
+    assert "chrF vs lookup" in page and "Next line of a change" in page and "exact match % [95%]" in page
     assert "diff perplexity" in page
     assert "(blank: 5 whitespace characters)" in page
 

@@ -10,11 +10,11 @@ import torch
 
 from pipeline.config import budget_seconds, load_config
 from pipeline.errors import ConfigError
-from pipeline.evaluation import TaskPrompt, score_tasks
+from pipeline.evaluation import score_outputs
 from pipeline.examples import TextStyle, encode_batch
 from pipeline.planner import Footprint, evaluation_interval, make_plan
 from pipeline.trainer import answer_logits, per_answer_loss, sequence_ids
-from pipeline.types import DataStats, ModelFacts, Speed
+from pipeline.types import DataStats, ModelFacts, Speed, TaskPrompt
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine
 
@@ -87,7 +87,7 @@ def newest_first(count: int, tokens: int) -> DataStats:
 def test_a_budget_trains_the_newest_sequences_that_fit_and_says_what_is_left_out():
     loaded = load_config(None)
     data = newest_first(1000, 512)  # blocks of 512 tokens, one sequence each
-    plan = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=Speed(200.0, "a test"), eval_tokens=4096)
+    plan = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=Speed(200.0, "a test"), valid_tokens=4096)
     # 600 s × 80% × 200 tokens/s = 96,000 tokens: 187 blocks of 512.
     assert plan.time_budget_s == 600.0 and plan.measured_tokens_per_s == 200.0
     assert (plan.train_sequences, plan.train_blocks, plan.epochs) == (187, 187, 1)
@@ -138,19 +138,20 @@ def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
             SMOLLM2,
             load_config(None, ["train.time_budget=1h", f"eval.max_blocks={blocks}"]),
             speed=speed,
-            eval_tokens=20_000,
+            valid_tokens=20_000,
         )
         for blocks in (8, 16)
     )
     # 2,880 s of training at 50 tokens/s: 281 blocks of 512, effective batch 2, 141 steps of about 20 s. The
-    # held-out loss on 8 blocks per format costs about 55 s: at most one evaluation per 54 steps.
+    # validation loss on 8 blocks per format costs about 55 s: at most one evaluation per 54 steps.
     assert (cheap.train_blocks, cheap.total_steps, cheap.eval_steps) == (281, 141, 54)
     assert "costs at most 1/20 of the time between two" in cheap.decisions["eval_steps"].reason
     assert cheap.save_steps == 15  # about 10 checkpoints; each step is longer than a minute's share
     # Twice the blocks: about 109 s, so one evaluation per 108 steps at most; the only one would land 33 steps
     # before the end, where the evaluation after training follows soon. None in between.
     assert costly.eval_steps is None
-    assert "before and after training only, not 20× its cost" in costly.decisions["eval_steps"].reason
+    assert "not 20× its cost in between, so the last step is kept" in costly.decisions["eval_steps"].reason
+    assert costly.early_stopping_patience is None and cheap.early_stopping_patience == 3
 
 
 @pytest.mark.parametrize(
@@ -202,16 +203,16 @@ def test_task_scores_use_chrf_edit_similarity_and_flag_blank_outputs():
     prompts = [
         TaskPrompt("message", "a", "", "", "Fix the parser\n\nLonger body."),
         TaskPrompt("message", "b", "", "", "Add tests"),
-        TaskPrompt("diff", "a", "", "", DIFF),
+        TaskPrompt("code", "a", "", "", "    return parse(text)"),
     ]
-    scores = score_tasks(prompts, ["Fix the parser\n\nLonger body.", "  \n", DIFF[:20]], 1.5)
+    outputs = {"message": ["Fix the parser\n\nLonger body.", "  \n"], "code": ["return parse(text)  "]}
+    scores = score_outputs(prompts, outputs)
     message = scores["message"]
     assert message["samples"] == 2 and message["whitespace_only"] == 1
     assert (message["subject_exact_match_pct"], message["first_word_match_pct"]) == (50.0, 50.0)
     assert message["edit_similarity"] == 50.0  # one identical (100), one blank (0)
     assert 0 < message["chrf"] < 100
-    assert scores["diff"]["edit_similarity"] == 100.0  # compared with as much of git's diff as was written
-    assert scores["seconds"] == 1.5
+    assert scores["code"]["exact_match_pct"] == 100.0  # spaces at the line's ends do not count
 
 
 def test_a_cpu_trains_answers_with_segments_attention_no_dropout_and_512_token_sequences():

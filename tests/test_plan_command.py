@@ -54,12 +54,10 @@ def test_a_second_plan_reuses_the_scrape_and_a_changed_config_does_not(cli, samp
     assert "reusing the scrape" in again.err
     manifest = read_json(out / "MANIFEST.json")
     assert manifest["scrape"]["reused"] is True and manifest["training_parameters"]["epochs"] == 5
-    changed = cli(
-        "plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "scrape.eval_fraction=0.2"
-    )
+    changed = cli("plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "scrape.eval_commits=3")
     assert "reusing the scrape" not in changed.err
     sample_repo.commit("Add compute_42", {"pkg/feature_42.py": "X = 42\n"})
-    moved = cli("plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "scrape.eval_fraction=0.2")
+    moved = cli("plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "scrape.eval_commits=3")
     assert "reusing the scrape" not in moved.err  # HEAD moved
 
 

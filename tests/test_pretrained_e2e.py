@@ -40,9 +40,9 @@ def test_held_out_loss_falls_and_the_task_metrics_are_recorded(pretrained_run):
     assert set(before["per_format"]) == {"diff", "message"}
     for when in ("before", "after"):
         tasks = evaluation["tasks"][when]
-        assert tasks["message"]["samples"] == tasks["diff"]["samples"] == 1
-        assert 0 <= tasks["message"]["chrf"] <= 100 and 0 <= tasks["diff"]["edit_similarity"] <= 100
-        assert [sample["task"] for sample in evaluation["samples"][when]] == ["message", "diff"]
+        assert tasks["message"]["samples"] == tasks["code"]["samples"] == 1
+        assert 0 <= tasks["message"]["chrf"] <= 100 and 0 <= tasks["code"]["edit_similarity"] <= 100
+        assert [sample["task"] for sample in evaluation["samples"][when]] == ["message", "code"]
     reference = evaluation["samples"]["after"][0]["reference"]
     assert reference == "Add compute_24 and describe_24"
 

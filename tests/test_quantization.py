@@ -27,9 +27,11 @@ def test_the_base_trains_in_4_bits(quantized_run):
     assert decision == {"value": "4bit", "source": "cli", "reason": "set by --set plan.quantization"}
     model = manifest["model"]
     assert model["quantization"] == "4bit"
-    # 106M linear weights in NF4 (about half a byte each) beside 28M dense embedding weights: about 0.1 GB,
-    # where bf16 takes 0.25 GB and fp32 0.5 GB.
-    assert 0.08 < model["weights_gb"] < 0.13
+    # 106M linear weights in NF4 (about half a byte each) beside 28M dense embedding weights in the compute
+    # dtype: about 0.1 GB in bf16 (0.16 GB with fp32 embeddings, on a CPU without bf16), where a dense bf16
+    # model takes 0.25 GB and fp32 0.5 GB.
+    fp32 = manifest["training_parameters"]["precision"] == "fp32"
+    assert (0.13 if fp32 else 0.08) < model["weights_gb"] < (0.18 if fp32 else 0.13)
     evaluation = manifest["training_report"]["evaluation"]
     assert evaluation["after"]["loss"] < evaluation["before"]["loss"]
     assert manifest["training_report"]["throughput"]["tokens_per_s"] > 0
@@ -39,8 +41,9 @@ def test_the_base_trains_in_4_bits(quantized_run):
 
 def test_generate_loads_the_adapter_on_its_4_bit_base(quantized_run, cli):
     result = cli(
-        "generate", "--adapter", quantized_run, "--task", "message", "--prompt", "def compute_3(values):"
-    )
+        "generate", "--adapter", quantized_run, "--task", "message", "--system", "model",
+        "--prompt", "def compute_3(values):",
+    )  # fmt: skip
     assert result.code == 0, result.err
     assert result.out.strip()
 

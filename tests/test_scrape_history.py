@@ -10,7 +10,7 @@ import pytest
 from pipeline.config import ScrapeConfig
 from scrapers.git import describe_repository, open_repository
 from scrapers.parse import log_format, parse_log
-from scrapers.scrape import eval_count, scrape
+from scrapers.scrape import SPLITS, holdout_counts, scrape
 from tests.conftest import GitRepo, module_source, read_json
 
 
@@ -75,22 +75,25 @@ def test_newest_commits_are_held_out_and_never_trained_on(tmp_path):
     shas = [repo.commit(f"Add compute_{i}", {f"m{i}.py": module_source(i)}) for i in range(1, 41)]
     out = tmp_path / "out"
     out.mkdir()
-    result = scrape([repo.path], ScrapeConfig(eval_fraction=0.1, format=["diff", "message"]), out)
+    config = ScrapeConfig(eval_commits=5, valid_commits=3, format=["diff", "message"])
+    result = scrape([repo.path], config, out)
     records = sequences(out / "sequences.jsonl")
-    held_out = {r["commit"] for r in records if r["split"] == "eval"}
-    trained = {r["commit"] for r in records if r["split"] == "train"}
-    assert held_out == set(shas[-4:])  # the newest 10%
-    assert not held_out & trained
-    assert result.sequences == {"train": 72, "eval": 8}  # two formats per commit, in the same split
+    by_split = {split: {r["commit"] for r in records if r["split"] == split} for split in SPLITS}
+    assert by_split["eval"] == set(shas[-4:])  # the newest, at most 10% of the history
+    assert by_split["valid"] == set(shas[-7:-4])  # just older: every choice is made there
+    assert not by_split["eval"] & by_split["train"] and not by_split["valid"] & by_split["train"]
+    assert result.sequences == {"train": 66, "valid": 6, "eval": 8}  # two formats per commit, in one split
     assert [r["format"] for r in records[:2]] == ["diff", "message"]
 
 
 @pytest.mark.parametrize(
-    ("kept", "fraction", "held"),
-    [(19, 0.05, 0), (20, 0.05, 1), (100, 0.05, 5), (1000, 0.05, 50), (500, 0.0, 0)],
-)
-def test_eval_count(kept, fraction, held):
-    assert eval_count(kept, fraction) == held
+    ("kept", "share", "held", "validated"),
+    [(9, 0.1, 0, 0), (19, 0.1, 1, 1), (20, 0.1, 2, 2), (20, 0.04, 1, 0), (100, 0.1, 10, 10), (1000, 0.1, 100, 100), (5000, 0.1, 100, 100),
+     (500, 0.0, 0, 0), (500, 0.5, 100, 100)],
+)  # fmt: skip
+def test_holdout_counts(kept, share, held, validated):
+    config = ScrapeConfig(holdout_max_share=share)
+    assert holdout_counts(kept, config) == (held, validated)
 
 
 def test_shards_give_the_same_file_as_one_process(messy_repo, tmp_path):

@@ -58,7 +58,11 @@ def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
     assert result.stats.files_skipped == {"binary_file": 1}
     first = lines[0]
     assert set(first) == {"text", "commit", "date", "format", "repo", "split"}
-    assert (first["format"], first["repo"], first["split"]) == ("diff", "sample", "train")
+    assert (first["format"], first["repo"], first["split"]) == ("diff", "sample", "eval")  # the newest
+    assert [line["split"] for line in lines[1:3]] == [
+        "valid",
+        "train",
+    ]  # 11 kept: one held out, one validates
     assert first["text"].startswith(
         "Scale compute_1 by two\n\nThe callers expect doubled totals.\n\ndiff --git a/pkg/feature_1.py b/pkg/feature_1.py\n"
     )

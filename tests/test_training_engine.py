@@ -50,19 +50,23 @@ def test_held_out_loss_falls_and_samples_are_recorded(trained_run):
     assert after["perplexity"] < before["perplexity"]
     assert before["blocks"] == after["blocks"] >= 1
     history, total = evaluation["history"], manifest["training_parameters"]["total_steps"]
-    assert history and all(1 <= entry["step"] < total for entry in history)  # the last one is `after`
-    # Scored as before and after are (token-weighted over the held-out blocks), so they compare:
-    assert history[0]["loss"] < before["loss"] and history[-1]["loss"] >= after["loss"] - 0.05
+    # Validation loss during training (the validation commits, never the held-out ones), the last step too:
+    assert history and all(1 <= entry["step"] <= total for entry in history) and history[-1]["step"] == total
+    kept = manifest["training_report"]["training"]["kept"]
+    best = min(history, key=lambda entry: entry["loss"])
+    assert (kept["step"], kept["validation_loss"]) == (best["step"], best["loss"])
+    assert kept["kept"] == ("last" if best["step"] == total else "best")
     samples = evaluation["samples"]
-    # One held-out commit, asked both ways: its message from its diff, its diff from its message.
-    assert [sample["task"] for sample in samples["after"]] == ["message", "diff"]
-    assert len(samples["before"]) == 2
-    message, change = samples["after"]
-    assert message["reference"] == change["prompt"] == "Add compute_30 and describe_30"
-    assert change["reference"].startswith("diff --git a/pkg/feature_30.py")
+    # Three held-out commits (10% of 30), each asked its message from its diff and a line of its change.
+    assert [sample["task"] for sample in samples["after"]] == ["message"] * 3 + ["code"] * 3
+    assert len(samples["before"]) == len(samples["nearest_commit"]) + 3 == 6
+    message, code = samples["after"][0], samples["after"][3]
+    assert message["reference"] == "Add compute_30 and describe_30"
     assert message["prompt"].startswith("diff --git a/pkg/feature_30.py")
+    assert code["commit"] == message["commit"] and code["reference"] in module_source(30)
+    assert code["prompt"].endswith("\n") and "@@" in code["prompt"]
     tasks = evaluation["tasks"]["after"]
-    assert tasks["message"]["samples"] == tasks["diff"]["samples"] == 1
+    assert tasks["message"]["samples"] == tasks["code"]["samples"] == 3
 
 
 def test_packing_throughput_and_bottleneck_are_reported(trained_run):

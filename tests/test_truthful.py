@@ -173,11 +173,11 @@ def test_plan_estimates_a_large_history_from_a_sample_and_uses_the_cache_when_th
     assert sampled.code == 0, sampled.err
     estimated = read_json(out / "MANIFEST.json")
     assert estimated["dataset"]["estimate"].startswith(
-        "estimated from 6 of 29 training sequences (one in every 5)"
-    )
-    assert "token statistics estimated from 6 of 29" in sampled.err
+        "estimated from 6 of 24 training sequences (one in every 4)"
+    )  # 30 commits: 3 held out, 3 validating, 24 training
+    assert "token statistics estimated from 6 of 24" in sampled.err
     assert [path.name.split("-every")[1] for path in (out / "cache").glob("tokens-*")] == [
-        "5"
+        "4"
     ]  # no full tokenization
     assert cli("prepare", *options).code == 0
     exact = cli("plan", *options)

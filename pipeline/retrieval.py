@@ -1,0 +1,169 @@
+"""The repository's own past: its commits indexed by what their diffs touch, to find the earlier
+commits most like a new diff.
+
+- `past_commits`: every kept commit of `sequences.jsonl` as (message, diff), newest first, with its
+  split (the text is the scrape's, so secrets are already redacted).
+- `Index`: BM25 (the `bm25s` library) over each diff's identifiers, split into their words
+  (`parse_url` → `parse_url`, `parse`, `url`), its file paths' parts and its hunk headings' names:
+  the strongest cheap retriever for commit messages (NNGen, Liu et al. ASE 2018; arXiv 2410.09662). A
+  query names the newest commit its answers may come from (`older_than`), so a held-out commit is
+  never answered from itself, from another held-out commit or from its future.
+- `nearest_commit`: the lookup every evaluation scores beside the model: the message of the most
+  similar earlier commit. A second for a whole history, no model.
+
+Saved beside the adapter (`retrieval/`): bm25s' arrays and the commits' messages and paths (JSON),
+nothing executable.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.examples import prompt_content
+from pipeline.types import PastCommit
+from scrapers.formats import prompt_and_response
+
+INDEX_DIR = "retrieval"
+COMMITS_FILE = "commits.json"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+_PATH_PART = re.compile(r"[/._\-]+")
+
+
+def past_commits(records: Iterable[dict[str, Any]]) -> list[PastCommit]:
+    """Each commit of the sequence records once, as (message, diff), in their order (newest first); a
+    commit needs a `message` or `diff` record (the formats that hold both apart)."""
+    seen: dict[str, PastCommit] = {}
+    for record in records:
+        if record["format"] not in ("message", "diff") or record["commit"] in seen:
+            continue
+        prompt, response = prompt_and_response(record["format"], record["text"])
+        if not prompt:
+            continue
+        content = prompt_content(record["format"], prompt)
+        message, diff = (content, response) if record["format"] == "diff" else (response.strip(), content)
+        seen[record["commit"]] = PastCommit(record["commit"], message.strip(), diff, record["split"])
+    return list(seen.values())
+
+
+def changed_paths(diff: str) -> list[str]:
+    """The files a unified diff changes (their new paths)."""
+    return [line.rsplit(" b/", 1)[-1] for line in diff.splitlines() if line.startswith("diff --git ")]
+
+
+def identifiers(diff: str) -> list[str]:
+    """What a diff is about, as BM25 terms: the parts of its file paths, the names in its hunk headings
+    and changed lines (each whole, lower-cased, and split into its words); context lines and diff
+    syntax are left out: they say what is near the change, not what it is."""
+    terms: list[str] = []
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            for path in changed_paths(line):
+                terms += [part.lower() for part in _PATH_PART.split(path) if part]
+        elif line.startswith(("+++", "---")):
+            continue
+        elif line.startswith(("+", "-")) or line.startswith("@@"):
+            text = line.rpartition("@@")[2] if line.startswith("@@") else line[1:]
+            for name in _IDENTIFIER.findall(text):
+                terms.append(name.lower())
+                words = _WORD.findall(name)
+                if len(words) > 1:
+                    terms += [word.lower() for word in words if len(word) > 1]
+    return terms
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    position: int
+    """The commit's place in the index (0 = the newest)."""
+    score: float
+    message: str
+    sha: str
+
+
+class Index:
+    """BM25 over the identifiers of each commit's diff, newest first, with the commits' messages and
+    paths beside it: what the lookup and the suggestion system answer from."""
+
+    def __init__(
+        self, retriever, shas: list[str], messages: list[str], paths: list[list[str]], seconds: float
+    ):
+        self.retriever = retriever
+        self.shas, self.messages, self.paths = shas, messages, paths
+        self.build_seconds = seconds
+
+    @classmethod
+    def build(cls, commits: Sequence[PastCommit]) -> Index:
+        import bm25s
+
+        started = time.perf_counter()
+        retriever = bm25s.BM25()
+        corpus = [identifiers(commit.diff) or [""] for commit in commits]  # bm25s needs a term per document
+        retriever.index(corpus, show_progress=False)
+        return cls(
+            retriever,
+            [commit.sha for commit in commits],
+            [commit.message for commit in commits],
+            [changed_paths(commit.diff) for commit in commits],
+            time.perf_counter() - started,
+        )
+
+    def __len__(self) -> int:
+        return len(self.shas)
+
+    def nearest(self, diff: str, k: int, older_than: int = -1) -> list[Neighbour]:
+        """The `k` commits whose diffs are most like `diff`, best first, among those at positions after
+        `older_than` (older than it: -1 allows every commit); none that shares no term with it."""
+        return self.nearest_terms(identifiers(diff), k, older_than)
+
+    def nearest_terms(self, query: list[str], k: int, older_than: int = -1) -> list[Neighbour]:
+        """`nearest` for a diff's `identifiers`."""
+        import numpy as np
+
+        allowed = len(self) - older_than - 1
+        if allowed <= 0 or not query:
+            return []
+        mask = np.zeros(len(self), dtype=np.float32)
+        mask[older_than + 1 :] = 1.0
+        documents, scores = self.retriever.retrieve(
+            [query], k=min(k, allowed), show_progress=False, n_threads=1, weight_mask=mask
+        )
+        return [
+            Neighbour(int(position), float(score), self.messages[position], self.shas[position])
+            for position, score in zip(documents[0], scores[0], strict=True)
+            if score > 0
+        ]
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.retriever.save(str(directory), show_progress=False)
+        commits = {"shas": self.shas, "messages": self.messages, "paths": self.paths}
+        (directory / COMMITS_FILE).write_bytes(orjson.dumps(commits))
+
+    @classmethod
+    def load(cls, directory: Path) -> Index:
+        import bm25s
+
+        retriever = bm25s.BM25.load(str(directory), show_progress=False, verbosity=0)
+        commits = orjson.loads((directory / COMMITS_FILE).read_bytes())
+        return cls(retriever, commits["shas"], commits["messages"], commits["paths"], 0.0)
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "commits": len(self),
+            "terms": len(self.retriever.vocab_dict),
+            "build_s": round(self.build_seconds, 3),
+        }
+
+
+def nearest_commit(index: Index, diff: str, older_than: int = -1) -> str:
+    """The lookup: the message of the most similar earlier commit ("" when none shares a term)."""
+    found = index.nearest(diff, 1, older_than)
+    return found[0].message if found else ""

@@ -1,0 +1,259 @@
+"""The suggestion system: the commit message a run offers for a new diff, made from the repository's
+own past.
+
+The lookup (`retrieval.nearest_commit`) offers the message of the most similar earlier commit. The
+selector offers the best of the `k` most similar ones: each candidate (a past message, and its subject
+line alone when it has a body) is described by what retrieval knows (its BM25 score, rank and margin,
+its age, the files both commits touch, its length, how much the other candidates agree with it, how
+many of its words the new diff contains) and a gradient-boosted model (LightGBM) predicts how close it
+is to the message that was really written. That model learns on the repository's own older commits,
+each answered only from commits older than itself, so it never sees a validation or held-out commit.
+
+Which system a run offers (`lookup`, `selector`, or the fine-tuned model's own answer) is decided on
+the validation commits, never on the held-out ones, and recorded with the scores that decided it.
+Saved beside the adapter as text and JSON (LightGBM's model file), nothing executable.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from pipeline.config import RetrievalConfig
+from pipeline.retrieval import INDEX_DIR, Index, Neighbour, changed_paths, identifiers, past_commits
+from pipeline.types import Past, PastCommit
+
+SELECTOR_FILE = "selector.txt"
+SYSTEM_FILE = "system.json"
+SYSTEMS = ("lookup", "selector", "model")
+_WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
+FEATURES = (
+    "bm25_score", "rank", "score_share_of_top", "top_margin", "age_commits_log", "shared_paths",
+    "chars", "lines", "agreement", "query_terms_log", "query_files", "subject_only",
+    "words_in_diff_share", "words_in_diff", "words",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A past message offered for a diff, with what retrieval knows about it."""
+
+    message: str
+    neighbour: Neighbour
+    rank: int
+    subject_only: bool
+
+
+def candidates(neighbours: Sequence[Neighbour]) -> list[Candidate]:
+    """Each neighbour's message, and its subject line alone when it has a body (a body written for
+    another change is often what a suggestion should leave out)."""
+    found = []
+    for rank, neighbour in enumerate(neighbours):
+        found.append(Candidate(neighbour.message, neighbour, rank, False))
+        subject = neighbour.message.split("\n", 1)[0].strip()
+        if subject != neighbour.message:
+            found.append(Candidate(subject, neighbour, rank, True))
+    return found
+
+
+def features(
+    index: Index, query: list[str], query_paths: list[str], position: int, found: list[Candidate]
+) -> list[list[float]]:
+    """One row of FEATURES per candidate; `position`: the query's place in the index (-1 for a diff
+    that is newer than every indexed commit)."""
+    from rapidfuzz.distance import Levenshtein
+
+    if not found:
+        return []
+    top = found[0].neighbour.score
+    scores = sorted({c.neighbour.position: c.neighbour.score for c in found}.values(), reverse=True)
+    margin = (scores[0] - scores[1]) / top if len(scores) > 1 and top else 0.0
+    terms, paths = set(query), set(query_paths)
+    rows = []
+    for candidate in found:
+        neighbour = candidate.neighbour
+        others = [c.message for c in found if c is not candidate]
+        agreement = (
+            sum(Levenshtein.normalized_similarity(candidate.message, o) for o in others) / len(others)
+            if others
+            else 0.0
+        )
+        theirs = set(index.paths[neighbour.position])
+        words = {word.lower() for word in _WORDS.findall(candidate.message)}
+        in_diff = len(words & terms)
+        rows.append(
+            [
+                neighbour.score,
+                candidate.rank,
+                neighbour.score / top if top else 0.0,
+                margin,
+                math.log1p(max(0, neighbour.position - position)),
+                len(paths & theirs) / len(paths | theirs) if paths | theirs else 0.0,
+                len(candidate.message),
+                candidate.message.count("\n") + 1,
+                agreement,
+                math.log1p(len(query)),
+                len(query_paths),
+                float(candidate.subject_only),
+                in_diff / len(words) if words else 0.0,
+                in_diff,
+                len(words),
+            ]
+        )
+    return rows
+
+
+def closeness(output: str, reference: str) -> float:
+    """What the selector learns to predict: the mean of edit similarity and sentence chrF (0–100), the
+    two scores a suggestion is judged by."""
+    from rapidfuzz.distance import Levenshtein
+    from sacrebleu.metrics import CHRF
+
+    return (
+        50 * Levenshtein.normalized_similarity(output, reference)
+        + CHRF().sentence_score(output, [reference]).score / 2
+    )
+
+
+@dataclass(frozen=True)
+class SelectorConfig:
+    k: int
+    """Past commits retrieved for each diff."""
+    history: int
+    """The newest training commits the selector learns from."""
+    seed: int
+
+
+def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorConfig):
+    """A LightGBM regressor from FEATURES to `closeness`, learned on the newest `config.history` training
+    commits of `commits` (at their index positions: the index's own order), each answered from the
+    commits older than itself, and how many it learned from; None when there are too few to learn from."""
+    import lightgbm
+    import numpy as np
+
+    rows: list[list[float]] = []
+    labels: list[float] = []
+    learned = 0
+    for position, commit in enumerate(commits):
+        if commit.split != "train":
+            continue
+        query = identifiers(commit.diff)
+        found = candidates(index.nearest_terms(query, config.k, position))
+        if len(found) < 2:
+            continue
+        rows += features(index, query, changed_paths(commit.diff), position, found)
+        labels += [closeness(candidate.message, commit.message) for candidate in found]
+        learned += 1
+        if learned == config.history:
+            break
+    if learned < MIN_SELECTOR_COMMITS:
+        return None, learned
+    parameters = {
+        "objective": "regression",
+        "learning_rate": 0.05,
+        "num_leaves": 15,
+        "min_data_in_leaf": 20,
+        "feature_fraction": 0.9,
+        "deterministic": True,
+        "num_threads": 1,
+        "seed": config.seed,
+        "verbosity": -1,
+    }
+    data = lightgbm.Dataset(
+        np.asarray(rows, dtype=np.float64), np.asarray(labels), feature_name=list(FEATURES)
+    )
+    return lightgbm.train(parameters, data, num_boost_round=200), learned
+
+
+MIN_SELECTOR_COMMITS = 50  # fewer commits to learn from than this, and the selector is not trusted
+
+
+class Suggester:
+    """The repository's past for new diffs: the index, the selector (if one was learned) and the system
+    the run chose; `suggest` answers with the chosen retrieval system."""
+
+    def __init__(self, index: Index, selector, k: int, system: str = "selector"):
+        self.index, self.selector, self.k, self.system = index, selector, k, system
+
+    def lookup(self, diff: str, older_than: int = -1) -> str:
+        found = self.index.nearest(diff, 1, older_than)
+        return found[0].message if found else ""
+
+    def select(self, diff: str, older_than: int = -1) -> str:
+        """The candidate the selector predicts closest to the message that will be written (the
+        lookup's when there is no selector)."""
+        import numpy as np
+
+        query = identifiers(diff)
+        found = candidates(self.index.nearest_terms(query, self.k, older_than))
+        if not found:
+            return ""
+        if self.selector is None:
+            return found[0].message
+        rows = features(self.index, query, changed_paths(diff), older_than, found)
+        predicted = self.selector.predict(np.asarray(rows, dtype=np.float64))
+        return found[int(np.argmax(predicted))].message
+
+    def suggest(self, diff: str) -> str:
+        """The chosen retrieval system's message for a new diff (the model's is generated elsewhere)."""
+        return self.lookup(diff) if self.system == "lookup" else self.select(diff)
+
+    def save(self, directory: Path) -> None:
+        self.index.save(directory / INDEX_DIR)
+        if self.selector is not None:
+            self.selector.save_model(str(directory / INDEX_DIR / SELECTOR_FILE))
+        facts = {"system": self.system, "k": self.k, "features": list(FEATURES)}
+        (directory / INDEX_DIR / SYSTEM_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
+
+    @classmethod
+    def load(cls, directory: Path) -> Suggester:
+        import lightgbm
+
+        where = directory / INDEX_DIR
+        facts = orjson.loads((where / SYSTEM_FILE).read_bytes())
+        selector = (
+            lightgbm.Booster(model_file=str(where / SELECTOR_FILE))
+            if (where / SELECTOR_FILE).exists()
+            else None
+        )
+        return cls(Index.load(where), selector, facts["k"], facts["system"])
+
+
+def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past:
+    """Every kept commit of the scrape, the index over those that are not held out (the held-out ones
+    are what it is scored on) and the selector learned on its training commits."""
+    from pipeline.dataset import read_sequences
+
+    commits = tuple(past_commits(read_sequences(sequences_path)))
+    known = [commit for commit in commits if commit.split != "eval"]
+    index = Index.build(known)
+    started = time.perf_counter()
+    selector, learned = (
+        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed))
+        if config.selector_history
+        else (None, 0)
+    )
+    facts = {
+        "index": index.to_manifest(),
+        "k": config.k,
+        "selector": None
+        if selector is None
+        else {
+            "commits": learned,
+            "seconds": round(time.perf_counter() - started, 3),
+            "features": list(FEATURES),
+        },
+    }
+    return Past(commits, Suggester(index, selector, config.k), facts)
+
+
+def for_use(past: Past, system: str) -> Suggester:
+    """What a run leaves for new diffs: the index over the whole history (held-out commits included:
+    they are the newest past a new diff has), the selector, and the system the run chose."""
+    return Suggester(Index.build(past.commits), past.suggester.selector, past.suggester.k, system)

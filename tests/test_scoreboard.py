@@ -1,0 +1,271 @@
+"""The scoreboard: the repository's own past as the baseline (never a held-out or newer commit), intervals
+on every score, the next-line code task, the suggestion system chosen on validation, the best
+checkpoint kept."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline.config import RetrievalConfig
+from pipeline.evaluation import (
+    EVALUATION_FILE,
+    next_line,
+    paired_difference,
+    score_code,
+    score_messages,
+    score_past,
+    task_prompts,
+)
+from pipeline.retrieval import Index, identifiers, past_commits
+from pipeline.suggestion import Suggester, learn_past
+from pipeline.types import PastCommit, TextStyle
+from scrapers.config import ScrapeConfig
+from scrapers.scrape import scrape
+from tests.conftest import GitRepo, module_source
+
+ROOT = Path(__file__).resolve().parent.parent
+RAW = TextStyle("raw", "all")
+
+
+def topic_repo(path: Path, commits: int = 40) -> GitRepo:
+    """A history of four recurring kinds of change, each with its own words and files, so that the
+    most similar earlier commit is a real neighbour; the last two commits repeat an older one exactly."""
+    repo = GitRepo(path)
+    kinds = [
+        ("Retry the fetch on timeout", "net/fetch.py", "retry_fetch(timeout, attempts)"),
+        ("Document the cache options", "docs/cache.rst", "cache_options describe eviction"),
+        ("Parse the header of {n} frames", "codec/frames.py", "parse_header(frame_{n})"),
+        ("Tighten the login check", "auth/login.py", "check_login(user, token_hash)"),
+    ]
+    for n in range(commits - 2):
+        message, path_, line = kinds[n % 4]
+        repo.commit(message.format(n=n), {path_: f"# {n}\n{line.format(n=n)}\n" + module_source(n)})
+    repo.commit("Speed up the zorblax", {"z/zorblax.txt": "zorblax_quux = 1\n"})
+    repo.commit("Speed up the zorblax again", {"z/zorblax.txt": "zorblax_quux = 2\n"})
+    return repo
+
+
+def scraped(repo: GitRepo, out: Path, **config) -> list[PastCommit]:
+    out.mkdir(parents=True, exist_ok=True)
+    scrape([repo.path], ScrapeConfig(format=["diff", "message"], **config), out)
+    return past_commits(orjson.loads(line) for line in (out / "sequences.jsonl").read_bytes().splitlines())
+
+
+def test_the_lookup_never_answers_from_a_held_out_or_a_newer_commit(tmp_path):
+    repo = topic_repo(tmp_path / "repo")
+    commits = scraped(repo, tmp_path / "out", eval_commits=4, valid_commits=4)
+    past = learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(selector_history=0), 0)
+    held_out = past.split("eval")
+    assert [c.message for c in held_out[:2]] == ["Speed up the zorblax again", "Speed up the zorblax"]
+    # The newest held-out commit's twin is held out too: the lookup must not find it (nothing else
+    # mentions zorblax), nor answer from any other held-out commit.
+    assert past.suggester.lookup(held_out[0].diff) == ""
+    known = {c.message for c in commits if c.split != "eval"}
+    assert past.suggester.lookup(held_out[1].diff) == ""
+    for commit in held_out[2:]:
+        assert past.suggester.lookup(commit.diff) in known
+    # A query names the newest commit its answers may come from: only older ones are offered.
+    index = past.suggester.index
+    answered = 0
+    for position in range(len(index) - 1):
+        found = index.nearest(commits[len(held_out) + position].diff, 5, older_than=position)
+        assert all(n.position > position for n in found)
+        answered += bool(found)
+    assert answered >= len(index) - 5
+    assert index.nearest(commits[-1].diff, 5, older_than=len(index) - 1) == []  # nothing is older
+
+
+def test_the_lookup_finds_the_commit_that_touched_the_same_names(tmp_path):
+    commits = scraped(topic_repo(tmp_path / "repo"), tmp_path / "out", eval_commits=4, valid_commits=4)
+    index = Index.build([c for c in commits if c.split != "eval"])
+    asked = next(c for c in commits if c.split == "eval" and "fetch" in c.message)
+    assert index.nearest(asked.diff, 1)[0].message == "Retry the fetch on timeout"
+    terms = set(identifiers(asked.diff))
+    assert {
+        "net",
+        "fetch",
+        "compute_36",
+        "compute",
+        "describe_36",
+    } <= terms  # paths, changed names, their words
+    assert "retry_fetch" not in terms  # an unchanged (context) line says what is near, not what changed
+
+
+def test_intervals_and_paired_differences():
+    references = ["Fix the parser", "Add tests for the cache", "Document retries", "Bump the timeout"] * 5
+    outputs = ["Fix the parser", "Add cache tests", "Docs", "Raise the timeout"] * 5
+    scored = score_messages(outputs, references)
+    low, high = scored["chrf_ci95"]
+    assert low <= scored["chrf"] <= high and low < high
+    assert scored["edit_similarity_ci95"][0] <= scored["edit_similarity"] <= scored["edit_similarity_ci95"][1]
+    assert score_messages(outputs, references) == scored  # the same resamples every time
+    same = paired_difference("message", outputs, outputs, references)
+    assert same == {
+        "chrf": 0.0,
+        "chrf_ci95": [0.0, 0.0],
+        "edit_similarity": 0.0,
+        "edit_similarity_ci95": [0.0, 0.0],
+    }
+    better = paired_difference("message", ["x"] * 20, outputs, references)
+    assert better["chrf"] > 0 and better["chrf_ci95"][0] > 0 and better["edit_similarity_ci95"][0] > 0
+    code = score_code(["    return a", "pass"], ["return a", "return b"])
+    assert (code["exact_match_pct"], code["samples"]) == (50.0, 2)
+    assert (
+        paired_difference("code", ["pass", "pass"], ["return a", "pass"], ["return a", "return b"])[
+            "exact_match_pct"
+        ]
+        == 50.0
+    )
+
+
+DIFF = (
+    "diff --git a/pkg/cache.py b/pkg/cache.py\n--- a/pkg/cache.py\n+++ b/pkg/cache.py\n"
+    "@@ -10,4 +10,6 @@ class Cache:\n"
+    "     def get(self, key):\n"
+    "         value = self.store.get(key)\n"
+    "+        if value is None:\n"
+    "+            self.misses += 1\n"
+    "+        }\n"
+    "         return value\n"
+)
+
+
+def test_the_code_task_asks_one_added_line_after_its_path_heading_and_the_lines_before_it():
+    commit = PastCommit("ab" * 20, "Count cache misses", DIFF, "eval")
+    before, line = next_line(commit)
+    assert line in ("        if value is None:", "            self.misses += 1")  # `}` is too short
+    assert before.startswith(
+        "diff --git a/pkg/cache.py b/pkg/cache.py\n--- a/pkg/cache.py\n+++ b/pkg/cache.py\n@@ -10,4"
+    )
+    assert before.endswith("         value = self.store.get(key)\n") or before.endswith(
+        "+        if value is None:\n"
+    )
+    assert next_line(commit) == (before, line)  # the commit's hash chooses, every run the same
+    assert next_line(PastCommit("cd" * 20, "Touch", "diff --git a/x b/x\n@@ -1 +1 @@\n+a\n", "eval")) is None
+    [message, code] = task_prompts([commit], None, RAW, 100, None)
+    assert (message.task, message.reference, code.task, code.reference) == (
+        "message",
+        commit.message,
+        "code",
+        line,
+    )
+    assert code.text.startswith("Count cache misses\n\ndiff --git a/pkg/cache.py") and code.text.endswith(
+        before + "+"
+    )
+
+
+def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_path):
+    topic_repo(tmp_path / "repo", commits=120)
+    scraped(GitRepo(tmp_path / "repo"), tmp_path / "out", eval_commits=10, valid_commits=10)
+    past = learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(k=5), 0)
+    assert past.facts["selector"]["commits"] == 98 and past.facts["index"]["commits"] == 110
+    prompts = task_prompts(past.split("eval"), None, RAW, 100, None)
+    scored = score_past(past, prompts, None, RetrievalConfig())
+    assert (
+        set(scored.system["validation"]) == {"lookup", "selector"}
+        and scored.system["validation_commits"] == 10
+    )
+    assert scored.system["name"] in ("lookup", "selector") and "validation commits" in scored.system["reason"]
+    assert scored.nearest_commit.tasks["message"]["samples"] == 10
+    forced = score_past(past, prompts, None, RetrievalConfig(system="lookup"))
+    assert forced.suggested.outputs == forced.nearest_commit.outputs
+    # Saved and loaded again, it answers the same (text and JSON files only: nothing executable).
+    past.suggester.save(tmp_path / "adapter")
+    again = Suggester.load(tmp_path / "adapter")
+    diff = past.split("eval")[3].diff
+    assert again.select(diff) == past.suggester.select(diff) and again.lookup(diff) == past.suggester.lookup(
+        diff
+    )
+    assert {p.suffix for p in (tmp_path / "adapter" / "retrieval").iterdir()} <= {
+        ".json",
+        ".npy",
+        ".txt",
+        ".jsonl",
+    }
+
+
+def test_keep_best_restores_the_best_weights_and_stops_when_validation_stops_improving():
+    import torch
+    from transformers import TrainerControl, TrainerState
+
+    from pipeline.trainer import KeepBest
+
+    class Adapter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lora_A = torch.nn.Parameter(torch.zeros(2))
+
+    model = Adapter()
+    keep = KeepBest(model, patience=2)
+    state, control = TrainerState(), TrainerControl()
+    state.max_steps = 10
+    for step, loss in ((2, 3.0), (4, 2.0), (6, 2.5), (8, 2.6)):
+        state.global_step = step
+        model.lora_A.data.fill_(step)
+        keep.on_evaluate(None, state, control, metrics={"eval_loss": loss})
+    assert control.should_training_stop and keep.stopped["step"] == 8
+    kept = keep.restore()
+    assert kept["kept"] == "best" and (kept["step"], kept["validation_loss"]) == (4, 2.0)
+    assert (kept["last_step"], kept["last_validation_loss"]) == (8, 2.6)
+    assert model.lora_A.tolist() == [4.0, 4.0]  # the best step's weights, not the last
+    assert KeepBest(model, None).restore() is None  # no validation: nothing to choose
+
+
+def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model(cli, tmp_path):
+    topic_repo(tmp_path / "repo", commits=60)
+    out = tmp_path / "out"
+    args = ["--repo", tmp_path / "repo", "--output-dir", out, "--model", "tiny", "--budget", "none",
+            "--set", "scrape.format=[diff, message]", "--set", "train.epochs=1",
+            "--set", "train.max_sequence_length=128", "--set", "eval.message_tokens=8"]  # fmt: skip
+    result = cli(*args)
+    assert result.code == 0, result.err
+    manifest = orjson.loads((out / "MANIFEST.json").read_bytes())
+    evaluation = manifest["training_report"]["evaluation"]
+    tasks = evaluation["tasks"]
+    lookup, after = tasks["nearest_commit"]["message"], tasks["after"]["message"]
+    assert set(lookup) <= set(after) and lookup["samples"] == after["samples"] == 6  # 10% of 60 kept
+    assert set(after["vs_nearest_commit"]) == {"chrf", "chrf_ci95", "edit_similarity", "edit_similarity_ci95"}
+    assert tasks["after"]["code"]["vs_before"] and tasks["suggested"]["message"]["samples"] == 6
+    assert evaluation["held_out_commits"] == {
+        "asked": 100, "available": 6, "scored": 6,
+        "note": "scored 6 held-out commits, not 100: the history kept 60 commits and at most "
+        "scrape.holdout_max_share of them are held out, so that it still trains on most of itself; "
+        "intervals are wider accordingly",
+    }  # fmt: skip
+    assert "lookup" in result.err and "scored 6 held-out commits, not 100" in result.err
+    assert manifest["retrieval"]["index"]["commits"] == 54  # every commit that is not held out
+    answers = [orjson.loads(line) for line in (out / EVALUATION_FILE).read_bytes().splitlines()]
+    assert len(answers) == 6 + tasks["after"]["code"]["samples"]
+    assert {"base", "fine_tuned", "nearest_commit", "suggested"} <= set(answers[0])
+    assert evaluation["cost"]["before_cached"] is False  # a random base is never cached
+
+    # `generate --task message` answers from the saved past, without importing torch (the hook's path).
+    diff = answers[0]["given"]
+    probe = (
+        "import sys, run_pipeline; code = run_pipeline.main(sys.argv[1:]); "
+        "print('torch' in sys.modules, file=sys.stderr); sys.exit(code)"
+    )
+    system = evaluation["system"]["name"]
+    if system != "model":
+        ran = subprocess.run(
+            [sys.executable, "-c", probe, "generate", "--adapter", str(out), "--task", "message", "--prompt", "-"],
+            input=diff, capture_output=True, text=True, cwd=ROOT, check=False,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stderr.strip().endswith("False") and ran.stdout.strip()
+    wrong = cli("generate", "--adapter", out, "--system", "lookup", "--prompt", "x")
+    assert wrong.code == 2 and "use it with --task message" in wrong.err
+
+
+@pytest.mark.parametrize("kept", [12])
+def test_a_history_too_small_to_hold_out_says_so(cli, tmp_path, kept):
+    repo = topic_repo(tmp_path / "repo", commits=kept)
+    result = cli("--repo", repo.path, "--output-dir", tmp_path / "out", "--model", "tiny", "--budget", "none",
+                 "--set", "train.epochs=1", "--set", "train.max_sequence_length=128")  # fmt: skip
+    assert result.code == 0, result.err
+    assert "scored 1 held-out commits, not 100: the history kept 12 commits" in result.err
