@@ -121,6 +121,7 @@ def train_and_evaluate(
         held_out_note,
         score_past,
         task_prompts,
+        validation_answers,
         write_answers,
     )
     from pipeline.model import CHECKPOINT_DIR, AdapterFacts
@@ -170,12 +171,17 @@ def train_and_evaluate(
     )
     evaluation, suggester = Evaluation(before, after, outcome.evaluations, prompts), None
     if past:
-        scored = record.step("evaluate_past", score_past, past, prompts, after, config.retrieval)
+        answers = None
+        if plan.validate_model:
+            answers = record.step(
+                "evaluate_validation", validation_answers, model.model, past, prepared, outcome.plan,
+                config.eval, config.train.max_prompt_tokens,
+            )  # fmt: skip
+        scored = record.step("evaluate_past", score_past, past, prompts, after, config.retrieval, answers)
         evaluation = Evaluation(
             before, after, outcome.evaluations, prompts, scored.nearest_commit, scored.suggested, scored.system,
-            held_out_note(len(past.split("eval")), plan.eval_samples, data.scraped.summary),
+            held_out_note(len(past.split("eval")), plan.eval_samples, data.scraped.summary), answers,
         )  # fmt: skip
-        record.add(past)
         suggester = for_use(past, scored.system["name"])
     record.add(evaluation)
     for line in format_evaluation(evaluation):

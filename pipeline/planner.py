@@ -57,7 +57,9 @@ PATIENCE = 3  # validations in a row without a new best before training stops (o
 CPU_SEQUENCE_TOKENS = (
     512  # longest answer-with-prompt on a CPU (measured on 2 cores: 11% more tokens/s than 1024)
 )
-CPU_EVAL_BLOCKS = 8  # held-out blocks per format scored for loss on a CPU (about 15 s for two formats)
+CPU_EVAL_BLOCKS = (
+    4  # held-out blocks per format scored for loss on a CPU (about 30 s for two formats without bf16)
+)
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
 BUDGET_TRAIN_SHARE = 0.8  # of a time budget, for training; the rest loads, evaluates and saves
 FORWARD_SPEEDUP = 3  # a forward pass alone runs about 3× a training step's tokens/s (no backward)
@@ -685,6 +687,28 @@ def _workers(blocks: int, hardware: Hardware) -> tuple[int, str]:
     return workers, f"{physical} physical cores // 2, at most {hardware.usable_cores} usable cores - 1"
 
 
+def _validate_model(p: _Planner, device: str) -> None:
+    """Whether the fine-tuned model answers the validation commits, so it can be chosen to suggest."""
+    budget = p.decisions["time_budget_s"].value
+    if not p.is_auto("eval.validate_model"):
+        p.from_config("validate_model", "eval.validate_model")
+    elif device != "cpu" or budget is None:
+        p.planned(
+            "validate_model",
+            True,
+            f"{device}{'' if budget else ', no time budget'}: the fine-tuned model answers the validation "
+            "commits too, so it makes the suggestions where it beats the repository's past there",
+        )
+    else:
+        p.planned(
+            "validate_model",
+            False,
+            f"a CPU with a {budget:.0f} s budget: answering the validation commits would cost as long again "
+            "as the held-out ones (minutes); the suggestions come from the retrieval system that validates "
+            "best (eval.validate_model=true includes the model)",
+        )
+
+
 def _cadence(
     p: _Planner,
     total_steps: int,
@@ -914,6 +938,7 @@ def _evaluation_bound(p: _Planner, device: str) -> int | None:
         f"message of at most {config.message_tokens} new tokens and the next line of a change, greedy, "
         "generated in batches with the KV cache",
     )
+    _validate_model(p, device)
     if not p.is_auto("eval.max_blocks"):
         return p.from_config("eval_blocks", "eval.max_blocks")
     if device != "cpu":

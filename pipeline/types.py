@@ -185,6 +185,7 @@ class Plan:
     prefetch_factor: int | None
     eval_samples: int
     eval_blocks: int | None
+    validate_model: bool
     logging_steps: int
     eval_steps: int | None
     early_stopping_patience: int | None
@@ -398,6 +399,8 @@ class Evaluation:
     """Which system makes the run's suggestions, and the validation scores that chose it."""
     held_out_commits: dict[str, Any] | None = None
     """How many held-out commits were scored, and why fewer than asked when they were."""
+    model_validation: Scores | None = None
+    """The fine-tuned model's answers to the validation commits (when the plan has it answer them)."""
 
 
 @dataclass(frozen=True)
