@@ -179,7 +179,8 @@ def train_and_evaluate(
             )  # fmt: skip
         scored = record.step("evaluate_past", score_past, past, prompts, after, config.retrieval, answers)
         evaluation = Evaluation(
-            before, after, outcome.evaluations, prompts, scored.nearest_commit, scored.suggested, scored.system,
+            before, after, outcome.evaluations, prompts, scored.nearest_commit, scored.selector, scored.suggested,
+            scored.system,
             held_out_note(len(past.split("eval")), plan.eval_samples, data.scraped.summary), answers,
         )  # fmt: skip
         suggester = for_use(past, scored.system["name"])

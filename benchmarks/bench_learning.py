@@ -135,9 +135,9 @@ def report(budget: str, output: Path, shown: int) -> bool:
 
     for row in asked[:shown]:
         print(f"\ncommit {row['commit'][:10]}")
-        for key, label in (("reference", "git has"), ("nearest_commit", "lookup"), ("suggested", "suggested"),
-                           ("fine_tuned", "fine-tuned"), ("base", "base")):  # fmt: skip
-            print(f"  {label:<11}: {_line(row[key] or '')}")
+        for key, label in (("reference", "git has"), ("nearest_commit", "lookup"), ("selector", "selector"),
+                           ("suggested", "suggested"), ("fine_tuned", "fine-tuned"), ("base", "base")):  # fmt: skip
+            print(f"  {label:<11}: {_line(row.get(key) or '')}")
 
     suggested = messages["suggested"]["vs_nearest_commit"] if messages["suggested"] else {}
     goals = [

@@ -518,20 +518,23 @@ def score_past(
             compared["model"] = {key: scored[key] for key in ("chrf", "edit_similarity")}
     system, reason = _choose_system(config.system, compared, after)
     started = time.perf_counter()
-    if system == "selector":
-        outputs = [suggester.select(p.diff) for p in asked]
-    elif system == "model":
-        outputs = list((after.outputs if after else {}).get("message") or [])
-    else:
-        outputs = lookup
-    suggested = Scores(
-        None,
-        score_outputs(prompts, {"message": outputs}),
-        {"message": outputs},
-        time.perf_counter() - started,
-    )
+    selected = None
+    if suggester.selector is not None:  # scored whichever system suggests: retrieval without the model
+        picked = [suggester.select(p.diff) for p in asked]
+        selected = Scores(
+            None,
+            score_outputs(prompts, {"message": picked}),
+            {"message": picked},
+            time.perf_counter() - started,
+        )
+    outputs = {
+        "lookup": lookup,
+        "selector": selected.outputs["message"] if selected else lookup,
+        "model": list((after.outputs if after else {}).get("message") or []),
+    }[system]
+    suggested = Scores(None, score_outputs(prompts, {"message": outputs}), {"message": outputs})
     chosen = {"name": system, "reason": reason, "validation_commits": len(validation), "validation": compared}
-    return PastScores(nearest, suggested, chosen)
+    return PastScores(nearest, selected, suggested, chosen)
 
 
 def _choose_system(configured: str, compared: dict[str, Any], after: Scores | None) -> tuple[str, str]:
@@ -635,9 +638,6 @@ def _samples(prompts: Sequence[TaskPrompt], scores: Scores | None) -> list[dict[
     return shown
 
 
-SYSTEMS = ("before", "after", "nearest_commit", "suggested")
-
-
 def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
     """The manifest's `training_report.evaluation`."""
     before, after = evaluation.before, evaluation.after or Scores(None, None)
@@ -645,6 +645,7 @@ def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
         "before": evaluation.before,
         "after": evaluation.after,
         "nearest_commit": evaluation.nearest_commit,
+        "selector": evaluation.selector,
         "suggested": evaluation.suggested,
     }
     return {
@@ -661,7 +662,7 @@ def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
             "before_cached": before.cached,
             "after_s": round(after.seconds, 3),
             "retrieval_s": round(
-                sum(s.seconds for s in (evaluation.nearest_commit, evaluation.suggested) if s), 3
+                sum(s.seconds for s in (evaluation.nearest_commit, evaluation.selector) if s), 3
             ),
             "validation_s": round(evaluation.model_validation.seconds, 3)
             if evaluation.model_validation
@@ -679,6 +680,7 @@ def write_answers(path: Path, evaluation: Evaluation) -> Path:
         "base": evaluation.before,
         "fine_tuned": evaluation.after,
         "nearest_commit": evaluation.nearest_commit,
+        "selector": evaluation.selector,
         "suggested": evaluation.suggested,
     }
     position = dict.fromkeys(TASKS, 0)
@@ -725,6 +727,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
         "before": "base model",
         "after": "fine-tuned",
         "nearest_commit": "lookup",
+        "selector": "selector",
         "suggested": "suggested",
     }
     messages = {name: (tasks.get(name) or {}).get("message") for name in labels}
@@ -745,6 +748,8 @@ def format_evaluation(result: Evaluation) -> list[str]:
             if versus:
                 line += f"  vs lookup {_delta(versus, 'chrf')} / {_delta(versus, 'edit_similarity')}"
             lines.append(line)
+        if system:
+            lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
     codes = {name: (tasks.get(name) or {}).get("code") for name in ("before", "after")}
     if codes["before"] and codes["after"]:
         was, now = codes["before"], codes["after"]

@@ -218,6 +218,7 @@ SYSTEM_LABELS = {
     "before": "base model",
     "after": "fine-tuned model",
     "nearest_commit": "lookup (most similar past commit)",
+    "selector": "selector (retrieval without the model)",
     "suggested": "suggested",
 }
 

@@ -380,6 +380,8 @@ class PastScores:
     which system that is (chosen on the validation commits)."""
 
     nearest_commit: Scores
+    selector: Scores | None
+    """The selector's choices, whichever system suggests (None without a selector)."""
     suggested: Scores
     system: dict[str, Any]
 
@@ -394,6 +396,7 @@ class Evaluation:
     history: list[dict[str, Any]]
     prompts: tuple[TaskPrompt, ...] = ()
     nearest_commit: Scores | None = None
+    selector: Scores | None = None
     suggested: Scores | None = None
     system: dict[str, Any] | None = None
     """Which system makes the run's suggestions, and the validation scores that chose it."""
