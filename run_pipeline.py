@@ -177,7 +177,9 @@ def train_and_evaluate(
                 "evaluate_validation", validation_answers, model.model, past, prepared, outcome.plan,
                 config.eval, config.train.max_prompt_tokens,
             )  # fmt: skip
-        scored = record.step("evaluate_past", score_past, past, prompts, after, config.retrieval, answers)
+        scored = record.step(
+            "evaluate_past", score_past, past, prompts, after, config.retrieval, outcome.plan.seed, answers
+        )
         evaluation = Evaluation(
             before, after, outcome.evaluations, prompts, scored.nearest_commit, scored.selector, scored.suggested,
             scored.system,

@@ -490,11 +490,13 @@ def score_past(
     prompts: Sequence[TaskPrompt],
     after: Scores | None,
     config: RetrievalConfig,
+    seed: int,
     model_answers: Scores | None = None,
 ) -> PastScores:
-    """The lookup's and the suggestion system's messages for the held-out commits, the system chosen on
-    the validation commits (each answered from the training commits only: older than all of them;
-    `model_answers`: the fine-tuned model's, when it answered them too)."""
+    """The lookup's, the selector's and the suggestion system's messages for the held-out commits, and
+    the system, chosen on the validation commits and the blocks of commits just older (`backtest`: each
+    answered from commits older than all of it, never from a held-out one); the fine-tuned model, when
+    it answered the validation commits (`model_answers`), against the best retrieval system there."""
     started = time.perf_counter()
     suggester = past.suggester
     asked = [p for p in prompts if p.task == "message"]
@@ -502,24 +504,9 @@ def score_past(
     nearest = Scores(
         None, score_outputs(prompts, {"message": lookup}), {"message": lookup}, time.perf_counter() - started
     )
-
-    validation = past.split("valid")
-    compared: dict[str, Any] = {}
-    if validation:
-        oldest = len(validation) - 1  # the index lists the validation commits first: its newest
-        references = [commit.message for commit in validation]
-        for name, answer in (("lookup", suggester.lookup), ("selector", suggester.select)):
-            if name == "selector" and suggester.selector is None:
-                continue
-            scored = score_messages([answer(commit.diff, oldest) for commit in validation], references)
-            compared[name] = {key: scored[key] for key in ("chrf", "edit_similarity")}
-        if model_answers and model_answers.outputs.get("message"):
-            scored = score_messages(model_answers.outputs["message"], references)
-            compared["model"] = {key: scored[key] for key in ("chrf", "edit_similarity")}
-    system, reason = _choose_system(config.system, compared, after)
-    started = time.perf_counter()
     selected = None
     if suggester.selector is not None:  # scored whichever system suggests: retrieval without the model
+        started = time.perf_counter()
         picked = [suggester.select(p.diff) for p in asked]
         selected = Scores(
             None,
@@ -527,35 +514,64 @@ def score_past(
             {"message": picked},
             time.perf_counter() - started,
         )
+    system, chosen = _choose_system(past, config, seed, model_answers)
     outputs = {
         "lookup": lookup,
         "selector": selected.outputs["message"] if selected else lookup,
         "model": list((after.outputs if after else {}).get("message") or []),
     }[system]
     suggested = Scores(None, score_outputs(prompts, {"message": outputs}), {"message": outputs})
-    chosen = {"name": system, "reason": reason, "validation_commits": len(validation), "validation": compared}
     return PastScores(nearest, selected, suggested, chosen)
 
 
-def _choose_system(configured: str, compared: dict[str, Any], after: Scores | None) -> tuple[str, str]:
-    """The system a run suggests with, and why: as configured, or the best mean of chrF and edit
-    similarity on the validation commits (never the held-out ones)."""
-    if configured != "auto":
-        return configured, "set by retrieval.system"
-    if not compared:
-        return (
-            "lookup",
-            "no validation commits to choose on (a short history): the lookup, which needs no choice",
+def _choose_system(
+    past: Past, config: RetrievalConfig, seed: int, model_answers: Scores | None
+) -> tuple[str, dict[str, Any]]:
+    """The system a run suggests with, and the scores that chose it: as configured, or the retrieval
+    system with the best mean of chrF and edit similarity over the validation block and the blocks
+    older than it, then the fine-tuned model instead where it beats that system on the validation
+    commits (the only ones it answered)."""
+    from pipeline.suggestion import backtest
+
+    blocks = backtest(past, config, seed) if config.system == "auto" else []
+    both = [block for block in blocks if "selector" in block] or blocks
+    means: dict[str, dict[str, float]] = {}
+    for name in ("lookup", "selector"):
+        scored = [score_messages(block[name], block["references"]) for block in both if name in block]
+        if scored:
+            means[name] = {
+                key: round(sum(s[key] for s in scored) / len(scored), 2)
+                for key in ("chrf", "edit_similarity")
+            }
+    facts = {
+        "validation_commits": sum(block["commits"] for block in both),
+        "blocks": len(both),
+        "validation": means,
+    }
+    if config.system != "auto":
+        return config.system, {"name": config.system, "reason": "set by retrieval.system", **facts}
+    if not means:
+        reason = "no validation commits to choose on (a short history): the lookup, which needs no choice"
+        return "lookup", {"name": "lookup", "reason": reason, **facts}
+    mean = lambda scores: (scores["chrf"] + scores["edit_similarity"]) / 2  # noqa: E731
+    best = max(means, key=lambda name: mean(means[name]))
+    listed = ", ".join(
+        f"{n} chrF {means[n]['chrf']:.1f} / ES {means[n]['edit_similarity']:.1f}" for n in means
+    )
+    reason = f"best mean of chrF and edit similarity over {len(both)} blocks of {both[0]['commits']} commits older than the held-out ones ({listed})"
+    if model_answers and model_answers.outputs.get("message") and blocks:
+        first = blocks[0]
+        model = score_messages(model_answers.outputs["message"], first["references"])
+        retrieval = score_messages(first.get(best) or first["lookup"], first["references"])
+        means["model"] = {key: model[key] for key in ("chrf", "edit_similarity")}
+        verdict = mean(model) > mean(retrieval)
+        reason += (
+            f"; on the validation commits the fine-tuned model (chrF {model['chrf']:.1f} / ES "
+            f"{model['edit_similarity']:.1f}) {'beats' if verdict else 'does not beat'} the {best} (chrF "
+            f"{retrieval['chrf']:.1f} / ES {retrieval['edit_similarity']:.1f})"
         )
-    ranked = sorted(
-        compared, key=lambda name: -(compared[name]["chrf"] + compared[name]["edit_similarity"]) / 2
-    )
-    best = ranked[0]
-    scores = ", ".join(
-        f"{name} chrF {compared[name]['chrf']:.1f} / ES {compared[name]['edit_similarity']:.1f}"
-        for name in ranked
-    )
-    return best, f"best mean of chrF and edit similarity on the validation commits ({scores})"
+        best = "model" if verdict else best
+    return best, {"name": best, "reason": reason, **facts}
 
 
 def base_scores_cache(config: EvalConfig, facts: ModelFacts, continuing: bool) -> Path | None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -130,10 +131,11 @@ class SelectorConfig:
     seed: int
 
 
-def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorConfig):
+def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorConfig, start: int = 0):
     """A LightGBM regressor from FEATURES to `closeness`, learned on the newest `config.history` training
-    commits of `commits` (at their index positions: the index's own order), each answered from the
-    commits older than itself, and how many it learned from; None when there are too few to learn from."""
+    commits of `commits` (at their index positions: the index's own order) from position `start` on,
+    each answered from the commits older than itself, and how many it learned from; None when there are
+    too few to learn from."""
     import lightgbm
     import numpy as np
 
@@ -141,7 +143,7 @@ def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorCo
     labels: list[float] = []
     learned = 0
     for position, commit in enumerate(commits):
-        if commit.split != "train":
+        if commit.split != "train" or position < start:
             continue
         query = identifiers(commit.diff)
         found = candidates(index.nearest_terms(query, config.k, position))
@@ -251,6 +253,45 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
         },
     }
     return Past(commits, Suggester(index, selector, config.k), facts)
+
+
+BACKTEST_BLOCKS = (
+    3  # blocks of older commits that, beside the validation commits, choose the retrieval system
+)
+BACKTEST_HISTORY = (
+    500  # commits each of their selectors learns from (the run's own learns from selector_history)
+)
+
+
+def backtest(past: Past, config: RetrievalConfig, seed: int) -> list[dict[str, Any]]:
+    """The lookup and the selector on the validation commits and on BACKTEST_BLOCKS blocks of as many
+    training commits just older than them, each block answered only from commits older than all of it
+    (as the held-out commits are) by a selector learned only on those: one block of 100 commits swings
+    by several points, four rarely agree by chance. A block's `selector` is None when too few older
+    commits remain to learn one."""
+    known = [commit for commit in past.commits if commit.split != "eval"]
+    size = sum(commit.split == "valid" for commit in known)
+    suggester, blocks = past.suggester, []
+    for block in range(1 + BACKTEST_BLOCKS if size else 0):
+        low, high = block * size, (block + 1) * size
+        if high + MIN_SELECTOR_COMMITS > len(known):
+            break
+        selector = suggester.selector
+        if block:  # the run's selector learned on these commits: learn one on older ones only
+            history = SelectorConfig(config.k, min(config.selector_history, BACKTEST_HISTORY), seed)
+            selector, _ = (
+                fit_selector(suggester.index, known, history, start=high)
+                if config.selector_history
+                else (None, 0)
+            )
+        answering = Suggester(suggester.index, selector, config.k)
+        asked = known[low:high]
+        scores = {"commits": len(asked), "lookup": [answering.lookup(c.diff, high - 1) for c in asked]}
+        if selector is not None:
+            scores["selector"] = [answering.select(c.diff, high - 1) for c in asked]
+        scores["references"] = [c.message for c in asked]
+        blocks.append(scores)
+    return blocks
 
 
 def for_use(past: Past, system: str) -> Suggester:

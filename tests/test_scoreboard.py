@@ -163,14 +163,14 @@ def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_
     past = learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(k=5), 0)
     assert past.facts["selector"]["commits"] == 98 and past.facts["index"]["commits"] == 110
     prompts = task_prompts(past.split("eval"), None, RAW, 100, None)
-    scored = score_past(past, prompts, None, RetrievalConfig())
-    assert (
-        set(scored.system["validation"]) == {"lookup", "selector"}
-        and scored.system["validation_commits"] == 10
-    )
-    assert scored.system["name"] in ("lookup", "selector") and "validation commits" in scored.system["reason"]
+    scored = score_past(past, prompts, None, RetrievalConfig(), 0)
+    system = scored.system
+    assert set(system["validation"]) == {"lookup", "selector"}
+    assert (system["blocks"], system["validation_commits"]) == (4, 40)  # the validation commits, 3 older blocks
+    assert system["name"] in ("lookup", "selector") and "over 4 blocks of 10 commits" in system["reason"]
+    assert scored.selector.tasks["message"]["samples"] == 10  # retrieval without the model, whatever suggests
     assert scored.nearest_commit.tasks["message"]["samples"] == 10
-    forced = score_past(past, prompts, None, RetrievalConfig(system="lookup"))
+    forced = score_past(past, prompts, None, RetrievalConfig(system="lookup"), 0)
     assert forced.suggested.outputs == forced.nearest_commit.outputs
     # Saved and loaded again, it answers the same (text and JSON files only: nothing executable).
     past.suggester.save(tmp_path / "adapter")
