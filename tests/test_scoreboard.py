@@ -166,7 +166,10 @@ def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_
     scored = score_past(past, prompts, None, RetrievalConfig(), 0)
     system = scored.system
     assert set(system["validation"]) == {"lookup", "selector"}
-    assert (system["blocks"], system["validation_commits"]) == (4, 40)  # the validation commits, 3 older blocks
+    assert (system["blocks"], system["validation_commits"]) == (
+        4,
+        40,
+    )  # the validation commits, 3 older blocks
     assert system["name"] in ("lookup", "selector") and "over 4 blocks of 10 commits" in system["reason"]
     assert scored.selector.tasks["message"]["samples"] == 10  # retrieval without the model, whatever suggests
     assert scored.nearest_commit.tasks["message"]["samples"] == 10
