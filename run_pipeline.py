@@ -18,8 +18,10 @@ from pipeline.cli import (
     Command,
     command_flags,
     diff_options,
+    export_options,
     generate_options,
     hardware_profile_option,
+    hook_options,
     loaded_config,
     monitor_options,
     parse_args,
@@ -36,6 +38,7 @@ from pipeline.types import Data, Evaluation, Loaded, Packed, Plan, TrainOutcome
 def run(args: argparse.Namespace) -> None:
     """Scrape → tokenize → plan → pack → load → measure → evaluate → train → evaluate → save, then print
     the manifest path. Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
+    from pipeline.card import model_card
     from pipeline.model import save_adapter
 
     loaded = loaded_config(args)
@@ -45,8 +48,9 @@ def run(args: argparse.Namespace) -> None:
         outcome, suggester = train_and_evaluate(record, loaded, data, model, plan, packed, args.resume)
         if record.writes:
             record.step(
-                "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester
-            )
+                "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester,
+                model_card(record.doc),
+            )  # fmt: skip
         record.finish("completed")
     record.announce()
 
@@ -199,6 +203,7 @@ def update(args: argparse.Namespace) -> None:
     """Continue a run's adapter on the commits made since it: check the parent → scrape the new commits →
     tokenize → plan (short warmup, lower peak) → train from the parent's adapter → evaluate on the newest
     commits and on the parent's held-out ones (forgetting) → save, with the lineage in the manifest."""
+    from pipeline.card import model_card
     from pipeline.evaluation import evaluate
     from pipeline.lineage import (
         check_tokenizer,
@@ -233,7 +238,10 @@ def update(args: argparse.Namespace) -> None:
         after = record.step("evaluate_parent_after", evaluate, *loss_only)
         record.add(parent.lineage(forgetting(kept, after)))
         say(describe_forgetting(parent.directory, kept, after))
-        record.step("save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester)
+        record.step(
+            "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester,
+            model_card(record.doc),
+        )  # fmt: skip
         record.finish("completed")
     record.announce()
 
@@ -304,6 +312,32 @@ def generate(args: argparse.Namespace) -> None:
         print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system))
 
 
+def export(args: argparse.Namespace) -> None:
+    """Merge the adapter into its base and write a GGUF file (llama.cpp, Ollama) and a Modelfile."""
+    from pipeline.export import export as write_gguf
+
+    exported = write_gguf(args.adapter, args.output, args.gguf_type)
+    print(
+        f"wrote {exported.gguf} ({exported.gguf_type}, {exported.tensors} tensors, "
+        f"{exported.bytes / 1e6:.0f} MB) and {exported.modelfile}"
+    )
+    print(f"  ollama: cd {exported.gguf.parent} && ollama create repotune -f {exported.modelfile.name}")
+    print(f"  llama.cpp: llama-cli -m {exported.gguf}")
+
+
+def hook(args: argparse.Namespace) -> None:
+    """Install (or uninstall) a prepare-commit-msg hook that suggests a message and never blocks a commit."""
+    from pipeline import hook as commit_hook
+    from pipeline.errors import PipelineError
+
+    if args.action == "uninstall":
+        print(commit_hook.uninstall(args.repo))
+        return
+    if not args.adapter:
+        raise PipelineError("hook install: give --adapter DIR (a run's output directory, or its adapter/)")
+    print(commit_hook.install(args.repo, args.adapter, args.timeout))
+
+
 def diff(args: argparse.Namespace) -> int:
     """What changed between two runs; exit 0 identical, 1 different, 2 a tripped --fail-if."""
     from pipeline.diff import run_diff
@@ -340,6 +374,15 @@ COMMANDS = {
     ),
     "generate": Command(
         generate, "generate with a trained adapter, or merge it into its base model", generate_options, False
+    ),
+    "export": Command(
+        export, "merge the adapter and write a GGUF file for llama.cpp and Ollama", export_options, False
+    ),
+    "hook": Command(
+        hook,
+        "install a git hook that suggests commit messages (never blocking a commit)",
+        hook_options,
+        False,
     ),
     "diff": Command(diff, "compare two manifests: what changed, by how much", diff_options, False),
     "report": Command(

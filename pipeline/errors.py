@@ -24,6 +24,11 @@ class ModelLoadError(PipelineError):
     """The base model or its tokenizer cannot be loaded."""
 
 
+class ExportError(PipelineError):
+    """A model that cannot be written as asked (an architecture or tokenizer GGUF cannot hold, a bad
+    destination)."""
+
+
 class TrainingError(PipelineError):
     """Training cannot start or cannot go on (no data, a diverged loss)."""
 

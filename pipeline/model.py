@@ -456,10 +456,13 @@ def load_model(
     return Loaded(model, base_dir, trainable, plan.quantization, weights_gb)
 
 
-def save_adapter(loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Path, suggester=None) -> Outputs:
-    """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), and
-    the repository's past beside it (`retrieval/`: the index over the whole history, the selector and
-    the suggestion system the run chose: `pipeline.suggestion.Suggester`)."""
+def save_adapter(
+    loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Path, suggester=None, card: str | None = None
+) -> Outputs:
+    """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), the
+    repository's past beside it (`retrieval/`: the index over the whole history, the selector and the
+    suggestion system the run chose: `pipeline.suggestion.Suggester`), and its model card (`card`, in
+    place of peft's empty template)."""
     from pipeline.manifest import sha256_file
     from scrapers.scrape import SEQUENCES_FILE
 
@@ -469,6 +472,10 @@ def save_adapter(loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Pat
     prepared.tokenizer.save_pretrained(adapter_dir)
     if suggester is not None:
         suggester.save(adapter_dir)
+    if card is not None:
+        from pipeline.card import CARD_FILE
+
+        (adapter_dir / CARD_FILE).write_text(card, encoding="utf-8")
     files = [
         {"path": str(path.relative_to(output_dir)), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
         for path in sorted(adapter_dir.rglob("*"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -304,8 +305,15 @@ _WORKER_PROGRESS = None
 
 
 def _set_worker_progress(counter) -> None:
+    """A worker's start: the shared progress counter, and the default signal dispositions back. A
+    forked worker inherits the parent's handlers (the pipeline raises on SIGTERM to record an
+    interruption); in a worker blocked on the pool's task queue such a handler turned the pool's own
+    SIGTERM at shutdown into a worker that never exits, and a pool that waits for it forever. Ctrl-C is
+    the parent's to handle."""
     global _WORKER_PROGRESS
     _WORKER_PROGRESS = counter
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _scrape_with_progress(task: ShardTask) -> ShardResult | str:

@@ -118,7 +118,7 @@ class CliResult:
     err: str
 
 
-MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor"}
+MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor", "export", "hook"}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -233,6 +233,12 @@ def assert_valid_manifest(document) -> None:
 
 
 PRETRAINED = "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def pretrained_run(tmp_path_factory):
+    """One short run of the built-in pretrained model, shared by the modules that read or use it."""
+    return short_pretrained_run(tmp_path_factory.mktemp("pretrained"))
 
 
 def short_pretrained_run(root: Path, *overrides: str) -> Path:

@@ -10,16 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-import pytest
 
 from pipeline.builtin import SOURCE_FILE, builtin_directory, models_cache, source_of
 from tests.conftest import PRETRAINED as MODEL
-from tests.conftest import read_json, short_pretrained_run
-
-
-@pytest.fixture(scope="module")
-def pretrained_run(tmp_path_factory):
-    return short_pretrained_run(tmp_path_factory.mktemp("pretrained"))
+from tests.conftest import read_json
 
 
 def test_the_model_says_what_it_is(pretrained_run):

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""How long the commit hook adds to `git commit`, cold, and where the time goes.
+
+    python benchmarks/bench_hook.py --adapter RUN_DIR --repo /path/to/the/repository [--commits 20]
+
+Clones the repository into a temporary directory, installs the hook with RUN_DIR's adapter, and for
+each of the newest `--commits` commits stages that commit's change on top of its parent and runs `git
+commit` (no editor: the message the hook prepared is what git keeps) twice: without the hook (git's own
+time, the baseline) and with it. Prints p50 / p95 of both and of the difference, and a breakdown of one
+cold suggestion: the interpreter, the imports, loading the index (and selector), and answering. The goal:
+at most 3 s p50 on 2 cores. (Latency only: the replayed commits are in the run's index, so what they
+get suggested says nothing of quality; the run's held-out scores do.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GOAL_S = 3.0
+ENV = {
+    **os.environ,
+    "GIT_EDITOR": "true",
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@example.com",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@example.com",
+}
+
+
+def git(repo: Path, *args: str, data: bytes | None = None) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], input=data, capture_output=True, check=True, env=ENV
+    ).stdout.decode("utf-8", "replace")
+
+
+def stage_commit(repo: Path, sha: str) -> None:
+    """The working tree at `sha`'s parent with `sha`'s change staged."""
+    git(repo, "reset", "--quiet", "--hard")
+    git(repo, "checkout", "--quiet", "--detach", f"{sha}^")
+    change = subprocess.run(
+        ["git", "-C", str(repo), "diff", "--binary", f"{sha}^", sha], capture_output=True, check=True
+    ).stdout
+    git(repo, "apply", "--index", data=change)
+
+
+def timed_commit(repo: Path, hook: bool) -> tuple[float, str]:
+    env = {**ENV, **({} if hook else {"REPOTUNE_HOOK": "off"})}
+    started = time.perf_counter()
+    done = subprocess.run(
+        ["git", "-C", str(repo), "commit", "--quiet", "--allow-empty-message"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"git commit failed: {done.stderr.strip()}")
+    message = git(repo, "log", "-1", "--format=%B").strip()
+    git(repo, "reset", "--quiet", "--soft", "HEAD^")
+    return elapsed, message
+
+
+def breakdown(adapter: Path, repo: Path) -> dict[str, float]:
+    """One cold suggestion, stage by stage, each in a fresh interpreter as the hook runs it."""
+    probe = (
+        "import sys, time; t0 = time.perf_counter(); sys.path[:0] = [sys.argv[1]];"
+        "from pipeline.hook import staged_diff; from pipeline.suggestion import Suggester; t1 = time.perf_counter();"
+        "s = Suggester.load(sys.argv[2]); t2 = time.perf_counter();"
+        "d = staged_diff(); a = s.select(d) if s.system == 'selector' else s.lookup(d); t3 = time.perf_counter();"
+        "print(t1 - t0, t2 - t1, t3 - t2)"
+    )
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-I", "-c", "pass"], check=True)
+    interpreter = time.perf_counter() - started
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", probe, str(ROOT), str(adapter)],
+        cwd=repo, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    imports, load, answer = (float(value) for value in out)
+    return {"interpreter": interpreter, "imports": imports, "load index and selector": load, "answer": answer}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--adapter", required=True, help="a run's output directory, or its adapter/")
+    parser.add_argument("--repo", required=True, help="the repository the run trained on")
+    parser.add_argument("--commits", type=int, default=20, help="newest commits to replay (default 20)")
+    args = parser.parse_args()
+
+    from pipeline.generate import adapter_directory
+    from pipeline.hook import install
+    from pipeline.suggestion import Suggester
+
+    adapter = adapter_directory(args.adapter)
+    system = Suggester.load(adapter).system
+    with tempfile.TemporaryDirectory() as scratch:
+        repo = Path(scratch) / "repo"
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", args.repo, str(repo)], check=True)
+        shas = git(repo, "rev-list", "--no-merges", f"--max-count={args.commits}", "HEAD").split()
+        print(install(repo, adapter, 10.0))
+        plain, hooked, suggested = [], [], 0
+        for sha in shas:
+            stage_commit(repo, sha)
+            plain.append(timed_commit(repo, hook=False)[0])
+            elapsed, message = timed_commit(repo, hook=True)
+            hooked.append(elapsed)
+            suggested += bool(message)
+        stage_commit(repo, shas[0])
+        parts = breakdown(adapter, repo)
+    added = [with_hook - without for with_hook, without in zip(hooked, plain, strict=True)]
+    print(
+        f"\n{len(shas)} commits replayed; the suggestion system is the run's `{system}`; cores: {os.cpu_count()}"
+    )
+    print(f"{'':24}{'p50 s':>8}{'p95 s':>8}")
+    for name, values in (
+        ("git commit, no hook", plain),
+        ("git commit, hook", hooked),
+        ("added by the hook", added),
+    ):
+        print(f"{name:24}{statistics.median(values):8.2f}{percentile(values, 95):8.2f}")
+    print(f"commits given a suggestion: {suggested} of {len(shas)}")
+    print("one cold suggestion: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items()))
+    met = statistics.median(hooked) <= GOAL_S
+    print(
+        f"{'met' if met else 'NOT met'}: git commit with the hook p50 {statistics.median(hooked):.2f} s (goal ≤ {GOAL_S:g} s)"
+    )
+    return 0 if met else 1
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

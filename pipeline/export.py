@@ -1,0 +1,238 @@
+"""Take the model home: the adapter merged into its base and written as one GGUF file (weights,
+tokenizer and chat template inside) that llama.cpp and Ollama load, with an Ollama Modelfile beside it.
+
+The file is written with the `gguf` package's writer (the library llama.cpp's own converter uses), the
+way that converter writes a Llama-architecture model: tensors under llama.cpp's names, the query and
+key projections permuted into its rotary layout, norms in fp32, the byte-level BPE vocabulary and its
+merges, and the run's text style. The Modelfile makes the model a commit-message writer: its template
+is the model's own chat template rendered around the prompt training used, so `git diff --cached |
+ollama run NAME` asks exactly what training taught.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ExportError
+
+GGUF_TYPES = ("f16", "q8_0")
+"""f16 keeps the merged weights; q8_0 halves the file for a small loss. SmolLM2's 576-wide rows are not a
+multiple of 256, so the k-quants (Q4_K and friends) cannot hold it."""
+MODELFILE = "Modelfile"
+PROMPT_MARK, SYSTEM_MARK = "\x00PROMPT\x00", "\x00SYSTEM\x00"
+"""Placeholders rendered through the chat template, then replaced by Ollama's template variables."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    gguf: Path
+    modelfile: Path
+    gguf_type: str
+    bytes: int
+    tensors: int
+
+
+def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> Exported:
+    """Merge `adapter` into its base and write `output` (a .gguf file) and a Modelfile beside it; the
+    file appears whole or not at all."""
+    from pipeline.generate import adapter_directory, load_adapter
+    from pipeline.model import adapter_facts
+
+    destination = Path(output).expanduser()
+    if destination.suffix != ".gguf":
+        raise ExportError(f"--output {output}: name the file to write, ending in .gguf (e.g. model.gguf)")
+    if gguf_type not in GGUF_TYPES:
+        raise ExportError(f"--type {gguf_type}: choose one of {', '.join(GGUF_TYPES)}")
+    directory = adapter_directory(adapter)
+    model, tokenizer = load_adapter(adapter, dense=True)
+    merged = model.merge_and_unload()
+    config = merged.config
+    if config.model_type != "llama":
+        raise ExportError(
+            f"export writes Llama-architecture models (smollm2-135m, tiny, Llama); {config.model_type} is not "
+            "supported yet: `generate --merge DIR` writes a Hugging Face directory that llama.cpp's "
+            "convert_hf_to_gguf.py converts"
+        )
+    vocabulary = _vocabulary(tokenizer, config.vocab_size)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
+    try:
+        tensors = _write(staging, merged, tokenizer, vocabulary, gguf_type, directory)
+        os.replace(staging, destination)
+    finally:
+        staging.unlink(missing_ok=True)
+    style = adapter_facts(directory).style
+    modelfile = destination.with_name(MODELFILE)
+    modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style), encoding="utf-8")
+    return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors)
+
+
+def _write(path: Path, merged, tokenizer, vocabulary: dict[str, Any], gguf_type: str, adapter: Path) -> int:
+    import gguf
+
+    config = merged.config
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(f"repotune {adapter.parent.name}")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(_rope_theta(config))
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type(
+        gguf.LlamaFileType.MOSTLY_F16 if gguf_type == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0
+    )
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(vocabulary["tokens"])
+    writer.add_token_types(vocabulary["types"])
+    writer.add_token_merges(vocabulary["merges"])
+    writer.add_add_bos_token(False)  # training never added one: the chat template or the raw text is all
+    writer.add_add_space_prefix(False)
+    for token, add in (
+        (tokenizer.bos_token_id, writer.add_bos_token_id),
+        (tokenizer.eos_token_id, writer.add_eos_token_id),
+        (tokenizer.unk_token_id, writer.add_unk_token_id),
+        (tokenizer.pad_token_id, writer.add_pad_token_id),
+    ):
+        if token is not None:
+            add(token)
+    if tokenizer.chat_template:
+        writer.add_chat_template(tokenizer.chat_template)
+    count = 0
+    for name, data, raw_type in _tensors(merged, gguf_type):
+        writer.add_tensor(name, data, raw_dtype=raw_type)
+        count += 1
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return count
+
+
+def _tensors(merged, gguf_type: str):
+    """(llama.cpp name, data, GGML type) for every weight, in the merged model's order; a tied output
+    layer is left out (llama.cpp ties it to the embeddings itself, as transformers does)."""
+    import gguf
+    import numpy as np
+
+    config = merged.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    tied = getattr(config, "tie_word_embeddings", False)
+    for hf_name, tensor in merged.state_dict().items():
+        if tied and hf_name == "lm_head.weight":
+            continue
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ExportError(f"export: no llama.cpp name for the weight {hf_name}")
+        data = tensor.detach().float().numpy()
+        if hf_name.endswith("q_proj.weight"):
+            data = _permute(data, config.num_attention_heads, config.num_attention_heads)
+        elif hf_name.endswith("k_proj.weight"):
+            data = _permute(data, config.num_attention_heads, config.num_key_value_heads)
+        if data.ndim == 1:  # norms stay fp32, as llama.cpp expects
+            yield name, data.astype(np.float32), None
+        elif gguf_type == "q8_0":
+            yield (
+                name,
+                gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                gguf.GGMLQuantizationType.Q8_0,
+            )
+        else:
+            yield name, data.astype(np.float16), None
+
+
+def _permute(weights, heads: int, kv_heads: int):
+    """Hugging Face's rotary layout (halves) into llama.cpp's (interleaved pairs), per head: what
+    llama.cpp's converter does and transformers' GGUF loader undoes."""
+    if kv_heads != heads:
+        heads = kv_heads
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def _rope_theta(config) -> float:
+    parameters = getattr(config, "rope_parameters", None) or {}
+    kind = parameters.get("rope_type", "default")
+    if kind != "default":
+        raise ExportError(f"export: rope scaling `{kind}` is not written yet; only plain RoPE models export")
+    return float(parameters.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
+
+
+def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
+    """Tokens in id order with their GGUF types, and the BPE merges, from the tokenizer's own
+    definition; padded to the model's vocabulary size as llama.cpp's converter pads."""
+    import json
+
+    import gguf
+
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    definition = json.loads(backend.to_str()) if backend is not None else {}
+    model, pre = definition.get("model") or {}, definition.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or pre.get("type") != "ByteLevel" or not pre.get("use_regex", True):
+        raise ExportError(
+            "export writes byte-level BPE tokenizers (GPT-2's pre-tokenizer: smollm2-135m, tiny); this "
+            f"model's is {model.get('type')} with {pre.get('type')}"
+        )
+    added = {token["id"]: token for token in definition.get("added_tokens", [])}
+    by_id = {index: token for token, index in model["vocab"].items()}
+    by_id.update({index: token["content"] for index, token in added.items()})
+    size = max(vocab_size, max(by_id) + 1)
+    tokens, types = [], []
+    for index in range(size):
+        if index not in by_id:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif index in added:
+            tokens.append(by_id[index])
+            types.append(gguf.TokenType.CONTROL if added[index]["special"] else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(by_id[index])
+            types.append(gguf.TokenType.NORMAL)
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model.get("merges", [])]
+    return {"tokens": tokens, "types": types, "merges": merges}
+
+
+def ollama_modelfile(gguf_name: str, tokenizer, style) -> str:
+    """An Ollama Modelfile for the GGUF beside it: the commit-message prompt exactly as training asked
+    it (the model's chat template rendered around it, or the raw format), greedy, stopping at the end
+    of the answer."""
+    from pipeline.examples import SYSTEM_PROMPT, render_prompt
+
+    rendered = render_prompt(tokenizer, style, "message", PROMPT_MARK)
+    system = SYSTEM_PROMPT if SYSTEM_PROMPT in rendered else None
+    template = rendered.replace(PROMPT_MARK, "{{ .Prompt }}")
+    if system:
+        template = template.replace(SYSTEM_PROMPT, "{{ .System }}")
+    if '"""' in template:
+        raise ExportError("export: the chat template contains triple quotes, which a Modelfile cannot hold")
+    stops = [tokenizer.eos_token] if tokenizer.eos_token else []
+    stops += [
+        token
+        for token in tokenizer.all_special_tokens
+        if token in template and token not in stops and token != tokenizer.bos_token
+    ]
+    lines = [
+        "# repotune: the fine-tuned model as a commit-message writer. Give it a diff:",
+        f"#   ollama create repotune -f {MODELFILE} && git diff --cached | ollama run repotune",
+        f"FROM ./{gguf_name}",
+        f'TEMPLATE """{template}"""',
+    ]
+    if system:
+        lines.append(f'SYSTEM """{system}"""')
+    lines += [f'PARAMETER stop "{stop}"' for stop in stops]
+    lines += ["PARAMETER temperature 0", "PARAMETER num_predict 128"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,183 @@
+"""A `prepare-commit-msg` hook that suggests a message for the staged diff, and never blocks a commit.
+
+`install` writes a small POSIX shell hook into the repository's hooks directory (`git rev-parse
+--git-path hooks`, so `core.hooksPath` is honoured). The shell part decides whether to suggest at all:
+not for `-m`/`-F`, merges, squashes, amends (`commit` source), or while a rebase, cherry-pick or revert
+is under way, and not when the interpreter it was installed with is gone. Then `suggest` (below) runs in
+an isolated interpreter (`python -I`: the committed repository's files and environment variables cannot
+shadow a module) with a hard deadline: the kernel ends it at `--timeout` seconds whatever it is doing
+(SIGALRM's default action), and the message file is only ever replaced whole, so a timeout, a crash, a
+moved adapter or a broken environment leaves git's message as it was. The hook always exits 0 after
+its own work, with one line on stderr at most.
+
+The suggestion comes from the system the run chose (`adapter/retrieval/system.json`): the lookup or the
+selector answer in well under a second; where the run chose the fine-tuned model, the retrieval
+system's answer is written first and the model's replaces it if it comes within the deadline.
+
+An existing hook that is not repotune's is kept and run first (`prepare-commit-msg.repotune-previous`);
+`uninstall` puts it back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+HOOK = "prepare-commit-msg"
+PREVIOUS = f"{HOOK}.repotune-previous"
+MARK = "# repotune prepare-commit-msg hook"
+MAX_DIFF_BYTES = 1_000_000  # a larger staged diff is read this far: the suggestion needs its start, not all
+ROOT = Path(__file__).resolve().parent.parent
+_INDEX_LINE = re.compile(r"index [0-9a-f]+\.\.[0-9a-f]+")
+
+SCRIPT = """#!/bin/sh
+{mark} (`run_pipeline.py hook install`; `run_pipeline.py hook uninstall` removes it).
+# Suggests a commit message for the staged diff. It never blocks a commit: whatever goes wrong, the
+# message stays as git had it and the hook exits 0. REPOTUNE_HOOK=off skips it for one command.
+python={python}
+adapter={adapter}
+timeout={timeout}
+previous="$(dirname "$0")/{previous}"
+if [ -x "$previous" ]; then
+    "$previous" "$@" || exit $?  # the hook that was here first keeps its say
+fi
+case "$2" in message|merge|squash|commit) exit 0 ;; esac
+[ "$REPOTUNE_HOOK" = off ] && exit 0
+git_dir=$(git rev-parse --git-dir 2>/dev/null) || exit 0
+for busy in rebase-merge rebase-apply CHERRY_PICK_HEAD REVERT_HEAD MERGE_HEAD; do
+    [ -e "$git_dir/$busy" ] && exit 0
+done
+if [ ! -x "$python" ]; then
+    echo "repotune: no suggestion: $python is gone (run_pipeline.py hook install again)" >&2
+    exit 0
+fi
+"$python" -I -c {launcher} "$1" "$adapter" "$timeout" 2>/dev/null
+status=$?
+if [ "$status" -eq 142 ]; then
+    echo "repotune: no suggestion within ${{timeout}}s; the message is as git had it" >&2
+elif [ "$status" -ne 0 ]; then
+    echo "repotune: no suggestion (exit $status; run_pipeline.py generate --adapter $adapter --task message says why)" >&2
+fi
+exit 0
+"""
+
+
+def install(repo: str | Path, adapter: str | Path, timeout: float) -> str:
+    """Write the hook into `repo`, keeping a hook that is already there (run first); what was done."""
+    from pipeline.errors import PipelineError
+    from pipeline.generate import adapter_directory
+
+    if not 0 < timeout <= 600:
+        raise PipelineError(f"--timeout {timeout}: give the seconds a suggestion may take (e.g. 5)")
+    directory = adapter_directory(adapter).resolve()
+    hooks = hooks_directory(repo)
+    hook, previous = hooks / HOOK, hooks / PREVIOUS
+    kept = ""
+    if hook.exists() and not _ours(hook):
+        if previous.exists():
+            raise PipelineError(
+                f"{hook} is not repotune's and {previous.name} is taken: move one of them away first"
+            )
+        hook.rename(previous)
+        kept = f"; the hook that was there runs first ({previous.name})"
+    launcher = f"import sys; sys.path[:0] = [{str(ROOT)!r}]; from pipeline.hook import suggest; suggest(sys.argv[1:])"
+    text = SCRIPT.format(
+        mark=MARK,
+        python=shlex.quote(sys.executable),
+        adapter=shlex.quote(str(directory)),
+        timeout=shlex.quote(f"{timeout:g}"),
+        previous=PREVIOUS,
+        launcher=shlex.quote(launcher),
+    )
+    hooks.mkdir(parents=True, exist_ok=True)
+    staging = hooks / f".{HOOK}.repotune.tmp"
+    staging.write_text(text, encoding="utf-8")
+    staging.chmod(0o755)
+    os.replace(staging, hook)
+    return f"installed {hook}: suggestions from {directory} within {timeout:g} s{kept}"
+
+
+def uninstall(repo: str | Path) -> str:
+    """Remove repotune's hook and put back the one it set aside; what was done."""
+    from pipeline.errors import PipelineError
+
+    hooks = hooks_directory(repo)
+    hook, previous = hooks / HOOK, hooks / PREVIOUS
+    if hook.exists() and not _ours(hook):
+        raise PipelineError(f"{hook} is not repotune's: left as it is")
+    if not hook.exists():
+        return f"no repotune hook in {hooks}"
+    hook.unlink()
+    if previous.exists():
+        previous.rename(hook)
+        return f"removed repotune's hook; {hook} is the one that was there before"
+    return f"removed {hook}"
+
+
+def hooks_directory(repo: str | Path) -> Path:
+    from pipeline.errors import PipelineError
+
+    path = Path(repo).expanduser()
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--path-format=absolute", "--git-path", "hooks"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        raise PipelineError(f"--repo {repo}: not a git repository") from None
+    return Path(found)
+
+
+def _ours(hook: Path) -> bool:
+    try:
+        return MARK in hook.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def suggest(argv: list[str]) -> None:
+    """The hook's work: MESSAGE_FILE ADAPTER TIMEOUT. Ended by the kernel at the deadline; the message
+    file is replaced whole or not at all."""
+    message_file, adapter, timeout = Path(argv[0]), Path(argv[1]), float(argv[2])
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    diff = staged_diff()
+    if not diff.strip():
+        return
+    from pipeline.suggestion import Suggester
+
+    original = message_file.read_text(encoding="utf-8", errors="replace")
+    suggester = Suggester.load(adapter)
+    answer = suggester.select(diff) if suggester.system == "selector" else suggester.lookup(diff)
+    if answer:
+        _write(message_file, answer, original)
+    if suggester.system == "model":
+        from pipeline.generate import generate
+
+        written = generate(adapter, diff, 64, task="message", system="model").strip()
+        if written:
+            _write(message_file, written, original)
+
+
+def staged_diff() -> str:
+    """The staged change as training saw changes (git's unified diff without its `index` lines: their
+    hashes teach nothing), never through the repository's external diff or textconv programs, at
+    most MAX_DIFF_BYTES of it."""
+    output = subprocess.run(
+        ["git", "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv", "-M"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    text = output[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")
+    return "".join(line for line in text.splitlines(keepends=True) if not _INDEX_LINE.match(line))
+
+
+def _write(message_file: Path, suggestion: str, original: str) -> None:
+    """The suggestion above what git wrote (its comments, a template), replacing the file whole."""
+    staging = message_file.with_name(f".{message_file.name}.repotune.tmp")
+    staging.write_text(f"{suggestion.strip()}\n\n{original}", encoding="utf-8")
+    os.replace(staging, message_file)

@@ -1,0 +1,290 @@
+"""Taking the model home: its model card, its GGUF export (llama.cpp, Ollama), and the commit hook that
+suggests a message and never blocks a commit."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import run_pipeline
+from tests.conftest import FAST_TRAINING, GIT_ENV, GitRepo, module_source, read_json
+
+PROMPTS = [
+    "def compute_3(values):",
+    "Add compute_7 and describe_7",
+    "diff --git a/pkg/feature_2.py b/pkg/feature_2.py\n+    return total * 2\n",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("take-home")
+    repo = GitRepo(root / "repo")
+    for index in range(1, 31):
+        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    out = root / "out"
+    argv = ["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=1"]
+    assert run_pipeline.main(argv) == 0
+    return out
+
+
+def front_matter(card: str) -> dict:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n", 2)[1])
+
+
+def assert_travels(card: str) -> None:
+    """A card names no local path and keeps nothing of peft's empty template."""
+    assert "[More Information Needed]" not in card and "{{" not in card
+    for local in ("/tmp/", "/root", "/home/", str(Path.home()), "/nonexistent", "pytest-of"):
+        assert local not in card, local
+
+
+# --- model card --------------------------------------------------------------------------------
+
+
+def test_the_card_of_a_built_in_base_names_its_hub_id_and_the_scores(pretrained_run):
+    card = (pretrained_run / "adapter" / "README.md").read_text()
+    meta = front_matter(card)
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (meta["base_model_relation"], meta["library_name"], meta["pipeline_tag"]) == (
+        "adapter", "peft", "text-generation",
+    )  # fmt: skip
+    assert "repotune" in meta["tags"]
+    metrics = meta["model-index"][0]["results"][0]["metrics"]
+    names = {metric["name"] for metric in metrics}
+    for system in ("fine-tuned model", "base model", "lookup (nearest past commit)"):
+        assert f"chrF, {system}" in names and f"edit similarity, {system}" in names
+    manifest = read_json(pretrained_run / "MANIFEST.json")
+    after = manifest["training_report"]["evaluation"]["tasks"]["after"]["message"]
+    assert {"type": "chrf", "value": after["chrf"], "name": "chrF, fine-tuned model"} in metrics
+    assert (
+        "Q4_1" in card and "## Data" in card and "## Limits" in card and "PeftModel.from_pretrained" in card
+    )
+    assert "newest held out" in card and "secrets removed" in card
+    assert_travels(card)
+    listed = {entry["path"] for entry in manifest["outputs"]["adapter_files"]}
+    assert "adapter/README.md" in listed  # hashed with the adapter's other files
+
+
+def test_the_card_of_a_random_base_names_none(tiny_run):
+    card = (tiny_run / "adapter" / "README.md").read_text()
+    meta = front_matter(card)
+    assert "base_model" not in meta and "base_model_relation" not in meta
+    assert meta["library_name"] == "peft" and "load it with repotune" in card
+    assert_travels(card)
+
+
+def test_a_hub_model_is_its_base_and_a_local_one_is_not(tmp_path):
+    from pipeline.card import base_model_id
+
+    assert base_model_id("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert base_model_id("smollm2-135m") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    assert base_model_id(str(tmp_path / "org" / "model")) is None and base_model_id("tiny") is None
+    assert base_model_id("./models/mine") is None and base_model_id("~/models/mine") is None
+
+
+# --- GGUF export -------------------------------------------------------------------------------
+
+
+def merged_in_f16(run: Path):
+    """The merged model with its weights rounded through fp16, as the f16 GGUF stores them (norms
+    stay fp32 there)."""
+    from pipeline.generate import load_adapter
+
+    model, tokenizer = load_adapter(run, dense=True)
+    merged = model.merge_and_unload()
+    with torch.no_grad():
+        for parameter in merged.parameters():
+            if parameter.ndim > 1:
+                parameter.copy_(parameter.half().float())
+    return merged.eval(), tokenizer
+
+
+def greedy(model, tokenizer, prompt: str, tokens: int = 12) -> list[int]:
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    return out[0, ids.shape[1] :].tolist()
+
+
+def load_gguf(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+@pytest.mark.parametrize("which", ["tiny", "pretrained"])
+def test_the_gguf_reloads_with_the_same_tokens_and_the_same_greedy_answers(
+    which, tiny_run, pretrained_run, tmp_path, cli
+):
+    run = tiny_run if which == "tiny" else pretrained_run
+    result = cli("export", "--adapter", run, "--output", tmp_path / "model.gguf")
+    assert result.code == 0, result.err
+    assert "model.gguf" in result.out and "ollama create" in result.out
+    gguf_model, gguf_tokenizer = load_gguf(tmp_path / "model.gguf")
+    merged, tokenizer = merged_in_f16(run)
+    texts = [*PROMPTS, "Fix the 2024 parser: ünïcode, tabs\tand  spaces"]
+    for text in texts:
+        assert (
+            gguf_tokenizer(text, add_special_tokens=False)["input_ids"]
+            == tokenizer(text, add_special_tokens=False)["input_ids"]
+        )
+    for prompt in PROMPTS:
+        assert greedy(gguf_model, gguf_tokenizer, prompt) == greedy(merged, tokenizer, prompt)
+
+
+def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
+    from pipeline.examples import SYSTEM_PROMPT
+
+    assert cli("export", "--adapter", pretrained_run, "--output", tmp_path / "m.gguf").code == 0
+    modelfile = (tmp_path / "Modelfile").read_text()
+    assert "FROM ./m.gguf" in modelfile
+    assert (
+        "<|im_start|>user\nWrite the commit message for this change.\n\n{{ .Prompt }}<|im_end|>" in modelfile
+    )
+    assert modelfile.count("{{ .System }}") == 1 and f'SYSTEM """{SYSTEM_PROMPT}"""' in modelfile
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER temperature 0" in modelfile
+
+
+def test_q8_0_is_smaller_and_loads(tiny_run, tmp_path, cli):
+    assert cli("export", "--adapter", tiny_run, "--output", tmp_path / "f16.gguf").code == 0
+    assert cli("export", "--adapter", tiny_run, "--output", tmp_path / "q8.gguf", "--type", "q8_0").code == 0
+    assert (tmp_path / "q8.gguf").stat().st_size < (tmp_path / "f16.gguf").stat().st_size
+    model, tokenizer = load_gguf(tmp_path / "q8.gguf")
+    assert len(greedy(model, tokenizer, PROMPTS[0], 4)) == 4
+
+
+def test_export_refuses_bad_input_in_one_line(tiny_run, tmp_path, cli):
+    wrong = cli("export", "--adapter", tiny_run, "--output", tmp_path / "model.bin")
+    assert wrong.code == 2 and "ending in .gguf" in wrong.err and wrong.err.count("\n") == 1
+    missing = cli("export", "--adapter", tmp_path / "nothing", "--output", tmp_path / "model.gguf")
+    assert missing.code == 2 and "adapter_config.json" in missing.err
+    assert not (tmp_path / "model.gguf").exists()
+
+
+# --- the commit hook ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def work_repo(tmp_path) -> GitRepo:
+    repo = GitRepo(tmp_path / "work")
+    repo.commit("Add compute_1", {"pkg/feature_1.py": module_source(1)})
+    return repo
+
+
+def git_commit(repo: GitRepo, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`git commit` as a user runs it (no editor: the message git would open is what it keeps)."""
+    return subprocess.run(
+        ["git", "commit", "--quiet", *args],
+        cwd=repo.path,
+        env={**os.environ, **GIT_ENV, "GIT_EDITOR": "true", **(env or {})},
+        capture_output=True,
+        text=True,
+    )
+
+
+def stage(repo: GitRepo, index: int) -> None:
+    path = repo.path / f"pkg/feature_{index}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(module_source(index))
+    repo.git("add", "-A")
+
+
+def last_message(repo: GitRepo) -> str:
+    return repo.git("log", "-1", "--format=%B")
+
+
+def test_the_hook_suggests_a_past_message_for_the_staged_change(tiny_run, work_repo, cli):
+    result = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
+    assert result.code == 0 and "installed" in result.out
+    hook = work_repo.path / ".git" / "hooks" / "prepare-commit-msg"
+    assert hook.stat().st_mode & stat.S_IXUSR
+    stage(work_repo, 12)
+    done = git_commit(work_repo)
+    assert done.returncode == 0, done.stderr
+    assert last_message(work_repo).startswith("Add compute_")  # a message from the trained history
+    assert done.stderr == ""
+
+
+def test_the_hook_stays_out_of_the_way(tiny_run, work_repo, cli):
+    assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
+    stage(work_repo, 2)
+    assert git_commit(work_repo, "-m", "Mine").returncode == 0
+    assert last_message(work_repo) == "Mine"
+    assert git_commit(work_repo, "--amend", "--no-edit").returncode == 0
+    assert last_message(work_repo) == "Mine"
+    stage(work_repo, 3)
+    assert git_commit(work_repo, env={"REPOTUNE_HOOK": "off"}).returncode == 1  # an empty message: git's own
+    (work_repo.path / ".git" / "rebase-merge").mkdir()
+    assert git_commit(work_repo).returncode == 1  # a rebase under way: nothing suggested
+    (work_repo.path / ".git" / "rebase-merge").rmdir()
+
+
+@pytest.mark.parametrize("breakage", ["moved adapter", "gone interpreter", "timeout", "broken module"])
+def test_the_hook_never_blocks_a_commit(breakage, tiny_run, work_repo, tmp_path, cli):
+    """Whatever goes wrong, the commit goes on and the editor opens on git's own text, and the hook
+    says so in one line at most."""
+    assert (
+        cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run, "--timeout", "20").code == 0
+    )
+    hook = work_repo.path / ".git" / "hooks" / "prepare-commit-msg"
+    text = hook.read_text()
+    if breakage == "moved adapter":
+        text = text.replace(str((tiny_run / "adapter").resolve()), str(tmp_path / "gone"))
+    elif breakage == "gone interpreter":
+        text = text.replace(sys.executable, str(tmp_path / "no-python"))
+    elif breakage == "timeout":
+        text = text.replace("timeout=20", "timeout=0.05")
+    else:
+        text = text.replace("from pipeline.hook import suggest", "from pipeline.nothing import suggest")
+    hook.write_text(text)
+    seen = tmp_path / "seen.txt"
+    editor = tmp_path / "editor.sh"  # keeps what the user would see, then writes the user's message
+    editor.write_text(f'#!/bin/sh\ncp "$1" {seen}\necho "Mine" > "$1"\n')
+    editor.chmod(0o755)
+    stage(work_repo, 5)
+    done = git_commit(work_repo, env={"GIT_EDITOR": str(editor)})
+    assert done.returncode == 0, done.stderr
+    assert last_message(work_repo) == "Mine"
+    assert seen.read_text().startswith("\n# Please enter the commit message")  # git's text, nothing added
+    assert done.stderr.count("\n") <= 1 and "Traceback" not in done.stderr
+    if breakage == "timeout":
+        assert "no suggestion within 0.05s" in done.stderr
+
+
+def test_an_existing_hook_is_kept_run_first_and_restored(tiny_run, work_repo, tmp_path, cli):
+    hooks = work_repo.path / ".git" / "hooks"
+    hooks.mkdir(exist_ok=True)
+    theirs = hooks / "prepare-commit-msg"
+    theirs.write_text('#!/bin/sh\necho "theirs was here" >> "$1"\n')
+    theirs.chmod(0o755)
+    installed = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
+    assert installed.code == 0 and "runs first" in installed.out
+    stage(work_repo, 7)
+    assert git_commit(work_repo).returncode == 0
+    message = last_message(work_repo)
+    assert "theirs was here" in message and message.startswith("Add compute_")
+    removed = cli("hook", "uninstall", "--repo", work_repo.path)
+    assert removed.code == 0 and "was there before" in removed.out
+    assert theirs.read_text().startswith('#!/bin/sh\necho "theirs was here"')
+    assert not (hooks / "prepare-commit-msg.repotune-previous").exists()
+    refused = cli("hook", "uninstall", "--repo", work_repo.path)
+    assert refused.code == 2 and "not repotune's" in refused.err
+
+
+def test_hook_bad_input_is_one_line(tiny_run, tmp_path, cli):
+    not_a_repo = cli("hook", "install", "--repo", tmp_path, "--adapter", tiny_run)
+    assert not_a_repo.code == 2 and "not a git repository" in not_a_repo.err
+    no_adapter = cli("hook", "install", "--repo", tmp_path)
+    assert no_adapter.code == 2 and "--adapter" in no_adapter.err
