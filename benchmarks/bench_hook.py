@@ -72,8 +72,9 @@ def breakdown(adapter: Path, repo: Path) -> dict[str, float]:
     """One cold suggestion, stage by stage, each in a fresh interpreter as the hook runs it."""
     probe = (
         "import sys, time; t0 = time.perf_counter(); sys.path[:0] = [sys.argv[1]];"
-        "from pipeline.hook import staged_diff; from pipeline.suggestion import Suggester; t1 = time.perf_counter();"
-        "s = Suggester.load(sys.argv[2]); t2 = time.perf_counter();"
+        "from pipeline.hook import OPTIONAL_IMPORTS, staged_diff; [sys.modules.setdefault(m, None) for m in OPTIONAL_IMPORTS];"
+        "from pipeline.suggestion import Suggester; import lightgbm; t1 = time.perf_counter();"
+        "from pathlib import Path; s = Suggester.load(Path(sys.argv[2])); t2 = time.perf_counter();"
         "d = staged_diff(); a = s.select(d) if s.system == 'selector' else s.lookup(d); t3 = time.perf_counter();"
         "print(t1 - t0, t2 - t1, t3 - t2)"
     )
