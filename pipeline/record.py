@@ -14,10 +14,12 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import singledispatch
 from pathlib import Path
 from typing import Any, TypeVar
+
+import orjson
 
 from pipeline.config import LoadedConfig
 from pipeline.distributed import Coordinator, launch_from_environment
@@ -29,6 +31,7 @@ from pipeline.manifest import (
     new_manifest,
     read_manifest,
     schema_problems,
+    utc_now,
     write_manifest,
 )
 from pipeline.progress import say
@@ -361,6 +364,53 @@ def prepare_output_dir(path: str | Path) -> Path:
     return output_dir
 
 
+LOCK_FILE = ".repotune.lock"
+
+
+@contextmanager
+def holding(output_dir: Path, command: str) -> Iterator[None]:
+    """Hold `output_dir` for one run: an exclusive lock on its lock file (fcntl), which the operating
+    system releases when the process ends however it ends (kill -9 included), so a stale hold never
+    blocks. Held already: one line naming the holder, and nothing in the directory changes."""
+    import fcntl
+
+    path = output_dir / LOCK_FILE
+    try:
+        handle = open(path, "a+b")  # noqa: SIM115 (held for the whole run; closed below)
+    except OSError as err:
+        raise OutputDirError(
+            f"cannot write to output directory {output_dir}: {err.strerror or err}"
+        ) from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise OutputDirError(
+                f"{output_dir} is in use by another run ({_holder(handle.read())}): wait for it to end, or "
+                "give another --output-dir"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(
+            orjson.dumps(
+                {"pid": os.getpid(), "command": command, "started": utc_now(), "host": socket.gethostname()}
+            )
+        )
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def _holder(text: bytes) -> str:
+    try:
+        holder = orjson.loads(text)
+        return f"pid {holder['pid']} on {holder['host']}, `{holder['command']}`, started {holder['started']}"
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "a run that is starting"
+
+
 @contextmanager
 def open_run(
     loaded: LoadedConfig, command: str, argv: list[str], distributed: bool = False
@@ -370,11 +420,17 @@ def open_run(
     launch = launch_from_environment()
     if launch.world_size > 1 and not distributed:
         raise PipelineError(f"`{command}` runs in one process: start it without torchrun / accelerate launch")
-    coordinator = Coordinator(launch, loaded.config.distributed).start()
     output_dir = (
         prepare_output_dir(loaded.config.output.dir) if launch.writes else Path(loaded.config.output.dir)
     )
-    record = Record(output_dir, loaded, command, argv, coordinator)
+    with holding(output_dir, command) if launch.writes else nullcontext():
+        coordinator = Coordinator(launch, loaded.config.distributed).start()
+        yield from _recorded(Record(output_dir, loaded, command, argv, coordinator), command, coordinator)
+
+
+def _recorded(record: Record, command: str, coordinator: Coordinator) -> Iterator[Record]:
+    """The run's body: its manifest saved at once, and on any failure saved again saying why."""
+    output_dir = record.output_dir
     if replaced := record.doc["run"]["replaced"]:
         say(
             f"the run {replaced['id']} that {output_dir} last recorded was still `running` but its process "

@@ -1,0 +1,80 @@
+"""One run per output directory: a second run into a directory a live run holds stops at once, names
+the holder and changes nothing there; the hold ends with its process, however it ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from tests.conftest import GitRepo, module_source, read_json
+
+ROOT = Path(__file__).resolve().parent.parent
+HOLD = (
+    "import sys, time; from pathlib import Path; from pipeline.record import holding\n"
+    "with holding(Path(sys.argv[1]), 'run'):\n"
+    "    print('held', flush=True); time.sleep(120)\n"
+)
+
+
+def small_repo(path: Path, name: str) -> GitRepo:
+    repo = GitRepo(path / name)
+    for index in range(1, 13):
+        repo.commit(f"Add compute_{index} to {name}", {f"{name}/feature_{index}.py": module_source(index)})
+    return repo
+
+
+def contents(directory: Path) -> dict[str, int]:
+    return {str(path.relative_to(directory)): path.stat().st_mtime_ns for path in directory.rglob("*")}
+
+
+def test_a_held_directory_is_refused_in_one_line_and_left_as_it_was(cli, tmp_path):
+    repo = small_repo(tmp_path, "alpha")
+    out = tmp_path / "out"
+    assert cli("scrape", "--repo", repo.path, "--output-dir", out).code == 0
+    before = contents(out)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refused = cli("scrape", "--repo", repo.path, "--output-dir", out)
+        assert refused.code == 2 and refused.err.count("\n") == 1
+        assert f"in use by another run (pid {holder.pid} on " in refused.err and "`run`" in refused.err
+        assert contents(out) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a crash: the operating system drops the hold
+        holder.wait()
+    assert cli("scrape", "--repo", repo.path, "--output-dir", out).code == 0
+
+
+def test_two_runs_started_together_into_one_directory(tmp_path):
+    """One trains; the other says why it does not; the manifest, the sequences and the adapter are all
+    the one run's."""
+    out = tmp_path / "out"
+    runs = {
+        name: subprocess.Popen(
+            [
+                sys.executable, "run_pipeline.py", "--repo", str(small_repo(tmp_path, name).path),
+                "--output-dir", str(out), "--model", "tiny", "--set", "train.epochs=1",
+            ],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+        )  # fmt: skip
+        for name in ("alpha", "beta")
+    }
+    finished = {name: (run.wait(timeout=300), run.stderr.read()) for name, run in runs.items()}
+    codes = sorted(code for code, _ in finished.values())
+    assert codes == [0, 2], finished
+    winner = next(name for name, (code, _) in finished.items() if code == 0)
+    loser_err = next(err for code, err in finished.values() if code == 2)
+    assert "is in use by another run" in loser_err and "Traceback" not in loser_err
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["status"] == "completed" and manifest["repository"]["path"].endswith(winner)
+    repos = {orjson.loads(line)["repo"] for line in (out / "sequences.jsonl").read_bytes().splitlines()}
+    assert repos == {winner}
+    assert (out / "adapter" / "adapter_config.json").exists()
