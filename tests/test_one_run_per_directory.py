@@ -28,6 +28,17 @@ def small_repo(path: Path, name: str) -> GitRepo:
     return repo
 
 
+def start_run(repo: Path, out: Path, tmp_path: Path) -> subprocess.Popen:
+    command = [
+        sys.executable, "run_pipeline.py", "--repo", str(repo), "--output-dir", str(out), "--model", "tiny",
+        "--set", "train.epochs=1",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )  # fmt: skip
+
+
 def contents(directory: Path) -> dict[str, int]:
     return {str(path.relative_to(directory)): path.stat().st_mtime_ns for path in directory.rglob("*")}
 
@@ -36,12 +47,12 @@ def test_a_held_directory_is_refused_in_one_line_and_left_as_it_was(cli, tmp_pat
     repo = small_repo(tmp_path, "alpha")
     out = tmp_path / "out"
     assert cli("scrape", "--repo", repo.path, "--output-dir", out).code == 0
-    before = contents(out)
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline().strip() == "held"
+        before = contents(out)
         refused = cli("scrape", "--repo", repo.path, "--output-dir", out)
         assert refused.code == 2 and refused.err.count("\n") == 1
         assert f"in use by another run (pid {holder.pid} on " in refused.err and "`run`" in refused.err
@@ -56,17 +67,7 @@ def test_two_runs_started_together_into_one_directory(tmp_path):
     """One trains; the other says why it does not; the manifest, the sequences and the adapter are all
     the one run's."""
     out = tmp_path / "out"
-    runs = {
-        name: subprocess.Popen(
-            [
-                sys.executable, "run_pipeline.py", "--repo", str(small_repo(tmp_path, name).path),
-                "--output-dir", str(out), "--model", "tiny", "--set", "train.epochs=1",
-            ],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
-        )  # fmt: skip
-        for name in ("alpha", "beta")
-    }
+    runs = {name: start_run(small_repo(tmp_path, name).path, out, tmp_path) for name in ("alpha", "beta")}
     finished = {name: (run.wait(timeout=300), run.stderr.read()) for name, run in runs.items()}
     codes = sorted(code for code, _ in finished.values())
     assert codes == [0, 2], finished
