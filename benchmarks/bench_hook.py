@@ -75,7 +75,7 @@ def breakdown(adapter: Path, repo: Path) -> dict[str, float]:
         "from pipeline.hook import OPTIONAL_IMPORTS, staged_diff; [sys.modules.setdefault(m, None) for m in OPTIONAL_IMPORTS];"
         "from pipeline.suggestion import Suggester; import lightgbm; t1 = time.perf_counter();"
         "from pathlib import Path; s = Suggester.load(Path(sys.argv[2])); t2 = time.perf_counter();"
-        "d = staged_diff(); a = s.select(d) if s.system == 'selector' else s.lookup(d); t3 = time.perf_counter();"
+        "d = staged_diff(); a = s.suggest(d); t3 = time.perf_counter();"
         "print(t1 - t0, t2 - t1, t3 - t2)"
     )
     started = time.perf_counter()

@@ -137,9 +137,9 @@ def _tensors(merged, gguf_type: str):
             raise ExportError(f"export: no llama.cpp name for the weight {hf_name}")
         data = tensor.detach().float().numpy()
         if hf_name.endswith("q_proj.weight"):
-            data = _permute(data, config.num_attention_heads, config.num_attention_heads)
+            data = _permute(data, config.num_attention_heads)
         elif hf_name.endswith("k_proj.weight"):
-            data = _permute(data, config.num_attention_heads, config.num_key_value_heads)
+            data = _permute(data, config.num_key_value_heads)
         if data.ndim == 1:  # norms stay fp32, as llama.cpp expects
             yield name, data.astype(np.float32), None
         elif gguf_type == "q8_0":
@@ -152,11 +152,10 @@ def _tensors(merged, gguf_type: str):
             yield name, data.astype(np.float16), None
 
 
-def _permute(weights, heads: int, kv_heads: int):
-    """Hugging Face's rotary layout (halves) into llama.cpp's (interleaved pairs), per head: what
-    llama.cpp's converter does and transformers' GGUF loader undoes."""
-    if kv_heads != heads:
-        heads = kv_heads
+def _permute(weights, heads: int):
+    """Hugging Face's rotary layout (halves) into llama.cpp's (interleaved pairs), per head of the
+    projection (`heads`: the key projection's are the key-value heads): what llama.cpp's converter does
+    and transformers' GGUF loader undoes."""
     return (
         weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
         .swapaxes(1, 2)

@@ -109,6 +109,8 @@ def _from_past(directory: Path, diff: str, system: str | None) -> str | None:
     from pipeline.retrieval import INDEX_DIR
     from pipeline.suggestion import Suggester
 
+    if system == "model":
+        return None
     if not (directory / INDEX_DIR).is_dir():
         if system in ("lookup", "selector"):
             raise ModelLoadError(
@@ -120,7 +122,7 @@ def _from_past(directory: Path, diff: str, system: str | None) -> str | None:
     chosen = system or suggester.system
     if chosen == "model":
         return None
-    return (suggester.lookup(diff) if chosen == "lookup" else suggester.select(diff)) or None
+    return suggester.suggest(diff, chosen) or None
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

@@ -158,7 +158,7 @@ def suggest(argv: list[str]) -> None:
 
     original = message_file.read_text(encoding="utf-8", errors="replace")
     suggester = Suggester.load(adapter)
-    answer = suggester.select(diff) if suggester.system == "selector" else suggester.lookup(diff)
+    answer = suggester.suggest(diff)
     if answer:
         _write(message_file, answer, original)
     if suggester.system == "model":

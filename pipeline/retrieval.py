@@ -8,7 +8,7 @@ commits most like a new diff.
   the strongest cheap retriever for commit messages (NNGen, Liu et al. ASE 2018; arXiv 2410.09662). A
   query names the newest commit its answers may come from (`older_than`), so a held-out commit is
   never answered from itself, from another held-out commit or from its future.
-- `nearest_commit`: the lookup every evaluation scores beside the model: the message of the most
+- the lookup (`pipeline.suggestion.Suggester.lookup`) every evaluation scores beside the model: the message of the most
   similar earlier commit. A second for a whole history, no model.
 
 Saved beside the adapter (`retrieval/`): bm25s' arrays and the commits' messages and paths (JSON),
@@ -161,9 +161,3 @@ class Index:
             "terms": len(self.retriever.vocab_dict),
             "build_s": round(self.build_seconds, 3),
         }
-
-
-def nearest_commit(index: Index, diff: str, older_than: int = -1) -> str:
-    """The lookup: the message of the most similar earlier commit ("" when none shares a term)."""
-    found = index.nearest(diff, 1, older_than)
-    return found[0].message if found else ""

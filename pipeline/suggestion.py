@@ -202,9 +202,11 @@ class Suggester:
         predicted = self.selector.predict(np.asarray(rows, dtype=np.float64))
         return found[int(np.argmax(predicted))].message
 
-    def suggest(self, diff: str) -> str:
-        """The chosen retrieval system's message for a new diff (the model's is generated elsewhere)."""
-        return self.lookup(diff) if self.system == "lookup" else self.select(diff)
+    def suggest(self, diff: str, system: str | None = None) -> str:
+        """The message `system` (default: the run's) suggests for a new diff from the past: the
+        selector's choice, or else the lookup's (where the model suggests, its answer is generated
+        elsewhere and this is what stands until it comes)."""
+        return self.select(diff) if (system or self.system) == "selector" else self.lookup(diff)
 
     def save(self, directory: Path) -> None:
         self.index.save(directory / INDEX_DIR)
