@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -136,18 +137,16 @@ def repotune_cache(tmp_path_factory) -> Path:
 
 
 SIMULATED_GPU = os.environ.get("REPOTUNE_TEST_GPU")
-"""A hardware profile (`h100-80gb`, or a file): with it, hardware detection and the monitor see that
-profile's GPUs, as on a GPU host, so no test's outcome depends on the host. `make test` runs the suite
-once without it and once with it."""
+"""A hardware profile (`h100-80gb`, or a file): with it, the whole suite sees that profile's GPUs, as on a
+GPU host. `make test` does not set it: the tests whose outcome depends on the host take the `host`
+fixture, which runs them once on a CPU-only host and once on a simulated H100 host."""
+HOSTS = ("cpu", "h100-80gb")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def simulated_gpu():
-    """Under REPOTUNE_TEST_GPU, torch.cuda reports the profile's GPUs and NVML reads them (fakes: there is
-    no GPU here); a test that would launch CUDA kernels is skipped, with the reason, at the first one."""
-    if not SIMULATED_GPU:
-        yield
-        return
+@contextmanager
+def simulated_gpu_host(profile: str):
+    """torch.cuda reports the profile's GPUs and NVML reads them (fakes: there is no GPU here); a test
+    that would launch CUDA kernels is skipped, with the reason, at the first one."""
     import bitsandbytes  # noqa: F401  (imported before CUDA is faked: its CUDA backend needs a CUDA build)
     import torch
 
@@ -163,7 +162,7 @@ def simulated_gpu():
             "utilization_pct": 0,
             "temperature_c": 30,
         }
-        for gpu in load_hardware_profile(SIMULATED_GPU).gpus
+        for gpu in load_hardware_profile(profile).gpus
     ]
 
     def needs_a_gpu(*args, **kwargs):
@@ -176,10 +175,24 @@ def simulated_gpu():
             patch.setattr(torch.cuda, name, getattr(fake, name))
         patch.setattr(torch.cuda, "_lazy_init", needs_a_gpu)  # every CUDA tensor goes through it
         patch.setattr(torch.Tensor, "pin_memory", needs_a_gpu)  # pinned host memory is CUDA's too
-        patch.setitem(
-            sys.modules, "pynvml", FakeNvml(gpus)
-        )  # what `import pynvml` gives detection and monitor
+        patch.setitem(sys.modules, "pynvml", FakeNvml(gpus))  # what `import pynvml` gives detection and monitor
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def simulated_gpu():
+    if not SIMULATED_GPU:
+        yield
+        return
+    with simulated_gpu_host(SIMULATED_GPU):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def interruptible():
+    """Ctrl-C reaches the runs the tests start, even when pytest itself was started in the background
+    (a shell starts background jobs with SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextmanager
@@ -193,6 +206,13 @@ def cpu_only_host():
         patch.setattr(torch.cuda, "is_available", lambda: False)
         patch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
         yield
+
+
+@pytest.fixture(params=HOSTS)
+def host(request):
+    """The test once on each kind of host its outcome could depend on."""
+    with cpu_only_host() if request.param == "cpu" else simulated_gpu_host(request.param):
+        yield request.param
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pipeline.monitor import HardwareMonitor, summarize
 from tests.fakes import H100, RTX_2060, FakeCuda, FakeNvml
 
 
-def test_detects_this_machine_without_failing():
+def test_detects_this_machine_without_failing(host):
     hardware = detect_hardware()
     assert hardware.usable_cores >= 1
     assert hardware.ram_total_gb > 0

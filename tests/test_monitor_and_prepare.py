@@ -40,7 +40,7 @@ def test_monitor_writes_a_manifest_shaped_report(cli, tmp_path, cpu_only):
     assert "t_s" not in result.err  # no live lines when stderr is not a terminal
 
 
-def test_monitor_follows_a_process_and_stops_when_it_exits(cli, tmp_path):
+def test_monitor_follows_a_process_and_stops_when_it_exits(cli, tmp_path, host):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
     started = time.monotonic()
     result = cli("monitor", "--pid", sleeper.pid, "--interval", "0.2", "--output", tmp_path / "r.json")
@@ -161,7 +161,7 @@ def test_each_assessment(summary, finding):
     assert any(line.startswith(finding) for line in assess(summary, None)), assess(summary, None)
 
 
-def test_the_manifests_jq_queries_and_diff_work_on_monitor_reports(cli, tmp_path):
+def test_the_manifests_jq_queries_and_diff_work_on_monitor_reports(cli, tmp_path, host):
     import jq
 
     for name in ("a", "b"):

@@ -61,7 +61,7 @@ def test_a_second_plan_reuses_the_scrape_and_a_changed_config_does_not(cli, samp
     assert "reusing the scrape" not in moved.err  # HEAD moved
 
 
-def test_overrides_show_up_with_their_source(cli, sample_repo, tmp_path):
+def test_overrides_show_up_with_their_source(cli, sample_repo, tmp_path, host):
     out = tmp_path / "out"
     result = cli("plan", "--repo", sample_repo.path, "--output-dir", out, "--set", "plan.batch_size=2")
     assert result.code == 0

@@ -70,7 +70,7 @@ def test_merge_writes_the_dequantized_model_the_adapter_trained_on(quantized_run
     assert (got.argmax(-1) == trained.argmax(-1)).float().mean() >= 0.9
 
 
-def test_without_bitsandbytes_a_quantized_run_is_one_line(cli, sample_repo, tmp_path, monkeypatch):
+def test_without_bitsandbytes_a_quantized_run_is_one_line(cli, sample_repo, tmp_path, monkeypatch, host):
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a)

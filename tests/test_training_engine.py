@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.model import STAMP_FILE
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,7 +223,7 @@ def start_run(repo: GitRepo, out: Path) -> subprocess.Popen:
 def wait_for_checkpoint(out: Path, process: subprocess.Popen, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if any((path / "trainer_state.json").exists() for path in (out / "checkpoints").glob("checkpoint-*")):
+        if any((path / STAMP_FILE).exists() for path in (out / "checkpoints").glob("checkpoint-*")):
             return
         assert process.poll() is None, process.stderr.read().decode()
         time.sleep(0.05)

@@ -104,7 +104,7 @@ def test_every_help_answers_without_importing_torch():
         assert "usage:" in done.stdout, argv
 
 
-def test_a_short_monitor_fits_its_interval_to_the_duration(cli, tmp_path):
+def test_a_short_monitor_fits_its_interval_to_the_duration(cli, tmp_path, host):
     import time
 
     from pipeline.watch import fitted_interval
@@ -138,7 +138,7 @@ def test_the_redaction_summary_says_where_the_secrets_were(cli, tmp_path):
     assert key not in (out / "sequences.jsonl").read_text() and key not in (out / "MANIFEST.json").read_text()
 
 
-def test_stage_timings_leave_imports_out_and_a_cache_hit_shows_its_saving(cli, sample_repo, tmp_path):
+def test_stage_timings_leave_imports_out_and_a_cache_hit_shows_its_saving(cli, sample_repo, tmp_path, host):
     out = tmp_path / "out"
     built = cli("prepare", "--repo", sample_repo.path, "--output-dir", out)
     assert built.code == 0, built.err
