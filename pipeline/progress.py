@@ -27,10 +27,11 @@ def clock(seconds: float) -> str:
 
 class Progress:
     """How far a long step has come: a tqdm bar on a terminal; elsewhere a plain line every
-    PLAIN_EVERY_S seconds (done, total, elapsed, time left) and one at the end if any was printed."""
+    `plain_every_s` seconds (done, total, elapsed, time left; None: never) and one at the end if any was
+    printed."""
 
-    def __init__(self, label: str, total: int, unit: str):
-        self.label, self.total, self.unit = label, total, unit
+    def __init__(self, label: str, total: int, unit: str, plain_every_s: float | None = PLAIN_EVERY_S):
+        self.label, self.total, self.unit, self.plain_every_s = label, total, unit, plain_every_s
         self.done = 0
         self.started = self.last_line = time.perf_counter()
         self.speaks = os.environ.get("RANK", "0") == "0"
@@ -55,7 +56,12 @@ class Progress:
             self.bar.update(count)
             return
         now = time.perf_counter()
-        if self.speaks and now - self.last_line >= PLAIN_EVERY_S and self.done < self.total:
+        if (
+            self.speaks
+            and self.plain_every_s is not None
+            and now - self.last_line >= self.plain_every_s
+            and self.done < self.total
+        ):
             self.last_line = now
             say(self._line(now))
 

@@ -1,14 +1,22 @@
 """Find secrets in commit text and replace them with `<REDACTED:rule>` before anything is written.
 
 Provider rules (AWS, GitHub, GitLab, Slack, Stripe, Google, private key
-blocks, JWTs, passwords in URLs) are strict patterns. A quoted value of 6 or
-more characters assigned to a name that ends in a secret word
-(`password = "Summer2024!"`) is redacted whatever it looks like, unless it
-is an obvious placeholder. The generic rule (any value assigned to a name
-like password/secret/token/api_key) fires only on values that look random:
-mixed letters and digits, not a snake_case word, enough entropy. Measured on
-real histories, "keyword + entropy" without those checks fires mostly on
-identifiers and documentation examples.
+blocks, JWTs, passwords in URLs) are strict patterns. The generic rule (any
+value assigned to a name like password/secret/token/api_key) fires only on
+values that look random: mixed letters and digits, not a snake_case word,
+enough entropy. Measured on real histories, "keyword + entropy" without those
+checks fires mostly on identifiers and documentation examples.
+
+People's real passwords are words, though, so a literal assigned to a
+credential-named key (`DB_PASSWORD`, `SECRET_KEY`, `_authToken`, `api-key`,
+...) is redacted whatever its entropy. What is a literal depends on the
+file's syntax, read from the `diff --git` header the line sits under: a
+quoted value is a literal everywhere (`password = "hunter2"`); an unquoted
+one is a literal in configuration (`.env`, YAML, INI, TOML, properties,
+shell, Dockerfile `ENV`, `.netrc`, `.npmrc`), and in commit messages and
+documents only as `KEY=value`; in source code it is an expression
+(`password = form.password.data`) and is left alone. Variables, templates,
+calls, booleans, paths and obvious placeholders are never literals.
 
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate
@@ -19,14 +27,36 @@ only the texts that hold it go further.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import cached_property, partial
 from itertools import accumulate
+
+from scrapers.formats import MESSAGE_HEADING
+
+
+class Syntax(Enum):
+    """How the lines of a file (or a commit message) assign values, which decides what is a literal."""
+
+    CODE = "code"
+    """A programming language: an unquoted value is an expression (`token = get_token()`)."""
+    CONFIG = "config"
+    """.env, YAML, INI/cfg, TOML, properties, shell, Makefile: an unquoted value is a literal."""
+    DOCKERFILE = "dockerfile"
+    """Configuration, and `ENV KEY value` / `ARG KEY=value`."""
+    NETRC = "netrc"
+    """`machine HOST login USER password SECRET`."""
+    PROSE = "prose"
+    """Commit messages, documents and files of unknown kind: `KEY=value` is a literal, `key: value` prose."""
+
+
+EVERY_SYNTAX = frozenset(Syntax)
 
 
 @dataclass(frozen=True)
@@ -39,8 +69,10 @@ class Rule:
     without one never meet `pattern`: the more precise the hints, the less it runs."""
     group: int = 0
     """The part of the match that is the secret (0: all of it)."""
-    accept: Callable[[str], bool] | None = None
-    """Extra check on the secret; the match is left alone when it returns False."""
+    accept: Callable[[re.Match[str]], bool] | None = None
+    """Extra check on the match; it is left alone when this returns False."""
+    syntaxes: frozenset[Syntax] = EVERY_SYNTAX
+    """The kinds of text the rule reads: a line elsewhere never meets it."""
     multiline: bool = False
     """The secret spans lines (a key block): run on the whole text, not on candidate lines."""
 
@@ -88,28 +120,271 @@ def is_placeholder(value: str) -> bool:
     lowered = value.strip().lower()
     return (
         lowered.startswith(("$", "{", "<", "%", "("))
-        or len(set(lowered)) <= 1
-        or any(word in lowered for word in _PLACEHOLDER_WORDS)
-        or re.sub(r"[^a-z]", "", lowered) in ("password", "passwd", "secret", "token", "none", "null", "todo")
+        or _says_it_stands_in(lowered)
+        or re.sub(r"[^a-z]", "", lowered) in ("password", "passwd", "secret", "token")
     )
 
 
-_KEY_PREFIXES = ("api", "access", "auth", "private")
-"""Names ending in key that hold a secret: api_key, accesskey, auth-key, private_key."""
-_KEY_NAMES = (
-    r"passwd|password|passphrase|pwd|secret|token|(?:"
-    + "|".join(_KEY_PREFIXES)
-    + r")[_-]?key|client[_-]?secret|credentials?"
+def _says_it_stands_in(lowered: str) -> bool:
+    """`******`, `your-token-here`, `changeme`, `TODO`: a value that says it is not the real one."""
+    return (
+        len(set(lowered)) <= 1
+        or any(word in lowered for word in _PLACEHOLDER_WORDS)
+        or re.sub(r"[^a-z]", "", lowered) in ("none", "null", "todo", "tbd")
+    )
+
+
+_CREDENTIAL_WORDS = frozenset(
+    {"password", "passwd", "passphrase", "pwd", "pass", "secret", "token", "credential", "credentials",
+     "auth", "apikey", "accesskey", "privatekey", "secretkey", "authkey", "authtoken", "accesstoken"}
+)  # fmt: skip
+"""The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey."""
+_SECRET_KEY_KINDS = frozenset(
+    {"api", "access", "private", "secret", "auth", "signing", "encryption", "master"}
 )
+"""Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key (not `key`, `cache_key`)."""
+_NOT_CREDENTIAL_TOKENS = frozenset(
+    {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "special", "image", "audio",
+     "video", "placeholder", "next", "prev", "previous", "page", "continuation", "cursor", "sync", "max", "min",
+     "num", "first", "last", "new", "old", "current", "split", "input", "output", "decoder", "tokenizer"}
+)  # fmt: skip
+"""Words before `token` where it is a unit of text or a cursor, not a credential: pad_token, next_token."""
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def credential_name(name: str) -> bool:
+    """Whether a key names a credential, by its last words: `DB_PASSWORD`, `_authToken`, `client-key-data`
+    and `SECRET_KEY` do; `password_hash`, `token_url`, `pad_token` and `cache_key` do not."""
+    words = [word.lower() for word in _WORD.findall(name)]
+    if not words:
+        return False
+    last, before = words[-1], words[-2] if len(words) > 1 else ""
+    if last == "token" and before in _NOT_CREDENTIAL_TOKENS:
+        return False
+    if last == "data":  # kubeconfig's client-key-data: a PEM key, base64
+        return before == "key"
+    return last in _CREDENTIAL_WORDS or (last == "key" and before in _SECRET_KEY_KINDS)
+
+
+_NOT_LITERALS = frozenset(
+    {"true", "false", "yes", "no", "on", "off", "null", "none", "nil", "undefined", "required", "optional",
+     "read", "write",
+     "str", "string", "text", "int", "integer", "bool", "boolean", "bytes", "object", "array", "number",
+     "basic", "bearer", "digest", "oauth", "oauth2", "jwt", "include", "omit", "same-origin", "inherit",
+     "hidden", "env", "default", "auto", "empty", "random", "any", "self", "this"}
+)  # fmt: skip
+"""Values that configure or type a credential field rather than being one: `auth: basic`,
+`credentials: 'include'`, `password: str`, `secrets: inherit`."""
+
+
+_TEMPLATE = re.compile(r"\$\{|\{\{|\{\w*\}|%[sdrif(]")
+"""Where a string is filled in by code: `${X}`, `{{ x }}`, `{}`, `{0}`, `{name}`, `%s`, `%(name)s`."""
+
+
+def is_literal(value: str, name: str = "") -> bool:
+    """A value a person wrote down, not code, a reference or a placeholder: `hunter2hunter`, `secret`
+    (people's passwords are words); not `${DB_PASSWORD}`, `{{ vault_pw }}`, `!vault`, `*alias`, `$(cat f)`, `getpass()`, `/run/secrets/db`,
+    `true`, `changeme`, or the key's own name (`password=password`)."""
+    value = value.strip()
+    lowered = value.lower()
+    return not (
+        not any(c.isalnum() for c in value)
+        or value.startswith(
+            ("$", "%", "{", "<", "(", "[", "!", "&", "*", "|", ">", "@", "~", "\\", "`", "/", "./")
+        )
+        or "(" in value
+        or _TEMPLATE.search(value) is not None
+        or lowered in _NOT_LITERALS
+        or lowered == name.lower()
+        or lowered == (_WORD.findall(name) or [""])[-1].lower()
+        or _says_it_stands_in(lowered)
+    )
+
+
+def _named_literal(match: re.Match[str], name_group: int = 1, value_group: int = 2) -> bool:
+    return credential_name(match.group(name_group)) and is_literal(
+        match.group(value_group), match.group(name_group)
+    )
+
+
+def _named_word(match: re.Match[str]) -> bool:
+    """`KEY=value` outside configuration: a literal, unless it reads as a call's keyword argument
+    (`f(password=pw)`, `auth=self.auth`)."""
+    value, after = match.group(2), match.string[match.end() : match.end() + 1]
+    code = after in (",", ")", "(", "[", ".") or re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)+", value) is not None
+    return not code and _named_literal(match)
+
+
+_NAME = r"(?<![A-Za-z0-9_])[$@:]?([A-Za-z_][A-Za-z0-9_.\-]*)['\"]?\]?"
+"""A key as code and configuration write it: `DB_PASSWORD`, `self.token`, `$password`, `:password`,
+`"api-key"`, `config['SECRET_KEY']`, `--password`."""
+_COMMENT_OR_END = r"(?=[ \t]+[#;]|[ \t]*$)"
+_CONFIG = frozenset({Syntax.CONFIG, Syntax.DOCKERFILE})
+
+_KEY_PREFIXES = ("api", "access", "auth", "private", "secret", "signing", "encryption", "master")
 _KEY_NAME_HINTS = (
     r"pass(?:wd|word|phrase)",
     "pwd",
     "secret",  # also client_secret
     "token",
     "credential",
+    # `pass` and `auth` alone only where something is assigned to them (`pass` is a Python statement).
+    r"pass['\"]?\]?[ \t]*[:=]",
+    r"auth['\"]?\]?[ \t]*[:=]",
+    r"key[_-]data",
     # `key` alone is in most lines of code that touch a dict; the lookbehinds keep the named ones.
     "key(?:" + "|".join(f"(?<={prefix}{sep}key)" for prefix in _KEY_PREFIXES for sep in ("", "_", "-")) + ")",
 )
+_KEY_NAMES = (
+    r"passwd|password|passphrase|pwd|secret|token|(?:"
+    + "|".join(_KEY_PREFIXES[:4])
+    + r")[_-]?key|client[_-]?secret|credentials?"
+)
+"""What the entropy rule looks for: names holding a secret word anywhere."""
+
+
+_CODE_SUFFIXES = frozenset(
+    [
+        ".py",
+        ".pyi",
+        ".pyx",
+        ".ipynb",
+        ".js",
+        ".mjs",
+        ".cjs",
+        ".jsx",
+        ".ts",
+        ".tsx",
+        ".vue",
+        ".svelte",
+        ".go",
+        ".rb",
+        ".java",
+        ".kt",
+        ".kts",
+        ".scala",
+        ".groovy",
+        ".gradle",
+        ".c",
+        ".h",
+        ".cc",
+        ".cpp",
+        ".cxx",
+        ".hh",
+        ".hpp",
+        ".cs",
+        ".fs",
+        ".php",
+        ".rs",
+        ".swift",
+        ".m",
+        ".mm",
+        ".pl",
+        ".pm",
+        ".lua",
+        ".r",
+        ".jl",
+        ".dart",
+        ".ex",
+        ".exs",
+        ".erl",
+        ".clj",
+        ".hs",
+        ".ml",
+        ".zig",
+        ".nim",
+        ".tf",
+        ".hcl",
+        ".json",
+        ".jsonc",
+        ".sql",
+        ".html",
+        ".htm",
+        ".css",
+        ".scss",
+    ]
+)
+"""Files in a programming (or data) language: unquoted values there are expressions, not literals."""
+_CONFIG_SUFFIXES = frozenset(
+    [
+        ".env",
+        ".yaml",
+        ".yml",
+        ".ini",
+        ".cfg",
+        ".conf",
+        ".cnf",
+        ".config",
+        ".properties",
+        ".toml",
+        ".sh",
+        ".bash",
+        ".zsh",
+        ".ksh",
+        ".envrc",
+        ".mk",
+        ".npmrc",
+        ".pypirc",
+        ".yarnrc",
+        ".kubeconfig",
+        ".service",
+        ".plist",
+    ]
+)
+_CONFIG_NAMES = frozenset(
+    [
+        "makefile",
+        "gnumakefile",
+        "procfile",
+        ".npmrc",
+        ".pypirc",
+        ".yarnrc",
+        ".envrc",
+        ".pgpass",
+        "kubeconfig",
+        "config",
+        ".htpasswd",
+    ]
+)
+_NETRC_NAMES = frozenset({".netrc", "_netrc", "netrc"})
+
+
+@functools.lru_cache(maxsize=4096)  # a history touches the same files again and again
+def syntax_of(path: str) -> Syntax:
+    """How a file assigns values, from its name: `.env.local` and `settings.yaml` are configuration,
+    `Dockerfile.dev` a Dockerfile, `app.py` code, `README.md` and unknown files prose."""
+    name = path.rsplit("/", 1)[-1].lower()
+    dot = name.rfind(".")
+    suffix = name[dot:] if dot > 0 else ""  # `.env` is a name, not a suffix
+    if name in _NETRC_NAMES:
+        return Syntax.NETRC
+    if name in ("dockerfile", "containerfile") or name.startswith("dockerfile.") or suffix == ".dockerfile":
+        return Syntax.DOCKERFILE
+    if name.startswith(".env") or name in _CONFIG_NAMES or suffix in _CONFIG_SUFFIXES:
+        return Syntax.CONFIG
+    return Syntax.CODE if suffix in _CODE_SUFFIXES else Syntax.PROSE
+
+
+_SECTION = re.compile(rf"^(?:diff --git a/.* b/(.*)|{re.escape(MESSAGE_HEADING)})$", re.MULTILINE)
+
+
+def sections(text: str) -> list[tuple[int, Syntax]]:
+    """Where each kind of text begins in a rendered commit: the message (and `rich`'s header) is prose,
+    each file's lines follow their `diff --git` header, and the `message` format's message its heading."""
+    found = [(0, Syntax.PROSE)]
+    for match in _SECTION.finditer(text):
+        found.append((match.start(), syntax_of(match.group(1)) if match.group(1) else Syntax.PROSE))
+    return found
+
+
+def line_syntaxes(text: str) -> list[Syntax]:
+    """The syntax of each of `text.split("\\n")`."""
+    where, syntaxes, offset = sections(text), [], 0
+    offsets = [start for start, _ in where]
+    for line in text.split("\n"):
+        syntaxes.append(where[bisect_right(offsets, offset) - 1][1])
+        offset += len(line) + 1
+    return syntaxes
 
 
 RULES: tuple[Rule, ...] = (
@@ -164,8 +439,11 @@ RULES: tuple[Rule, ...] = (
         # The pattern without its scheme: only lines with a user and a password in a URL.
         (r"://[^/\s:@'\"<>]+:[^/\s@'\"<>]+@",),
         group=1,
-        accept=lambda password: (
-            not (password.startswith(("$", "{", "<", "%")) or password in ("password", "pass", "****"))
+        accept=lambda match: (
+            not (
+                match.group(1).startswith(("$", "{", "<", "%"))
+                or match.group(1) in ("password", "pass", "****")
+            )
         ),
     ),
     Rule(
@@ -175,19 +453,107 @@ RULES: tuple[Rule, ...] = (
         ),
         _KEY_NAME_HINTS,
         group=1,
-        accept=looks_random,
+        # Not a call: `password_mgr = urllib2.HTTPPasswordMgrWithDefaultRealm()`.
+        accept=lambda match: (
+            looks_random(match.group(1)) and match.string[match.end() : match.end() + 1] != "("
+        ),
+    ),
+    Rule(
+        "connection_string_password",
+        # ADO.NET / ODBC / JDBC-style `Server=db;User Id=app;Password=hunter2;`, in code strings too.
+        re.compile(r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]*[^;'\"\s])[ \t]*;"),
+        (r"pass(?:wd|word|phrase)", "pwd"),
+        group=2,
+        accept=_named_literal,
+    ),
+    Rule(
+        "url_query_secret",
+        re.compile(r"(?i)[?&]([A-Za-z_][A-Za-z0-9_.\-]*)=([^&\s'\"#<>]+)"),
+        _KEY_NAME_HINTS,
+        group=2,
+        accept=_named_literal,
+    ),
+    Rule(
+        "authorization_header",
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9_])authorization['\"]?[ \t]*[:=][ \t]*['\"]?(basic|bearer|token)[ \t]+"
+            r"([A-Za-z0-9+/=._~\-]{8,})"
+        ),
+        ("authorization",),
+        group=2,
+        accept=lambda match: is_literal(match.group(2)),
     ),
     Rule(
         "quoted_secret",
-        # A quoted value assigned to a name that ends in a secret word (`password = "..."`,
-        # `"db_password": "..."`, `API_TOKEN='...'`): whatever it looks like, a person chose it.
+        # A quoted value assigned to a credential-named key (`password = "..."`, `"db_password": "..."`,
+        # `API_TOKEN='...'`, `login(password="...")`): whatever it looks like, a person chose it.
+        re.compile(rf"(?i){_NAME}[ \t]*(?::=|=>|[:=])[ \t]*[rbuf]?(['\"])((?:\\.|(?!\2)[^\n\\])+)\2"),
+        _KEY_NAME_HINTS,
+        group=3,
+        accept=partial(_named_literal, value_group=3),
+    ),
+    Rule(
+        "xml_secret",
+        re.compile(r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"),  # Maven's <password>...</password>
+        _KEY_NAME_HINTS,
+        group=2,
+        accept=_named_literal,
+    ),
+    Rule(
+        "netrc_password",
+        re.compile(r"(?i)(?<![A-Za-z0-9_])machine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+(password)[ \t]+(\S+)"),
+        ("password",),
+        group=2,
+        accept=_named_literal,
+    ),
+    Rule(
+        "netrc_password",
+        re.compile(r"(?i)(?<![A-Za-z0-9_])(password)[ \t]+(\S+)"),
+        ("password",),
+        group=2,
+        accept=_named_literal,
+        syntaxes=frozenset({Syntax.NETRC}),
+    ),
+    Rule(
+        "unquoted_secret",
+        # `KEY=value` in configuration: .env, `export KEY=value`, compose's `- KEY=value`, `db.password=x`.
+        re.compile(rf"(?i){_NAME}:?=(?![\s'\"=])([^\s'\"]+)"),
+        _KEY_NAME_HINTS,
+        group=2,
+        accept=_named_literal,
+        syntaxes=_CONFIG,
+    ),
+    Rule(
+        "unquoted_secret",
+        # `key: value` and `key = value` in configuration (YAML, INI, TOML, properties, Makefile): the rest
+        # of the line, up to a comment.
         re.compile(
-            rf"(?i)(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.-])*(?:{_KEY_NAMES})(?:[_-]?key)?['\"]?\s*(?::=|=>|[:=])\s*"
-            r"[rbuf]?(['\"])((?:\\.|(?!\1)[^\n\\]){6,})\1"
+            rf"(?i){_NAME}(?:[ \t]*:[ \t]+|[ \t]+:?=[ \t]*|:?=[ \t]+)(?![\s'\"])([^\n]*?[^\s]){_COMMENT_OR_END}"
         ),
         _KEY_NAME_HINTS,
         group=2,
-        accept=lambda value: not is_placeholder(value),
+        accept=_named_literal,
+        syntaxes=_CONFIG,
+    ),
+    Rule(
+        "unquoted_secret",
+        re.compile(
+            rf"(?i)(?<![A-Za-z0-9_])(?:ENV|ARG)[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]+(?![\s'\"=])([^\n]*?[^\s])"
+            rf"{_COMMENT_OR_END}"
+        ),
+        _KEY_NAME_HINTS,
+        group=2,
+        accept=_named_literal,
+        syntaxes=frozenset({Syntax.DOCKERFILE}),
+    ),
+    Rule(
+        "unquoted_secret",
+        # In a commit message or a document only `KEY=value` is an assignment (`key: value` is prose).
+        re.compile(rf"(?i){_NAME}=(?![\s'\"=])([^\s'\"(),;\[\]`]+)"),
+        _KEY_NAME_HINTS,
+        group=2,
+        accept=_named_word,
+        syntaxes=frozenset({Syntax.PROSE}),
     ),
 )
 
@@ -214,9 +580,14 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
     lowered = joined.lower()  # ASCII only, so byte offsets stay put
     starts = [0, *accumulate(len(data) + 1 for data in encoded)]
     candidates: list[list[int]] = [[] for _ in texts]
+    holding: dict[tuple[bool, tuple[str, ...]], set[int]] = {}  # most rules share their hints: scan once
     for number, rule in enumerate(RULES):
-        haystack = lowered if rule.ignores_case else joined
-        for index in _texts_holding(haystack, rule.hint_byte_patterns, starts):
+        key = (rule.ignores_case, rule.hints)
+        if key not in holding:
+            holding[key] = _texts_holding(
+                lowered if rule.ignores_case else joined, rule.hint_byte_patterns, starts
+            )
+        for index in holding[key]:
             candidates[index].append(number)
     if not joined.isascii():
         for index in _texts_holding(joined, _LOWER_TO_ASCII, starts):
@@ -253,27 +624,62 @@ def _redact_text(text: str, candidates: list[int]) -> tuple[str, Counter]:
     """Run the rules on one text: the `candidates` (rule numbers whose hints it holds), and, once a
     replacement has changed the text, every later rule whose hints the changed text holds."""
     counts: Counter = Counter()
-    lowered = _lowercase(text) if any(RULES[number].ignores_case for number in candidates) else text
-    changed = False
+    view, changed = _View(text), False
     for number, rule in enumerate(RULES):
-        haystack = lowered if rule.ignores_case else text
-        if number not in candidates and not (changed and any(p.search(haystack) for p in rule.hint_patterns)):
+        if number not in candidates and not (changed and view.holds(rule)):
             continue
         if rule.multiline:
-            redacted = rule.pattern.sub(partial(_replace, rule=rule, counts=counts), text)
+            redacted = rule.pattern.sub(partial(_replace, rule=rule, counts=counts), view.text)
         else:
-            redacted = _redact_lines(text, haystack, rule, counts)
-        if redacted != text:
-            text, lowered, changed = redacted, _lowercase(redacted), True
-    return text, counts
+            redacted = _redact_lines(view, rule, counts)
+        if redacted != view.text:
+            view, changed = _View(redacted), True
+    return view.text, counts
 
 
-def _redact_lines(text: str, haystack: str, rule: Rule, counts: Counter) -> str:
-    """Run `rule` on the lines of `text` that hold one of its hints (found in `haystack`, the text or
-    its lowered copy); the text is rebuilt only when a secret is found."""
-    pieces: list[str] = []
-    done = 0
-    for start in _hint_line_starts(haystack, rule.hint_patterns):
+class _View:
+    """A text as the rules read it, with what several rules would each compute again: its lowered copy,
+    the lines holding each set of hints (most rules share theirs), where its files' syntaxes begin."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._line_starts: dict[tuple[bool, tuple[str, ...]], list[int]] = {}
+
+    @cached_property
+    def lowered(self) -> str:
+        return _lowercase(self.text)
+
+    @cached_property
+    def sections(self) -> tuple[list[int], list[Syntax]]:
+        where = sections(self.text)
+        return [offset for offset, _ in where], [syntax for _, syntax in where]
+
+    def haystack(self, rule: Rule) -> str:
+        return self.lowered if rule.ignores_case else self.text
+
+    def holds(self, rule: Rule) -> bool:
+        return any(pattern.search(self.haystack(rule)) for pattern in rule.hint_patterns)
+
+    def line_starts(self, rule: Rule) -> list[int]:
+        """Start offsets of the lines that hold one of the rule's hints, in order."""
+        key = (rule.ignores_case, rule.hints)
+        if key not in self._line_starts:
+            self._line_starts[key] = _hint_line_starts(self.haystack(rule), rule.hint_patterns)
+        return self._line_starts[key]
+
+    def syntax_at(self, offset: int) -> Syntax:
+        offsets, syntaxes = self.sections
+        return syntaxes[bisect_right(offsets, offset) - 1]
+
+
+def _redact_lines(view: _View, rule: Rule, counts: Counter) -> str:
+    """Run `rule` on the lines of the text that hold one of its hints (and are of a syntax it reads);
+    the text is rebuilt only when a secret is found."""
+    text, pieces, done = view.text, [], 0
+    starts = view.line_starts(rule)
+    if rule.syntaxes != EVERY_SYNTAX:
+        starts = [start for start in starts if view.syntax_at(start) in rule.syntaxes]
+    for start in starts:
         end = text.find("\n", start)
         end = len(text) if end < 0 else end
         for match in rule.pattern.finditer(text, start, end):
@@ -295,7 +701,7 @@ def _hint_line_starts(haystack: str, patterns: tuple[re.Pattern[str], ...]) -> l
 
 def _replace(match: re.Match[str], rule: Rule, counts: Counter) -> str:
     secret = match.group(rule.group)
-    if rule.accept and not rule.accept(secret):
+    if rule.accept and not rule.accept(match):
         return match.group(0)
     counts[rule.name] += 1
     whole = match.group(0)

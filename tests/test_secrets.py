@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scrapers.secrets import RULES, _replace, looks_random, redact, redact_all
+from scrapers.secrets import (
+    RULES,
+    Syntax,
+    _replace,
+    line_syntaxes,
+    looks_random,
+    redact,
+    redact_all,
+    syntax_of,
+)
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 # Realistic but fake values, one per rule (these are not real credentials).
@@ -108,7 +117,10 @@ def _redact_without_hints(text: str) -> tuple[str, Counter]:
         if rule.multiline:
             text = rule.pattern.sub(replace, text)
         else:
-            text = "\n".join(rule.pattern.sub(replace, line) for line in text.split("\n"))
+            lines = zip(text.split("\n"), line_syntaxes(text), strict=True)
+            text = "\n".join(
+                rule.pattern.sub(replace, line) if syntax in rule.syntaxes else line for line, syntax in lines
+            )
     return text, counts
 
 
@@ -134,6 +146,22 @@ _PIECES = [
     "\x00",
     "://x",
     "\r",
+    # Lines whose syntax decides: a file header sets it for the lines below, the message heading ends it.
+    "diff --git a/.env b/.env",
+    "diff --git a/deploy/compose.yml b/deploy/compose.yml",
+    "diff --git a/Dockerfile b/Dockerfile",
+    "diff --git a/.netrc b/.netrc",
+    "diff --git a/app.py b/app.py",
+    "Commit message:",
+    "+DB_PASS=hunter22",
+    "  password: hunter2 # c",
+    "ENV DB_PASSWORD hunter2",
+    "machine h login u password p4ss",
+    "password p4ss",
+    "Password=abc;",
+    "?token=abc&",
+    "<secret>x</secret>",
+    "f(password=pw)",
 ]
 
 
@@ -188,3 +216,117 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
     assert all(redactions[rule] == 2 for rule in SECRETS if rule != "aws_access_key_id")
     assert sorted(manifest["scrape"]["redacted_commits"]) == sorted([planted, rotated, removed])
     assert b"<REDACTED:github_token>" in (out / "sequences.jsonl").read_bytes()
+
+
+# A literal assigned to a credential-named key, in each syntax people keep them in: redacted whatever
+# its entropy (people's passwords are words). Each line sits in a diff under its file's header.
+CREDENTIALS = [
+    (".env", "DB_PASSWORD=hunter2hunter"),
+    (".env.production", "export API_TOKEN=swordfish"),
+    ("config/settings.yaml", "DB_PASSWORD: hunter2hunter"),
+    ("config/settings.yaml", "  password: 'swordfish'  # the staging one"),
+    ("docker-compose.yml", "      - POSTGRES_PASSWORD=swordfish"),
+    ("docker-compose.yml", '      POSTGRES_PASSWORD: "swordfish"'),
+    ("secrets.json", '  "client_secret": "swordfish",'),
+    ("pyproject.toml", 'token = "swordfish"'),
+    ("setup.cfg", "password = swordfish"),
+    ("app.ini", "secret_key: swordfish"),
+    ("application.properties", "spring.datasource.password=swordfish"),
+    ("deploy.sh", "export GITHUB_TOKEN=swordfish"),
+    ("app/settings.py", 'SECRET_KEY = "dev"'),
+    ("app/db.py", 'connect(host="db", password="swordfish")'),
+    ("app/config.py", 'app.config["SECRET_KEY"] = "swordfish"'),
+    ("src/client.js", "const apiKey = 'swordfish';"),
+    ("src/client.ts", "fetch(url, { headers: { authToken: 'swordfish' } })"),
+    ("cmd/main.go", 'cfg := Config{Password: "swordfish"}'),
+    ("lib/client.rb", "client = Client.new(password: 'swordfish')"),
+    ("lib/client.rb", "@password = 'swordfish'"),
+    ("Dockerfile", "ENV DB_PASSWORD swordfish"),
+    ("Dockerfile", "ARG NPM_TOKEN=swordfish"),
+    ("src/Db.cs", 'var db = "Server=db;User Id=app;Password=swordfish;";'),
+    ("app/db.py", 'url = "https://api.example.com/v1?api_key=swordfish&page=2"'),
+    (".netrc", "machine example.com login ada password swordfish"),
+    (".npmrc", "//registry.npmjs.org/:_authToken=swordfish"),
+    (".pypirc", "password = swordfish"),
+    ("kubeconfig", "    token: swordfish"),
+    ("settings.xml", "      <password>swordfish</password>"),
+    ("README.md", "Start it with DB_PASSWORD=swordfish make up"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "line"), CREDENTIALS, ids=[f"{path}: {line.strip()}" for path, line in CREDENTIALS]
+)
+@pytest.mark.parametrize("marker", ["+", "-"])
+def test_a_literal_under_a_credential_name_is_redacted_in_any_syntax(path, line, marker):
+    value = "dev" if '"dev"' in line else "swordfish"
+    text = f"Update settings\n\ndiff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n{marker}{line}\n"
+    redacted, counts = redact(text)
+    assert value not in redacted.split("@@")[-1], redacted
+    assert sum(counts.values()) == 1
+
+
+# Code is not a literal, and neither is a reference, a template, a type or nothing at all.
+NOT_CREDENTIALS = [
+    ("app/forms.py", "password = forms.CharField()"),
+    ("app/nlp.py", "token = tokenizer(text)"),
+    ("app/nlp.py", 'pad_token = "<pad>"'),
+    ("app/nlp.py", 'eos_token = "EOS"'),
+    ("app/settings.py", 'secret = os.environ["SECRET"]'),
+    ("app/settings.py", "password = request.form.password"),
+    ("app/settings.py", 'auth = "Basic %s" % encoded'),
+    ("app/settings.py", "def login(user, password: str = None):"),
+    ("app/cli.py", "password = getpass()"),
+    ("app/api.py", "api_key: str = ''"),
+    ("app/api.py", "password_hash = bcrypt(password)"),
+    ("src/client.js", "fetch(url, { credentials: 'include' })"),
+    (".env", "SECRET_KEY=${SECRET_KEY}"),
+    (".env", "DB_PASSWORD="),
+    (".env", "DB_PASSWORD_FILE=/run/secrets/db"),
+    ("config/settings.yaml", "password: {{ vault_db_password }}"),
+    ("config/settings.yaml", "password:"),
+    ("config/settings.yaml", "auth: true"),
+    (".github/workflows/ci.yml", "      id-token: write"),
+    (".github/workflows/ci.yml", "          token: ${{ secrets.GITHUB_TOKEN }}"),
+    (".github/workflows/ci.yml", "    secrets: inherit"),
+    ("deploy.sh", 'export TOKEN="$(gh auth token)"'),
+    ("deploy.sh", "PASSWORD=$1"),
+    ("Dockerfile", "ARG NPM_TOKEN"),
+    ("docs/api.rst", "   :param password: the user's password"),
+    ("docs/auth.md", "requests.get(url, auth=auth)"),
+    ("docs/auth.md", "Session(token=self.token)"),
+    ("config/settings.yaml", "password: changeme"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "line"), NOT_CREDENTIALS, ids=[f"{path}: {line.strip()}" for path, line in NOT_CREDENTIALS]
+)
+def test_code_references_and_placeholders_under_a_credential_name_stay(path, line):
+    text = f"diff --git a/{path} b/{path}\n@@ -1 +1 @@\n+{line}\n"
+    assert redact(text) == (text, {})
+
+
+def test_the_message_is_prose_and_each_file_its_own_syntax():
+    text = (
+        "Rotate DB_PASSWORD=hunter2hunter\n\nThe token: was wrong\n\n"
+        "diff --git a/app.py b/app.py\n@@ -1 +1 @@\n+password = new_password\n"
+        "diff --git a/.env b/.env\n@@ -1 +1 @@\n+password = new_password\n"
+        "\nCommit message:\npassword = new_password\n"
+    )
+    redacted, counts = redact(text)
+    assert "hunter2hunter" not in redacted and "The token: was wrong" in redacted  # `key: value` is prose
+    assert "+password = new_password\ndiff --git a/.env" in redacted  # code: an expression
+    assert "+password = <REDACTED:unquoted_secret>\n" in redacted  # configuration: a literal
+    assert redacted.endswith("Commit message:\npassword = new_password\n")  # the message again: prose
+    assert counts == {"unquoted_secret": 2}
+
+
+@pytest.mark.parametrize(
+    ("path", "syntax"),
+    [(".env.local", Syntax.CONFIG), ("deploy/values.yaml", Syntax.CONFIG), ("Dockerfile.dev", Syntax.DOCKERFILE),
+     ("app.py", Syntax.CODE), ("README.md", Syntax.PROSE), ("LICENSE", Syntax.PROSE), ("home/.netrc", Syntax.NETRC),
+     ("Makefile", Syntax.CONFIG), ("web/.npmrc", Syntax.CONFIG)],
+)  # fmt: skip
+def test_the_syntax_comes_from_the_file_name(path, syntax):
+    assert syntax_of(path) is syntax

@@ -119,8 +119,13 @@ def greedy(model, tokenizer, prompt: str, tokens: int = 12) -> list[int]:
 def load_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    from pipeline.builtin import reading_gguf_once
+
+    with reading_gguf_once():
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
     return model.eval(), tokenizer
 
 
