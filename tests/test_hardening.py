@@ -198,16 +198,18 @@ def test_oversized_messages_and_quoted_secrets_never_reach_the_data_or_the_token
     repo.commit(
         "Add the database settings", {"pkg/settings.py": 'DB_PASSWORD = "Summer2024!"\nDB_USER = "app"\n'}
     )
+    repo.commit(
+        "Configure the deployment", {"deploy/values.yaml": "DB_USER: app\nDB_PASSWORD: hunter2hunter\n"}
+    )
     out = tmp_path / "out"
     result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.epochs=1")
     assert result.code == 0, result.err
     manifest = read_json(out / "MANIFEST.json")
     assert manifest["scrape"]["skipped"]["message_too_large"] == 1
-    assert manifest["scrape"]["redactions"]["quoted_secret"] == 1
-    assert b"Summer2024" not in (out / "sequences.jsonl").read_bytes()
+    assert manifest["scrape"]["redactions"] == {"quoted_secret": 1, "unquoted_secret": 1}
     for path in out.rglob("*"):
-        if path.is_file():
-            assert b"Summer2024" not in path.read_bytes(), path  # the tokenizer, the cache, the adapter
+        if path.is_file():  # the sequences, the tokenizer, the cache, the adapter, the manifest
+            assert b"Summer2024" not in path.read_bytes() and b"hunter2hunter" not in path.read_bytes(), path
 
 
 def test_the_recorded_command_is_what_the_user_typed(cli, sample_repo, tmp_path):
