@@ -80,6 +80,8 @@ DETAIL = (
     "scrape.commits_per_s",
     "*.seconds",
 )
+# What a run measured though the plan records it: a measurement is a metric, never a param.
+MEASUREMENTS = ("training_parameters.measured_tokens_per_s",)
 CATEGORIES = ("params", "metrics", "other")
 # Numbers that name something rather than measure it: a changed pid is a different process, not Δ +1.
 IDENTIFIERS = ("*.pid", "*.hostname", "*.node", "*.rank", "*_rank", "*.port", "*.master", "*.index", "*.seed")
@@ -140,6 +142,8 @@ class Change:
         path = self.pattern_path
         if _matches(path, DETAIL):
             return "other"
+        if _matches(path, MEASUREMENTS):
+            return "metrics"
         if _matches(path, PARAMS):
             return "params"
         return "metrics" if _matches(path, METRICS) else "other"
@@ -415,6 +419,69 @@ def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
     return text, messages, 1 if differ else 0
 
 
+_SYSTEMS = {
+    "before": "base model",
+    "after": "fine-tuned",
+    "nearest_commit": "lookup",
+    "selector": "selector",
+    "suggested": "suggestion",
+}
+_TASKS = {"message": "commit message", "code": "next line"}
+_SCORES = {
+    "chrf": "chrF",
+    "edit_similarity": "edit similarity",
+    "exact_match_pct": "exact match %",
+    "first_word_match_pct": "first word right %",
+    "subject_exact_match_pct": "subject exact %",
+    "output_chars_mean": "answer length (chars)",
+    "reference_chars_mean": "reference length (chars)",
+    "whitespace_only": "empty answers",
+    "samples": "commits scored",
+}
+_AGAINST = {"vs_nearest_commit": "minus the lookup's", "vs_before": "minus the base model's"}
+_NAMED = {
+    "training_report.training.summary.first": "loss (training), first step",
+    "training_report.training.summary.last": "loss (training), last step",
+    "training_report.training.summary.min": "loss (training), lowest",
+    "training_report.training.summary.min_step": "step of the lowest training loss",
+    "training_report.training.global_step": "optimizer steps run",
+    "training_report.evaluation.relative_change": "held-out loss change, fine-tuned vs base",
+    "training_report.throughput.tokens_per_s": "training speed (tokens/s)",
+    "training_report.throughput.samples_per_s": "training speed (blocks/s)",
+    "training_report.throughput.trained_tokens": "tokens trained",
+    "training_parameters.measured_tokens_per_s": "speed the plan rests on (tokens/s, measured)",
+}
+
+
+def describe(path: str) -> str:
+    """What a metric is, in words: `training.summary.last` is the training loss at the last step,
+    `evaluation.tasks.after.message.vs_nearest_commit.chrf` the fine-tuned model's commit-message chrF
+    minus the lookup's. Empty for what has no name here (the path says it)."""
+    if path in _NAMED:
+        return _NAMED[path]
+    parts = path.split(".")
+    if parts[:2] != ["training_report", "evaluation"] or len(parts) < 4:
+        return ""
+    interval = parts[-1].endswith("_ci95")
+    parts[-1] = parts[-1].removesuffix("_ci95")
+    words = ""
+    if parts[2] == "tasks" and len(parts) >= 6 and parts[3] in _SYSTEMS and parts[4] in _TASKS:
+        score = _SCORES.get(parts[-1], "")
+        against = _AGAINST.get(parts[5], "") if len(parts) == 7 else ""
+        if score and (len(parts) == 6 or against):
+            words = f"{_TASKS[parts[4]]} {score}, {_SYSTEMS[parts[3]]}" + (f" {against}" if against else "")
+    elif parts[2] in ("before", "after") and parts[-1] in ("loss", "perplexity", "loss_stderr"):
+        measure = {
+            "loss": "held-out loss",
+            "perplexity": "held-out perplexity",
+            "loss_stderr": "held-out loss stderr",
+        }
+        fmt = f", {parts[4]} format" if len(parts) == 6 and parts[3] == "per_format" else ""
+        if len(parts) == 4 or fmt:
+            words = f"{measure[parts[-1]]}, {_SYSTEMS[parts[2]]}{fmt}"
+    return f"{words}, 95% interval" if words and interval else words
+
+
 def render_table(changes: list[Change], markdown: bool) -> str:
     """Changes grouped by section, params before metrics before the rest: path, old, new, Δ, Δ%."""
     if not changes:
@@ -425,8 +492,11 @@ def render_table(changes: list[Change], markdown: bool) -> str:
     lines: list[str] = []
     for (category, section), members in groups.items():
         title = section if category == "other" else f"{section} ({category})"
+        # Metrics say what they are in words first: a path like training.summary.last hides a loss.
+        named = category == "metrics"
         rows = [
             (
+                *((describe(change.path),) if named else ()),
                 change.path.removeprefix(f"{section}.") or section,
                 _show(change.old),
                 _show(change.new),
@@ -436,17 +506,17 @@ def render_table(changes: list[Change], markdown: bool) -> str:
             )
             for change in members
         ]
+        header = (*(("what",) if named else ()), "path", "old", "new", "Δ", "Δ%", "kind")
         if markdown:
             lines += [
                 f"### {title}",
                 "",
-                "| path | old | new | Δ | Δ% | kind |",
-                "|---|---|---|---|---|---|",
+                "| " + " | ".join(header) + " |",
+                "|" + "---|" * len(header),
             ]
             lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
         else:
-            header = ("path", "old", "new", "Δ", "Δ%", "kind")
-            widths = [max(len(row[i]) for row in [header, *rows]) for i in range(6)]
+            widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
             lines.append(f"== {title} ==")
             lines += [
                 "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()

@@ -63,6 +63,34 @@ def test_differences_are_grouped_by_section_with_deltas(cli, two_runs):
     assert "training.summary.last" in result.out
 
 
+def test_each_metric_says_what_it_is_and_a_measurement_is_never_a_param(cli, two_runs):
+    out = cli("diff", *two_runs).out
+    params = out.split("== training_parameters (params) ==")[1].split("\n\n")[0]
+    assert "measured_tokens_per_s" not in params  # measured, not decided: under metrics
+    rows = {line.strip().split("  ")[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "training.summary.last" in rows["loss (training), last step"]
+    assert "evaluation.after.loss " in rows["held-out loss, fine-tuned"]
+    assert "evaluation.after.perplexity" in rows["held-out perplexity, fine-tuned"]
+    assert "measured_tokens_per_s" in rows["speed the plan rests on (tokens/s, measured)"]
+    assert "vs_nearest_commit.chrf " in rows["commit message chrF, fine-tuned minus the lookup's"]
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        ("training_report.evaluation.tasks.suggested.message.edit_similarity_ci95",
+         "commit message edit similarity, suggestion, 95% interval"),
+        ("training_report.evaluation.tasks.before.code.exact_match_pct", "next line exact match %, base model"),
+        ("training_report.evaluation.before.per_format.message.loss", "held-out loss, base model, message format"),
+        ("training_report.evaluation.cost.after_s", ""),
+    ],
+)  # fmt: skip
+def test_metric_names_are_built_from_the_path(path, words):
+    from pipeline.diff import describe
+
+    assert describe(path) == words
+
+
 def test_json_output_lists_every_change_with_its_kind(cli, two_runs):
     result = cli("diff", *two_runs, "--json")
     report = orjson.loads(result.out)
