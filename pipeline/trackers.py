@@ -4,6 +4,7 @@ attached when training begins and its manifest when training ends, where the tra
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from pipeline.manifest import TENSORBOARD_DIR
 
 # Package to install for a tracker whose pip name is not its report_to name with - for _.
 PACKAGES = {"azure_ml": "azureml-core", "flyte": "flytekit", "kubeflow": "kfp"}
+# Module a tracker's code lives in, where it is not its report_to name.
+_MODULES = {"tensorboard": "tensorboard", "azure_ml": "azureml", "flyte": "flytekit", "kubeflow": "kfp"}
 
 
 def tracker_problem(names: list[str]) -> str | None:
@@ -35,6 +38,23 @@ def tracker_problem(names: list[str]) -> str | None:
         if name not in installed:
             return f"`train.report_to`: {name} needs its package: pip install {PACKAGES.get(name, name.replace('_', '-'))}"
     return None
+
+
+def tracker_failure(err: BaseException, names: list[str]) -> str | None:
+    """When a tracker's own code raised while training (a tracking URI its backend cannot serve, a login
+    it lacks), what to tell the user in one line; None when the error came from elsewhere."""
+    frames = [frame.filename.replace("\\", "/") for frame in traceback.extract_tb(err.__traceback__)]
+    if not any(path.endswith("transformers/integrations/integration_utils.py") for path in frames):
+        return None
+    # The tracker whose package the innermost of its frames is in, else the one transformers was calling.
+    named = [name for path in frames for name in names if f"/{_MODULES.get(name, name)}/" in path]
+    name = named[-1] if named else ", ".join(names)
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return (
+        f"`train.report_to`: {name} failed when training began or logged: {type(err).__name__}: "
+        f"{first_line[:300]} (fix the tracker's own settings, e.g. its environment variables, or leave it "
+        "out of train.report_to)"
+    )
 
 
 def attach_trackers(trainer, output_dir: Path, manifest_path: Path, decisions: dict[str, Any]) -> None:

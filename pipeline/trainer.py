@@ -40,7 +40,7 @@ from pipeline.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_b
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.performance import throughput_report
 from pipeline.progress import clock, say
-from pipeline.trackers import attach_trackers
+from pipeline.trackers import attach_trackers, tracker_failure
 from pipeline.types import Plan, TrainOutcome
 
 TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
@@ -713,6 +713,10 @@ def _train_retrying(
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             job.plan = replan_after_oom(micro // 2)
+        except Exception as err:
+            if why := tracker_failure(err, job.plan.report_to):
+                raise TrainingError(why) from None
+            raise
     if history.diverged:
         raise TrainingError(
             f"the loss became {history.diverged['loss']} at step {history.diverged['step']}; "

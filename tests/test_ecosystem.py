@@ -4,7 +4,10 @@ lines in a log."""
 
 from __future__ import annotations
 
+import json
 import re
+import struct
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +37,114 @@ def test_tensorboard_gets_the_curves_the_plan_and_the_manifest(cli, tmp_path):
     assert "repotune/plan/text_summary" in texts and "repotune/manifest/text_summary" in texts
     plan = events.Tensors("repotune/plan/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| report_to | ['tensorboard'] | cli |" in plan
+
+
+def tracked_run(cli, tmp_path, tracker: str):
+    repo = add_features(GitRepo(tmp_path / "repo"))
+    out = tmp_path / "out"
+    result = cli(
+        "--repo", repo.path, "--output-dir", out, *FAST_TRAINING,
+        "--set", "train.epochs=2", "--set", f"train.report_to=[{tracker}]",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    return read_json(out / "MANIFEST.json"), out
+
+
+def test_mlflow_gets_the_params_the_loss_curve_the_plan_and_the_manifest(cli, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    # A local file store (MLflow 3 wants a database or a server by default; this is its own opt-in).
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "repotune")
+    manifest, _ = tracked_run(cli, tmp_path, "mlflow")
+    client = MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("repotune").experiment_id])
+    plan = manifest["training_parameters"]
+    assert float(run.data.params["learning_rate"]) == plan["learning_rate"]
+    assert int(run.data.params["per_device_train_batch_size"]) == plan["batch_size"]
+    logged = client.get_metric_history(run.info.run_id, "loss")
+    history = manifest["training_report"]["training"]["loss_history"]
+    assert [(m.step, round(m.value, 4)) for m in logged] == [
+        (e["step"], round(e["loss"], 4)) for e in history
+    ]
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "repotune")} == {
+        "repotune/plan.json",
+        "repotune/MANIFEST.json",
+    }
+    attached = json.loads(Path(client.download_artifacts(run.info.run_id, "repotune/plan.json")).read_text())
+    assert attached["report_to"] == manifest["training_parameters"]["decisions"]["report_to"]
+    assert attached["report_to"]["value"] == ["mlflow"]
+
+
+def wandb_records(run_file: Path):
+    """The records of an offline W&B run file: its header, then LevelDB-log chunks (7-byte headers:
+    crc32, length, type) in 32 KiB blocks, each record a protobuf `Record`. wandb itself reads these only
+    when it syncs them to a server."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, position, pending, records = run_file.read_bytes(), 7, b"", []
+    while position + 7 <= len(data):
+        if 32768 - position % 32768 < 7:  # a block's tail too short for a header is padding
+            position += 32768 - position % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        chunk, position = data[position + 7 : position + 7 + length], position + 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending + chunk)
+            records.append(record)
+            pending = b""
+        elif kind in (2, 3):
+            pending += chunk
+    return records
+
+
+def test_wandb_offline_gets_the_loss_curve_the_plan_and_the_manifest(cli, tmp_path, monkeypatch):
+    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(name, value)
+    manifest, _ = tracked_run(cli, tmp_path, "wandb")
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert (run / "files" / "MANIFEST.json").exists()
+    records = wandb_records(next(run.glob("run-*.wandb")))
+    losses = [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        for record in records
+        if record.WhichOneof("record_type") == "history"
+    ]
+    logged = [
+        (row["train/global_step"], round(row["train/loss"], 4)) for row in losses if "train/loss" in row
+    ]
+    history = manifest["training_report"]["training"]["loss_history"]
+    assert logged == [(entry["step"], round(entry["loss"], 4)) for entry in history]
+    config = {
+        item.key or "/".join(item.nested_key)
+        for record in records
+        if record.WhichOneof("record_type") == "config"
+        for item in record.config.update
+    }
+    assert "repotune" in config and "learning_rate" in config
+
+
+def test_a_tracker_that_fails_while_training_is_one_line(cli, sample_repo, tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    def unreachable(*args, **kwargs):  # what an unreachable tracking server or an unsupported URI gives
+        raise MlflowException("API request to http://mlflow.internal:5000 failed: connection refused")
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
+    monkeypatch.setattr(mlflow, "start_run", unreachable)
+    out = tmp_path / "out"
+    result = cli("--repo", sample_repo.path, "--output-dir", out, "--set", "train.report_to=[mlflow]")
+    assert result.code == 1
+    assert result.err.strip().splitlines()[-1] == (
+        "repotune: error: `train.report_to`: mlflow failed when training began or logged: MlflowException: "
+        "API request to http://mlflow.internal:5000 failed: connection refused (fix the tracker's own settings, "
+        "e.g. its environment variables, or leave it out of train.report_to)"
+    )
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["status"] == "failed" and "mlflow failed" in manifest["error"]
 
 
 def test_a_tracker_that_cannot_be_used_is_one_line(cli, sample_repo, tmp_path, monkeypatch):
