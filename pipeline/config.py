@@ -87,6 +87,9 @@ class PlanConfig:
     """Dataloader worker processes; auto is physical cores // 2, and 0 for a small in-memory dataset."""
     pin_memory: bool = True
     """Pin host memory for faster host-to-GPU copies; only takes effect with CUDA."""
+    cpu_threads: int | Auto = field(default="auto", metadata=POSITIVE)
+    """Threads torch computes with on the CPU; auto: the usable cores other processes leave free when the
+    run starts, and, while training, as that changes (a thread on a busy core stalls all the others)."""
 
 
 @dataclass(frozen=True)

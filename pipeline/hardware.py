@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import sys
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,11 @@ class Hardware:
     transformers_version: str | None = None
     source: str = "detected"
     """`detected` on this machine, or the profile file it was described by."""
+    busy_cores: float | None = None
+    """Cores' worth of CPU that other processes used while this run started (None: not measured, as for
+    a described machine): a training that shares the CPU plans its threads and speed for what is left."""
+    busy_processes: tuple[str, ...] = ()
+    """The other processes that used the most of it (`name (pid N): 1.0 core`)."""
     notes: dict[str, str] = field(default_factory=dict)
     """Why a field is None or a reader was skipped."""
 
@@ -79,6 +85,7 @@ class Hardware:
             for row, gpu in zip(data["gpus"], self.gpus, strict=True)
         ]
         data["gpu_count"] = len(self.gpus)
+        data["busy_processes"] = list(self.busy_processes)
         return data
 
 
@@ -92,7 +99,69 @@ def _cores_within(quota: float | None) -> int:
     return max(1, min(cores, math.floor(quota) if quota else sys.maxsize))
 
 
-def detect_hardware() -> Hardware:
+BUSY_CORES_NAMED = 0.25  # other processes using this much of the CPU are named, and slow training down
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    busy_cores: float
+    """Cores' worth of CPU other processes used over the window."""
+    busy_processes: tuple[str, ...]
+
+
+class LoadMeter:
+    """How much CPU other processes use, on the cores this process may use, from when it is created to
+    when it is read: the machine's busy time there minus this process's own (its children included)."""
+
+    WINDOW_S = 0.1  # at least this long: CPU time is counted in 10 ms ticks
+
+    def __init__(self):
+        self._cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._started = self._snapshot()
+
+    def read(self) -> CpuLoad:
+        wall, machine, own = self._started
+        if (waited := time.perf_counter() - wall) < self.WINDOW_S:
+            time.sleep(self.WINDOW_S - waited)
+        now_wall, now_machine, now_own = self._snapshot()
+        busy = max(0.0, (now_machine - machine - (now_own - own)) / (now_wall - wall))
+        return CpuLoad(round(busy, 2), busiest_processes() if busy >= BUSY_CORES_NAMED else ())
+
+    def _snapshot(self) -> tuple[float, float, float]:
+        per_cpu = psutil.cpu_times(percpu=True)
+        cores = [per_cpu[i] for i in self._cores if i < len(per_cpu)] if self._cores else per_cpu
+        machine = sum(t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
+                      + getattr(t, "steal", 0) for t in cores)  # fmt: skip
+        own = psutil.Process().cpu_times()
+        return time.perf_counter(), machine, own.user + own.system + own.children_user + own.children_system
+
+
+def busiest_processes(window_s: float = 0.2, count: int = 3) -> tuple[str, ...]:
+    """The processes other than this one (and its children) that used the most CPU over a short window."""
+    ours = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}
+
+    def times() -> dict[int, tuple[str, float]]:
+        found = {}
+        for process in psutil.process_iter(["name", "cpu_times"]):
+            cpu = process.info["cpu_times"]
+            if process.pid not in ours and cpu is not None:
+                found[process.pid] = (process.info["name"] or "?", cpu.user + cpu.system)
+        return found
+
+    before = times()
+    time.sleep(window_s)
+    after = times()
+    used = sorted(
+        ((spent - before[pid][1]) / window_s, name, pid)
+        for pid, (name, spent) in after.items()
+        if pid in before and spent > before[pid][1]
+    )[::-1]
+    return tuple(
+        f"{name} (pid {pid}): {cores:.1f} core" for cores, name, pid in used[:count] if cores >= 0.05
+    )
+
+
+def detect_hardware(load: LoadMeter | None = None) -> Hardware:
     notes: dict[str, str] = {}
     own = _own_cgroup()
     quota = cgroup_cpu_quota(CGROUP_ROOT, own)
@@ -119,6 +188,11 @@ def detect_hardware() -> Hardware:
         python_version=platform.python_version(),
         notes=notes,
     )
+    if load is not None:
+        measured = load.read()
+        hardware = replace(hardware, busy_cores=measured.busy_cores, busy_processes=measured.busy_processes)
+    else:
+        notes["busy_cores"] = "not measured: no window over which to count other processes' CPU time"
     return _with_accelerators(hardware)
 
 
@@ -413,12 +487,13 @@ def _key_problems(data: dict, schema: dict, prefix: str) -> list[str]:
     return problems
 
 
-def machine(hardware_profile: str | None, launch: Launch) -> Machine:
-    """What to plan for: this machine and this launch, or the machine a hardware profile describes."""
+def machine(hardware_profile: str | None, launch: Launch, load: LoadMeter | None = None) -> Machine:
+    """What to plan for: this machine and this launch (`load`: how busy other processes kept its CPU
+    since the run began), or the machine a hardware profile describes."""
     if hardware_profile:
         hardware = load_hardware_profile(hardware_profile)
         return Machine(hardware, launch_for_profile(hardware))
-    return Machine(detect_hardware(), launch)
+    return Machine(detect_hardware(load), launch)
 
 
 def launch_for_profile(hardware: Hardware) -> Launch:

@@ -3,22 +3,32 @@
 A daemon thread takes one sample every `interval_s`, plus one at start and
 one at stop so even a short run has data. GPU readings go through the NVML
 module passed in (`pynvml`, or a fake in tests); without NVML the GPU list
-is empty and `gpu_note` says why.
+is empty and `gpu_note` says why. Each sample also says how much CPU other
+processes took (`other_cores`: the busy cores this process may use, minus
+this process and its children) and, when that slows training, which ones.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from typing import Any
 
 import psutil
 
-from pipeline.hardware import GB
+from pipeline.hardware import BUSY_CORES_NAMED, GB
 from pipeline.manifest import utc_now
 
-SUMMARY_METRICS = ("cpu_pct", "ram_used_gb", "ram_total_gb", "process_cpu_pct", "process_rss_gb")
+SUMMARY_METRICS = (
+    "cpu_pct",
+    "other_cores",
+    "ram_used_gb",
+    "ram_total_gb",
+    "process_cpu_pct",
+    "process_rss_gb",
+)
 GPU_METRICS = (
     "utilization_pct",
     "memory_used_gb",
@@ -56,6 +66,12 @@ class HardwareMonitor:
         self._process_name: str | None = None
         self.sampling_time_s = 0.0
         """Time spent taking samples (the monitor's own overhead)."""
+        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._children: dict[int, psutil.Process] = {}
+        self._others: dict[int, tuple[str, float]] = {}  # other processes' CPU time at the last busy sample
+        self._others_at = 0.0
+        self.cpu_threads: list[dict[str, Any]] = []
+        """The CPU threads training computed with, from each change on (step, threads, other_cores)."""
 
     def start(self) -> HardwareMonitor:
         if self.nvml is not None:
@@ -72,6 +88,7 @@ class HardwareMonitor:
             self._process_name = None
         self._process.cpu_percent(None)  # the first call only primes psutil's counters
         psutil.cpu_percent(None)
+        psutil.cpu_percent(None, percpu=True)
         self._started = time.perf_counter()
         self._sample()
         self._thread.start()
@@ -106,10 +123,13 @@ class HardwareMonitor:
                 )
         except psutil.Error:  # the followed process has exited
             process_cpu = process_rss = None
+        other = self._other_cores(process_cpu)
         sample = {
             "t_s": round(began - self._started, 3),
             "timestamp": utc_now(),
             "cpu_pct": psutil.cpu_percent(None),
+            "other_cores": other,
+            "busiest": self._busiest() if other is not None and other >= BUSY_CORES_NAMED else [],
             "ram_used_gb": round((memory.total - memory.available) / GB, 3),
             "ram_total_gb": round(memory.total / GB, 3),
             "process_cpu_pct": process_cpu,
@@ -120,6 +140,51 @@ class HardwareMonitor:
         self.sampling_time_s += time.perf_counter() - began
         if self.on_sample:
             self.on_sample(sample)
+
+    def _other_cores(self, process_cpu: float | None) -> float | None:
+        """Cores' worth of CPU that processes other than the followed one and its children used since the
+        last sample, on the cores this process may use."""
+        per_cpu = psutil.cpu_percent(None, percpu=True)
+        busy = sum(per_cpu[i] for i in self._cpus if i < len(per_cpu)) if self._cpus else sum(per_cpu)
+        if process_cpu is None or not self.samples:  # the first sample closes no interval
+            return None
+        ours = process_cpu
+        try:
+            for child in self._process.children(recursive=True):
+                known = self._children.setdefault(child.pid, child)
+                ours += known.cpu_percent(None)  # 0 at a child's first sample: it primes its counter
+        except psutil.Error:
+            pass
+        return round(max(0.0, busy - ours) / 100, 2)
+
+    def _busiest(self, count: int = 3) -> list[str]:
+        """The other processes that used the most CPU since the last busy sample (none at the first)."""
+        ours = {self._process.pid, *self._children}
+        now = time.perf_counter()
+        seen: dict[int, tuple[str, float]] = {}
+        for process in psutil.process_iter(["name", "cpu_times"]):
+            times = process.info["cpu_times"]
+            if process.pid not in ours and times is not None:
+                seen[process.pid] = (process.info["name"] or "?", times.user + times.system)
+        previous, since = self._others, self._others_at
+        self._others, self._others_at = seen, now
+        if not previous or now <= since:
+            return []
+        used = sorted(
+            ((spent - previous[pid][1]) / (now - since), name, pid)
+            for pid, (name, spent) in seen.items()
+            if pid in previous and spent > previous[pid][1]
+        )[::-1]
+        return [f"{name} (pid {pid}): {cores:.1f} core" for cores, name, pid in used[:count] if cores >= 0.05]
+
+    def free_cores(self, cores: int) -> int | None:
+        """The cores other processes leave free, when the last two samples agree on it (one sample is one
+        interval of noise); None before two samples or while they disagree."""
+        recent = [sample["other_cores"] for sample in self.samples[-2:]]
+        if len(recent) < 2 or None in recent:
+            return None
+        free = {cores - min(cores - 1, round(other)) for other in recent}
+        return free.pop() if len(free) == 1 else None
 
     def process_alive(self) -> bool:
         try:
@@ -157,10 +222,11 @@ class HardwareMonitor:
             "sample_count": len(self.samples),
             "samples": self.samples,
             "summary": summary,
-            "assessment": assess(summary, self.gpu_note),
+            "assessment": assess(summary, self.gpu_note, busiest_over(self.samples)),
             "gpu_note": self.gpu_note,
             "monitor_overhead_s": round(self.sampling_time_s, 4),
             "followed_process": self._followed(),
+            "cpu_threads": self.cpu_threads,
         }
 
     def _followed(self) -> dict[str, Any]:
@@ -176,8 +242,9 @@ BUSY_CPU_PCT = 90
 FULL_RAM_SHARE = 0.9
 
 
-def assess(summary: dict[str, Any], gpu_note: str | None) -> list[str]:
-    """What the samples say, each with concrete advice."""
+def assess(summary: dict[str, Any], gpu_note: str | None, busiest: list[str] | None = None) -> list[str]:
+    """What the samples say, each with concrete advice (`busiest`: the other processes that took the
+    most CPU)."""
     findings = []
     cpu = summary["cpu_pct"]["mean"]
     gpus = summary.get("gpus") or []
@@ -214,6 +281,13 @@ def assess(summary: dict[str, Any], gpu_note: str | None) -> list[str]:
                 f"CPU mean {cpu:.0f}% while {label} waits: the input pipeline is CPU-bound — "
                 "pre-tokenize with `prepare`, or move tokenization off this machine"
             )
+    other = summary.get("other_cores", {}).get("mean")
+    if other is not None and other >= BUSY_CORES_NAMED:
+        named = f" (the busiest: {'; '.join(busiest)})" if busiest else ""
+        findings.append(
+            f"other processes took {other:.1f} cores on average while this ran{named}: it had that much less "
+            "CPU; stop them, or expect the time a step takes to grow by about as much"
+        )
     ram, ram_total = summary["ram_used_gb"]["max"], summary.get("ram_total_gb", {}).get("max")
     if ram is not None and ram_total and ram / ram_total > FULL_RAM_SHARE:
         findings.append(
@@ -222,6 +296,17 @@ def assess(summary: dict[str, Any], gpu_note: str | None) -> list[str]:
     if not findings:
         findings.append(f"nothing unusual: CPU mean {cpu:.0f}%" if cpu is not None else "nothing measured")
     return findings
+
+
+def busiest_over(samples: list[dict[str, Any]], count: int = 3) -> list[str]:
+    """The other processes named most often among the samples' busiest, as the last sample named them."""
+    named: dict[str, str] = {}
+    times: dict[str, int] = {}
+    for sample in samples:
+        for entry in sample.get("busiest") or []:
+            who = entry.split(":")[0]
+            named[who], times[who] = entry, times.get(who, 0) + 1
+    return [named[who] for who in sorted(times, key=times.get, reverse=True)[:count]]
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.monitor import summarize_values
+from pipeline.hardware import BUSY_CORES_NAMED
+from pipeline.monitor import busiest_over, summarize_values
 from pipeline.types import Plan
 
 DATA_BOUND_SHARE = (
@@ -72,6 +73,16 @@ def _bottleneck(
             "(or keep plan.batch_probe on), or try train.torch_compile=true"
         )
     if plan.device == "cpu":
+        other = (monitor_report.get("summary", {}).get("other_cores") or {}).get("mean")
+        if other is not None and other >= BUSY_CORES_NAMED:
+            busiest = busiest_over(monitor_report.get("samples") or [])
+            named = f" (the busiest: {'; '.join(busiest)})" if busiest else ""
+            left = max(usable_cores - other, 0.5)
+            return "cpu-shared", (
+                f"other processes took {other:.1f} of the {usable_cores} usable cores while this trained{named}: "
+                f"it trained on the {left:.1f} left; with them stopped it could train about "
+                f"{usable_cores / left:.1f}× faster, and beyond that {gpu_speedup(tokens_per_s, parameters)}"
+            )
         return "compute-bound", f"the CPU is the limit: {gpu_speedup(tokens_per_s, parameters)}"
     return "compute-bound", "the accelerator is busy; more speed needs a faster device or more of them"
 

@@ -248,6 +248,7 @@ def make_plan(
     _lora_dropout(p, device)
 
     _dataloader(p, device, blocks, hardware)
+    _cpu_threads(p, hardware)
     step_s = micro * accumulation * world * sequence_length / speed.tokens_per_s if speed else None
     eval_blocks = _evaluation_bound(p, device)
     _cadence(p, total_steps, valid_tokens, step_s, eval_blocks, sequence_length, speed)
@@ -652,6 +653,40 @@ class Footprint:
 
 def _fits(gpu, memory: Footprint, micro: int, checkpointing: bool) -> bool:
     return memory.total_gb(micro, checkpointing) <= gpu.memory_gb * MEMORY_SAFETY
+
+
+def _cpu_threads(p: _Planner, hardware: Hardware) -> None:
+    """torch's intra-op threads wait for each other at every operation: one on a core another process
+    keeps busy stalls them all (smollm2-135m on 2 cores with one taken: 57 tokens/s on 2 threads, 113 on
+    1; 200 alone), so the threads are the cores left free, and training follows the load as it changes."""
+    cores = hardware.usable_cores
+    if not p.is_auto("plan.cpu_threads"):
+        p.from_config("cpu_threads", "plan.cpu_threads")
+        p.planned("follow_free_cores", False, "plan.cpu_threads is set: training keeps it")
+        return
+    busy = hardware.busy_cores
+    if busy is None:
+        unmeasured = (
+            "not measured" if hardware.source == "detected" else f"not measured for {hardware.source}"
+        )
+        p.planned("cpu_threads", cores, f"{cores} usable cores (other processes' load: {unmeasured})")
+    else:
+        taken = min(cores - 1, round(busy))
+        others = f" ({'; '.join(hardware.busy_processes)})" if hardware.busy_processes else ""
+        p.planned(
+            "cpu_threads",
+            cores - taken,
+            f"{cores} usable cores, other processes busy on {busy:.1f} of them when the run started{others}"
+            if taken
+            else f"{cores} usable cores, idle when the run started (other processes: {busy:.1f} core)",
+        )
+    p.planned(
+        "follow_free_cores",
+        hardware.source == "detected",
+        "training checks the CPU other processes take at each hardware sample and follows the free cores"
+        if hardware.source == "detected"
+        else f"planning for {hardware.source}, not this machine",
+    )
 
 
 def _dataloader(p: _Planner, device: str, blocks: int, hardware: Hardware) -> None:

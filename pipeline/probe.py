@@ -6,8 +6,9 @@
   `probe_batch_sizes` takes the step as a function, so tests simulate
   out-of-memory on the CPU; `cuda_step` is the real one.
 - Training speed (for a time budget): what a finished run measured on this
-  machine for the same model and plan (kept in `~/.cache/repotune/speeds.json`),
-  or else a real forward and backward on a training block.
+  machine for the same model and plan (kept in `~/.cache/repotune/speeds.json`)
+  while other processes took about as much of the CPU as they do now, or
+  else a real forward and backward on training blocks, on the machine as it is.
 """
 
 from __future__ import annotations
@@ -97,13 +98,18 @@ SPEED_BLOCKS = (
 )
 
 
-def training_speed(model, dataset, precision: str, gradient_checkpointing: bool, per_answer: bool) -> Speed:
+def training_speed(
+    model, dataset, precision: str, gradient_checkpointing: bool, per_answer: bool, threads: int
+) -> Speed:
     """Tokens/s of a forward and backward on training blocks, as training will run them (through the
     per-answer loss when the plan averages per answer): SPEED_BLOCKS blocks spread over the data, after
     one untimed pass that allocates and picks kernels. Blocks differ: the first packed block holds the
     longest answers, whose logits cost most, so timing it alone undersold a typical step by a third."""
+    import torch
+
     from pipeline.trainer import answer_logits, per_answer_loss
 
+    torch.set_num_threads(threads)  # as training will: the cores other processes leave free
     device = next(model.parameters()).device
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -151,17 +157,28 @@ def speed_key(hardware, model_name: str, plan: Plan) -> str:
         plan.truncate_at,
         plan.quantization,
         plan.lora_dropout,
+        plan.cpu_threads,
     ]
     return provenance_hash({"speed": parts})[:20]
 
 
-def remembered_speed(key: str) -> Speed | None:
-    """The training speed an earlier run measured on this machine for the same model and plan."""
+SAME_LOAD_CORES = 0.5  # a remembered speed holds while other processes take within this many cores of then
+
+
+def remembered_speed(key: str, busy_cores: float | None) -> tuple[Speed | None, str]:
+    """The training speed an earlier run measured on this machine for the same model and plan, if other
+    processes take about as much of the CPU now (`busy_cores`) as they did then; else (None, why not)."""
     try:
         entry = orjson.loads(_speeds_file().read_bytes())[key]
     except (OSError, ValueError, KeyError):
-        return None
-    return Speed(entry["tokens_per_s"], f"an earlier run's training on this machine, {entry['measured_at']}")
+        return None, ""
+    then = entry.get("busy_cores") or 0.0
+    if busy_cores is not None and abs(busy_cores - then) >= SAME_LOAD_CORES:
+        return None, (
+            f"; the speed remembered from {entry['measured_at']} ({entry['tokens_per_s']} tokens/s) had "
+            f"{then:.1f} cores taken by other processes, now {busy_cores:.1f}"
+        )
+    return Speed(entry["tokens_per_s"], f"an earlier run's training on this machine, {entry['measured_at']}"), ""
 
 
 def resumed_speed(earlier: dict[str, Any] | None) -> Speed | None:
@@ -172,21 +189,23 @@ def resumed_speed(earlier: dict[str, Any] | None) -> Speed | None:
 
 
 def remember_speed(outcome: TrainOutcome, machine: Machine, model_name: str) -> None:
-    """Keep a finished run's training speed on this machine for the next run's time budget."""
+    """Keep a finished run's training speed on this machine for the next run's time budget, with how much
+    of the CPU other processes took meanwhile."""
     tokens_per_s = (outcome.throughput or {}).get("tokens_per_s")
     steps = outcome.history["training"]["global_step"] or 0
+    busy = ((outcome.hardware or {}).get("summary") or {}).get("other_cores", {}).get("mean")
     if tokens_per_s and machine.hardware.source == "detected" and steps >= MIN_STEPS_FOR_SPEED:
-        _store_speed(speed_key(machine.hardware, model_name, outcome.plan), tokens_per_s)
+        _store_speed(speed_key(machine.hardware, model_name, outcome.plan), tokens_per_s, busy)
 
 
-def _store_speed(key: str, tokens_per_s: float) -> None:
+def _store_speed(key: str, tokens_per_s: float, busy_cores: float | None) -> None:
     """Best effort: a read-only cache only costs the next run a measurement."""
     path = _speeds_file()
     try:
         speeds = orjson.loads(path.read_bytes())
     except (OSError, ValueError):
         speeds = {}
-    speeds[key] = {"tokens_per_s": round(tokens_per_s, 1), "measured_at": utc_now()}
+    speeds[key] = {"tokens_per_s": round(tokens_per_s, 1), "measured_at": utc_now(), "busy_cores": busy_cores}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_manifest(path, speeds)
@@ -226,7 +245,8 @@ def measure(
             f"batch probe: {[(row.batch_size, row.peak_memory_gb, row.fits) for row in rows]} → micro-batch {plan.batch_size}"
         )
     if not speed_note:
-        speed = resumed or remembered_speed(speed_key(machine.hardware, prepared.facts.name, plan))
+        key = speed_key(machine.hardware, prepared.facts.name, plan)
+        speed, stale = (resumed, "") if resumed else remembered_speed(key, machine.hardware.busy_cores)
         if speed is None:
             speed = training_speed(
                 model,
@@ -234,7 +254,9 @@ def measure(
                 plan.precision,
                 plan.gradient_checkpointing,
                 plan.loss_average == "answer",
+                plan.cpu_threads,
             )
+            speed = replace(speed, how=speed.how + stale)
         plan = plan_for(prepared, machine, loaded, rows, speed=speed)
         say(
             f"training speed {speed.tokens_per_s:.0f} tokens/s, measured by {speed.how}: "

@@ -24,6 +24,7 @@ import orjson
 from pipeline.config import LoadedConfig
 from pipeline.distributed import Coordinator, launch_from_environment
 from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError
+from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
     MANIFEST_FILE,
     conform,
@@ -76,6 +77,8 @@ class Record:
         self.stage: str | None = None
         """The stage running now (named if the run ends in it)."""
         self._started = time.perf_counter()
+        self.load = LoadMeter()
+        """Other processes' CPU use from now until the machine is detected: what training will share."""
 
     @property
     def writes(self) -> bool:

@@ -251,6 +251,26 @@ class TrainingHistory(TrainerCallback):
         }
 
 
+class FollowFreeCores(TrainerCallback):
+    """Before each step, the CPU threads that other processes leave free, as the monitor's last two samples
+    agree on them: torch's threads wait for each other at every operation, so one on a core that another
+    process keeps busy stalls them all. Each change is recorded and said."""
+
+    def __init__(self, monitor: HardwareMonitor):
+        self.monitor, self.cores = monitor, usable_cores()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        free = self.monitor.free_cores(self.cores)
+        if free is None or free == torch.get_num_threads():
+            return
+        torch.set_num_threads(free)
+        other = self.monitor.samples[-1]["other_cores"]
+        self.monitor.cpu_threads.append({"step": state.global_step, "threads": free, "other_cores": other})
+        say(
+            f"  other processes take {other:.1f} of {self.cores} cores: training on {free} thread(s) from here"
+        )
+
+
 class KeepBest(TrainerCallback):
     """The adapter weights that scored the lowest validation loss, kept in memory (LoRA's are megabytes),
     and early stopping: training stops after `patience` validations in a row without a new best. After
@@ -527,9 +547,13 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
             f"CUDA out of memory at micro-batch {retry['batch_size']}: retrying with {retry['batch_size'] // 2}"
         )
 
+    torch.set_num_threads(plan.cpu_threads)
+    monitor.cpu_threads.append({"step": history.start_step, "threads": plan.cpu_threads, "other_cores": None})
     try:
         with monitor:
-            final_plan = _train_retrying(job, history, resumed_from, time_limit, replan_after_oom, on_oom)
+            final_plan = _train_retrying(
+                job, history, monitor, resumed_from, time_limit, replan_after_oom, on_oom
+            )
     except Interrupted as err:  # what ran until the signal is recorded, then the run ends
         err.partial = _outcome(job, history, job.plan, monitor, retries, resumed_from)
         raise
@@ -675,6 +699,7 @@ def build_trainer(job: Job, history: TrainingHistory, time_limit: float | None) 
 def _train_retrying(
     job: Job,
     history: TrainingHistory,
+    monitor: HardwareMonitor,
     resume_from: Path | None,
     time_limit: float | None,
     replan_after_oom: Callable[[int], Plan],
@@ -692,6 +717,8 @@ def _train_retrying(
         keep = KeepBest(job.model, job.plan.early_stopping_patience)
         trainer.add_callback(stop)
         trainer.add_callback(keep)
+        if job.plan.follow_free_cores:
+            trainer.add_callback(FollowFreeCores(monitor))
         try:
             with stop:
                 trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

@@ -181,6 +181,8 @@ class Plan:
     lora_dropout: float
     num_workers: int
     pin_memory: bool
+    cpu_threads: int
+    follow_free_cores: bool
     persistent_workers: bool
     prefetch_factor: int | None
     eval_samples: int
