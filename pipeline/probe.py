@@ -178,7 +178,9 @@ def remembered_speed(key: str, busy_cores: float | None) -> tuple[Speed | None, 
             f"; the speed remembered from {entry['measured_at']} ({entry['tokens_per_s']} tokens/s) had "
             f"{then:.1f} cores taken by other processes, now {busy_cores:.1f}"
         )
-    return Speed(entry["tokens_per_s"], f"an earlier run's training on this machine, {entry['measured_at']}"), ""
+    return Speed(
+        entry["tokens_per_s"], f"an earlier run's training on this machine, {entry['measured_at']}"
+    ), ""
 
 
 def resumed_speed(earlier: dict[str, Any] | None) -> Speed | None:
