@@ -50,7 +50,7 @@ def test_manifest_answers_the_users_jq_queries(trained):
     assert manifest["training_report"]["hardware"]["collection_interval_seconds"] == 0.5
     assert manifest["total_execution_time_seconds"] > 0
     epochs = manifest["training_report"]["training"]["epoch_summaries"]
-    assert [summary["epoch"] for summary in epochs] == [1, 2, 3, 4, 5, 6]
+    assert [summary["epoch"] for summary in epochs] == [1, 2, 3]
     assert all(summary["tokens_per_s"] > 0 for summary in epochs)
 
 
