@@ -28,7 +28,6 @@ with the standard error over blocks. The base model's scores are cached per mode
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ import orjson
 
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.examples import render_prompt
+from pipeline.loss import held_out_loss
 from pipeline.types import (
     Evaluation,
     ModelFacts,
@@ -317,79 +317,6 @@ def answer_tasks(
                 model, tokenizer, asked, tokens[task], precision, stop_at_newline=task == "code"
             )
     return outputs
-
-
-def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str) -> dict[str, Any] | None:
-    """Token-weighted held-out loss over every format's blocks (and per format), with the standard
-    error of the mean over blocks; None without held-out data."""
-    import torch
-
-    from pipeline.model import autocast
-    from pipeline.trainer import answer_logits
-
-    if not splits:
-        return None
-    started = time.perf_counter()
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    per_format: dict[str, Any] = {}
-    block_losses: list[float] = []
-    total_loss = total_tokens = 0.0
-    try:
-        for name, dataset in splits.items():
-            loss_sum = tokens = 0.0
-            for start in range(0, len(dataset), batch_size):
-                rows = [dataset[i] for i in range(start, min(len(dataset), start + batch_size))]
-                batch = {key: torch.stack([row[key] for row in rows]).to(device) for key in rows[0]}
-                with torch.no_grad(), autocast(device.type, precision):
-                    logits, targets, _ = answer_logits(model, batch)
-                losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
-                block = batch["labels"][:, 1:].ne(-100).nonzero()[:, 0]  # the block of each learned token
-                counts = torch.bincount(block, minlength=len(rows))
-                sums = torch.zeros(len(rows), device=losses.device).index_add_(0, block, losses)
-                block_losses += (sums[counts > 0] / counts[counts > 0]).tolist()
-                loss_sum += float(losses.sum())
-                tokens += len(targets)
-            loss = loss_sum / tokens if tokens else None
-            per_format[name] = {
-                "loss": _round(loss),
-                "perplexity": perplexity(loss),
-                "blocks": len(dataset),
-                "tokens": int(tokens),
-            }
-            total_loss += loss_sum
-            total_tokens += tokens
-    finally:
-        model.train(was_training)
-    loss = total_loss / total_tokens if total_tokens else None
-    return {
-        "loss": _round(loss),
-        "perplexity": perplexity(loss),
-        "loss_stderr": _round(_stderr(block_losses)),
-        "blocks": sum(len(dataset) for dataset in splits.values()),
-        "tokens": int(total_tokens),
-        "per_format": per_format,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-
-
-def _stderr(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return None
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return math.sqrt(variance / len(values))
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(value, 6)
-
-
-def perplexity(loss: float | None) -> float | None:
-    if loss is None or not math.isfinite(loss) or loss > 700:  # exp() overflows a double past ~709
-        return None
-    return round(math.exp(loss), 4)
 
 
 def evaluate(

@@ -107,7 +107,7 @@ def training_speed(
     longest answers, whose logits cost most, so timing it alone undersold a typical step by a third."""
     import torch
 
-    from pipeline.trainer import answer_logits, per_answer_loss
+    from pipeline.loss import answer_logits, per_answer_loss
 
     torch.set_num_threads(threads)  # as training will: the cores other processes leave free
     device = next(model.parameters()).device

@@ -33,8 +33,8 @@ from pipeline.config import MonitorConfig
 from pipeline.dataset import PackedSplit
 from pipeline.distributed import Coordinator
 from pipeline.errors import Interrupted, PipelineError, TrainingError
-from pipeline.evaluation import held_out_loss, perplexity
 from pipeline.hardware import usable_cores
+from pipeline.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
 from pipeline.manifest import MANIFEST_FILE, finite, write_manifest
 from pipeline.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
 from pipeline.monitor import HardwareMonitor, import_nvml
@@ -354,43 +354,6 @@ class GracefulStop(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             control.should_log = True  # the history, and the manifest's current step, end where training did
-
-
-def sequence_ids(position_ids):
-    """For each target position (1 onwards) of packed blocks, which sequence of the micro-batch it
-    belongs to: a new one wherever the position ids restart."""
-    starts = position_ids.eq(0)
-    starts[:, 0] = True
-    return starts.flatten().cumsum(0).view_as(position_ids)[:, 1:] - 1
-
-
-def answer_logits(model, inputs):
-    """Logits only where a label is learned, with their targets and sequence ids: the decoder's
-    hidden states at those positions through the output layer. Most of a chat block is prompt, whose
-    logits (vocabulary-wide, in fp32 for the loss) nothing uses."""
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = causal.get_decoder()(
-        input_ids=inputs["input_ids"], position_ids=inputs["position_ids"]
-    ).last_hidden_state
-    target = inputs["labels"][:, 1:]
-    learned = target.ne(-100)
-    logits = causal.get_output_embeddings()(hidden[:, :-1][learned])
-    return logits, target[learned], sequence_ids(inputs["position_ids"])[learned]
-
-
-def per_answer_loss(logits, targets, sequences):
-    """Cross-entropy averaged over each packed sequence's learned tokens, then over sequences: every
-    answer counts once, so a 20-token commit message weighs as much as a 700-token change.
-    `logits` [N, vocabulary], `targets` and `sequences` [N]: the learned positions only."""
-    if not len(targets):
-        return logits.sum() * 0.0  # nothing to learn in this micro-batch (a prompt cut across blocks)
-    losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
-    tokens = torch.zeros(int(sequences.max()) + 1, device=logits.device).index_add_(
-        0, sequences, torch.ones_like(losses)
-    )
-    sums = torch.zeros_like(tokens).index_add_(0, sequences, losses)
-    answered = tokens > 0
-    return (sums[answered] / tokens[answered]).mean()
 
 
 class TimeLimit(TrainerCallback):
