@@ -12,8 +12,8 @@ from pipeline.config import budget_seconds, load_config
 from pipeline.errors import ConfigError
 from pipeline.evaluation import score_outputs
 from pipeline.examples import TextStyle, encode_batch
-from pipeline.planner import Footprint, evaluation_interval, make_plan
 from pipeline.loss import answer_logits, per_answer_loss, sequence_ids
+from pipeline.planner import Footprint, evaluation_interval, make_plan
 from pipeline.types import DataStats, ModelFacts, Speed, TaskPrompt
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine
