@@ -39,7 +39,9 @@ run: $(INSTALLED)
 
 # Once. No test depends on the host: the few whose outcome could take the `host` fixture and run on a
 # CPU-only host and on a simulated H100 host (REPOTUNE_TEST_GPU=h100-80gb runs the whole suite as the latter).
+# The type check first (seconds): every stage call goes through Record.step, typed with a ParamSpec.
 test: $(INSTALLED)
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(INSTALLED)

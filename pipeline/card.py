@@ -222,9 +222,9 @@ def _evaluation(manifest: dict[str, Any]) -> list[str]:
         "|---|---|---|---|",
         *rows,
     ]
-    system = evaluation.get("system") or {}
-    if system:
-        lines += ["", f"Suggestions come from the **{system.get('name')}**: {system.get('reason')}."]
+    chosen = evaluation.get("system") or {}
+    if chosen:
+        lines += ["", f"Suggestions come from the **{chosen.get('name')}**: {chosen.get('reason')}."]
     before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
     if before.get("perplexity") and after.get("perplexity"):
         lines += [

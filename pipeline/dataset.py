@@ -120,8 +120,8 @@ def pack_arrays(
     piece_block = np.empty(len(piece_length), dtype=np.int64)
     piece_offset = np.empty(len(piece_length), dtype=np.int64)
     fill = np.zeros(placed.blocks, dtype=np.int64)
-    for block_ids, size, per_block in placed.groups:
-        block_ids = np.asarray(block_ids, dtype=np.int64)
+    for group, size, per_block in placed.groups:
+        block_ids = np.asarray(group, dtype=np.int64)
         for _ in range(per_block):
             start = next_of_size[size]
             chosen = order[start : start + len(block_ids)]

@@ -125,7 +125,7 @@ class Change:
 
     @property
     def path(self) -> str:
-        parts = []
+        parts: list[str] = []
         for part in self.path_array:
             if isinstance(part, dict):
                 ((key, value),) = part.items()

@@ -543,7 +543,7 @@ def _compared(evaluation: Evaluation, scores: Scores | None) -> dict[str, Any] |
     lookup for messages, the base model for code."""
     if scores is None or scores.tasks is None:
         return None
-    prompts, result = evaluation.prompts, {}
+    prompts, result = evaluation.prompts, dict[str, Any]()
     lookup = evaluation.nearest_commit.outputs.get("message") if evaluation.nearest_commit else None
     base = evaluation.before.outputs.get("code")
     for task, metrics in scores.tasks.items():
@@ -551,7 +551,7 @@ def _compared(evaluation: Evaluation, scores: Scores | None) -> dict[str, Any] |
             result[task] = None
             continue
         metrics = dict(metrics)
-        ours = scores.outputs.get(task)
+        ours = scores.outputs.get(task) or []
         if task == "message" and lookup is not None and scores is not evaluation.nearest_commit:
             metrics["vs_nearest_commit"] = paired_difference(task, lookup, ours, _references(prompts, task))
         if task == "code" and base is not None and scores is not evaluation.before:
@@ -629,7 +629,7 @@ def write_answers(path: Path, evaluation: Evaluation) -> Path:
     position = dict.fromkeys(TASKS, 0)
     lines = []
     for prompt in evaluation.prompts:
-        row = {
+        row: dict[str, Any] = {
             "task": prompt.task,
             "commit": prompt.commit,
             "given": prompt.given,

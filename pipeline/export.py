@@ -168,7 +168,8 @@ def _rope_theta(config) -> float:
     kind = parameters.get("rope_type", "default")
     if kind != "default":
         raise ExportError(f"export: rope scaling `{kind}` is not written yet; only plain RoPE models export")
-    return float(parameters.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
+    theta = parameters.get("rope_theta") or getattr(config, "rope_theta", None)
+    return float(theta) if theta is not None else 10000.0
 
 
 def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:

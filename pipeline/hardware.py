@@ -426,7 +426,7 @@ def load_hardware_profile(spec: str) -> Hardware:
     problems = _profile_problems(data)
     if problems:
         raise ConfigError(f"{path.name}: " + "; ".join(problems))
-    gpus = []
+    gpus: list[GpuInfo] = []
     for entry in data.get("gpus", []):
         capability = tuple(entry.get("compute_capability") or ()) or None
         for _ in range(entry.get("count", 1)):

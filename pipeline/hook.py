@@ -150,7 +150,7 @@ def suggest(argv: list[str]) -> None:
     # lightgbm imports pandas and scikit-learn when they are installed (measured: 0.5 s and 1.2 s more
     # on 2 cores, half of a commit's wait) and needs neither to predict: hide them from this process.
     for optional in OPTIONAL_IMPORTS:
-        sys.modules.setdefault(optional, None)  # type: ignore[assignment]
+        sys.modules.setdefault(optional, None)  # type: ignore[arg-type]  # None: `import` raises ImportError
     diff = staged_diff()
     if not diff.strip():
         return

@@ -94,7 +94,7 @@ def find_parent(directory: str, repos: list[str], model: str | None) -> Parent:
             f"--model {model}: {where} trained an adapter for {described.get('name')}, and an adapter only "
             f"continues on its own base model; train afresh with --model {model}"
         )
-    base = str(where / BASE_MODEL_DIR) if described.get("random_init") else described.get("name")
+    base = str(where / BASE_MODEL_DIR) if described.get("random_init") else str(described.get("name"))
     if described.get("random_init") and not (where / BASE_MODEL_DIR).is_dir():
         raise PipelineError(
             f"--from {where}: its random base model is missing ({where / BASE_MODEL_DIR}); train afresh"

@@ -62,7 +62,7 @@ class HardwareMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="repotune-monitor", daemon=True)
         self._started = 0.0
-        self._handles = []
+        self._handles: list[Any] = []
         self._process_name: str | None = None
         self.sampling_time_s = 0.0
         """Time spent taking samples (the monitor's own overhead)."""
@@ -306,7 +306,7 @@ def busiest_over(samples: list[dict[str, Any]], count: int = 3) -> list[str]:
         for entry in sample.get("busiest") or []:
             who = entry.split(":")[0]
             named[who], times[who] = entry, times.get(who, 0) + 1
-    return [named[who] for who in sorted(times, key=times.get, reverse=True)[:count]]
+    return [named[who] for who in sorted(times, key=lambda who: times[who], reverse=True)[:count]]
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:

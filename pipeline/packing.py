@@ -81,7 +81,7 @@ def layout(piece_counts: Mapping[int, int], block_size: int) -> Layout:
                     del by_room[room]
                     rooms.pop(slot)
             else:
-                taken = range(opened, opened + max(full, 1))
+                taken = list(range(opened, opened + max(full, 1)))
                 opened += len(taken)
             if full:
                 groups.append((taken, size, per_block))

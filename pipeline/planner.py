@@ -462,10 +462,10 @@ def _quantization(
         return p.planned(
             "quantization", "none", "a random base built in code: its weights are few and trained"
         )
+    memory_gb = hardware.memory_limit_gb or hardware.ram_total_gb
     if device == "cuda":
         room, where = gpu.memory_gb * MEMORY_SAFETY, f"{gpu.name}'s {gpu.memory_gb:g} GB"
-    elif device == "cpu" and (hardware.memory_limit_gb or hardware.ram_total_gb):
-        memory_gb = hardware.memory_limit_gb or hardware.ram_total_gb
+    elif device == "cpu" and memory_gb:
         room, where = memory_gb * CPU_MEMORY_SHARE, f"{CPU_MEMORY_SHARE:.0%} of {memory_gb:g} GB of RAM"
     else:
         return p.planned("quantization", "none", f"{device}: bitsandbytes' 4-bit kernels need CUDA or a CPU")
@@ -775,11 +775,11 @@ def _cadence(
     elif step_s and eval_blocks and speed:
         # A validation is a forward pass over the validation blocks of each format (two by default).
         cost_s = min(valid_tokens, 2 * eval_blocks * length) / (FORWARD_SPEEDUP * speed.tokens_per_s)
-        every = evaluation_interval(
+        fitted = evaluation_interval(
             total_steps,
             max(math.ceil(total_steps / EVALUATIONS), math.ceil(EVAL_COST_RATIO * cost_s / step_s)),
         )
-        if every is None:
+        if fitted is None:
             p.planned(
                 "eval_steps",
                 None,
@@ -789,8 +789,8 @@ def _cadence(
         else:
             p.planned(
                 "eval_steps",
-                every,
-                f"every {every} steps of about {step_s:.0f} s: a validation (about "
+                fitted,
+                f"every {fitted} steps of about {step_s:.0f} s: a validation (about "
                 f"{cost_s:.0f} s) costs at most 1/{EVAL_COST_RATIO} of the time between two",
             )
     else:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from functools import singledispatch
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import orjson
 
@@ -53,6 +53,7 @@ from pipeline.types import (
 )
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Record:
@@ -92,7 +93,7 @@ class Record:
         """Where the token cache lives: `output.cache_dir`, or the output directory's `cache/`."""
         return Path(configured).expanduser() if configured else self.output_dir / "cache"
 
-    def step(self, name: str, stage: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def step(self, name: str, stage: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a stage, time it into `.timings.<name>_s` (even if it fails), and record what it returns."""
         started, self.stage = time.perf_counter(), name
         try:

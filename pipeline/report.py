@@ -258,7 +258,7 @@ def _scoreboard(m: dict[str, Any]) -> str:
             if (tasks.get(n) or {}).get("message")
         )
         parts.append(f"<h3>Commit message from its diff ({count} commits)</h3>")
-        header = ("system", "chrF [95%]", "edit similarity [95%]", "chrF vs lookup", "ES vs lookup",
+        header: tuple[str, ...] = ("system", "chrF [95%]", "edit similarity [95%]", "chrF vs lookup", "ES vs lookup",
                   "subject exact %", "chars (git's)")  # fmt: skip
         parts.append(_table(header, rows, escape=False, css="scores"))
         if system:
@@ -341,7 +341,9 @@ def _samples(m: dict[str, Any]) -> str:
             else "the next line of its change"
         )
         shown = [
-            (label, by_commit[name].get(key)) for label, name in columns if name and by_commit[name].get(key)
+            (label, found)
+            for label, name in columns
+            if name and (found := by_commit[name].get(key)) is not None
         ]
         header = "".join(
             f"<th>{_e(label)}</th>" for label in ["what git has", *[label for label, _ in shown]]

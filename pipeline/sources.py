@@ -61,7 +61,7 @@ def _origins(paths, shown: int = 3) -> str:
 def provenance(repos: list[str], config: ScrapeConfig) -> str:
     """What a scrape's output depends on: this tool, the repositories and the commits their revision
     names now (HEAD, or both ends of a range), the scrape config."""
-    heads = []
+    heads: list[list[Any]] = []  # [git directory, the resolved revisions (None: unreadable)]
     for repo in repos:
         try:
             opened = open_repository(repo)

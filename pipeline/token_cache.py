@@ -220,6 +220,7 @@ def _encode_chunk(chunk: tuple[list[str], list[str]]):
     """(token ids int32, loss mask int8, lengths int64) of a chunk's sequences, flat: compact to send back."""
     import numpy as np
 
+    assert _ENCODER is not None, "_encoded sets the encoder before any chunk is encoded"
     tokenizer, style, (max_tokens, max_prompt) = _ENCODER
     formats, texts = chunk
     ids, masks = encode_batch(tokenizer, style, formats, texts, max_tokens, max_prompt)

@@ -308,7 +308,7 @@ class KeepBest(TrainerCallback):
 
     def restore(self) -> dict[str, Any] | None:
         """Load the best weights if the last validation is not the best; what was kept, and why."""
-        if self.best is None:
+        if self.best is None or self.last is None:
             return None
         kept_best = self.last is not None and self.last["step"] != self.best["step"]
         if kept_best:
@@ -556,7 +556,7 @@ class _Progress:
 
     def __init__(self, job: Job, monitor: HardwareMonitor, time_limit: float | None):
         self.job, self.monitor, self.time_limit = job, monitor, time_limit
-        self.history: TrainingHistory | None = None
+        self.history: TrainingHistory  # set once the history (which calls this after every log) exists
         self.shown_step: int | None = None
 
     def __call__(self) -> None:

@@ -84,7 +84,7 @@ def format_summary(document: dict[str, Any]) -> str:
     """The summary table (mean / p95 / min / max per metric) and the assessment, for the terminal."""
     hardware = document["training_report"]["hardware"]
     summary = hardware["summary"]
-    rows = [("metric", "mean", "p95", "min", "max")]
+    rows: list[tuple[str, ...]] = [("metric", "mean", "p95", "min", "max")]
     for metric in ("cpu_pct", "ram_used_gb", "process_cpu_pct", "process_rss_gb"):
         rows.append((metric, *(_cell(summary[metric][stat]) for stat in ("mean", "p95", "min", "max"))))
     for gpu in summary["gpus"]:

@@ -86,7 +86,8 @@ class LogOptions:
 class RepositoryInfo:
     path: str
     """Work-tree root, or the git directory of a bare repository."""
-    head: str
+    head: str | None
+    """None while the branch HEAD names has no commit yet (an unborn HEAD)."""
     branch: str | None
     """None on a detached HEAD."""
     remote_url: str | None

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +112,7 @@ class _Listed:
 
 
 def scrape(
-    repo_paths: list[str | Path], config: ScrapeConfig, output_dir: Path, cores: int | None = None
+    repo_paths: Sequence[str | Path], config: ScrapeConfig, output_dir: Path, cores: int | None = None
 ) -> ScrapeResult:
     """Scrape every repository into `output_dir/sequences.jsonl`, written atomically.
 
@@ -145,10 +145,11 @@ def scrape(
     try:
         with partial.open("wb") as out:
             for repository in listed:
-                results = [next(outcomes) for _ in repository.tasks]
-                errors = [result for result in results if isinstance(result, str)]
-                if errors:
-                    failed.append({"path": repository.path, "error": errors[0]})
+                outcome = [next(outcomes) for _ in repository.tasks]
+                results = [result for result in outcome if not isinstance(result, str)]
+                if len(results) < len(outcome):  # a shard failed: its error message is in its place
+                    error = next(result for result in outcome if isinstance(result, str))
+                    failed.append({"path": repository.path, "error": error})
                     continue
                 repositories.append(_merge(repository, results, config, seen_keys, out, written))
     finally:

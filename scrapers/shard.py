@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
     options = log_options(config)
     stats = ScrapeStats()
     kept: list[KeptRecord] = []
-    binary_blobs: list[str] = []
+    binary_blobs: list[str | None] = []
     pending: list[tuple[KeptCommit, int]] = []  # kept commits and their diff bytes, to redact together
     with task.part_path.open("wb") as out, stream_commits(repo, task.shas, options) as commits:
         for count, commit in enumerate(commits, 1):
@@ -212,7 +213,7 @@ def _write_batch(
     pending.clear()
 
 
-def _count_binary_files(repo, blobs: list[str | None], max_file_bytes: int, stats: ScrapeStats) -> None:
+def _count_binary_files(repo, blobs: Sequence[str | None], max_file_bytes: int, stats: ScrapeStats) -> None:
     """git calls files above core.bigFileThreshold binary too; their size tells them apart."""
     sizes = blob_sizes(repo, sorted({blob for blob in blobs if blob}))
     for blob in blobs:
