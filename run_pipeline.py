@@ -116,6 +116,7 @@ def train_and_evaluate(
     """Index the repository's past, evaluate on the held-out commits, train (resuming, retrying an
     out-of-memory), evaluate again beside the lookup and the suggestion system; the training's outcome
     and the suggestion system to save beside the adapter (None on ranks that do not write)."""
+    from pipeline.dataset import held_out_blocks, validation_blocks
     from pipeline.evaluation import (
         EVALUATION_FILE,
         base_scores_cache,
@@ -136,7 +137,7 @@ def train_and_evaluate(
     from pipeline.trainer import Job, train
 
     config, prepared = loaded.config, data.prepared
-    held_out = packed.held_out_blocks(plan.eval_blocks)
+    held_out = held_out_blocks(packed, plan.eval_blocks)
     past = (
         record.step("retrieval", learn_past, data.scraped.sequences_path, config.retrieval, plan.seed)
         if record.writes
@@ -164,7 +165,7 @@ def train_and_evaluate(
     )
     facts = AdapterFacts(prepared.facts.name, prepared.style, plan.quantization)
     job = Job(
-        model.model, packed.train, packed.validation_blocks(plan.eval_blocks), plan, record.output_dir / CHECKPOINT_DIR,
+        model.model, packed.train, validation_blocks(packed, plan.eval_blocks), plan, record.output_dir / CHECKPOINT_DIR,
         prepared.cache.key, config.monitor, record.coordinator, facts, prepared.tokenizer, resume, record.progress,
     )  # fmt: skip
     smaller = lambda cap: plan_for(prepared, data.machine, loaded, plan.probe, cap, plan.speed)  # noqa: E731

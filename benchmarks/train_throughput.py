@@ -14,7 +14,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import load_config
-from pipeline.dataset import packed_blocks, read_sequences
+from pipeline.dataset import block_dataset, packed_blocks
 from pipeline.hardware import detect_hardware, usable_cores
 from pipeline.model import (
     attach_lora,
@@ -26,7 +26,8 @@ from pipeline.model import (
 )
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.planner import make_plan
-from pipeline.token_cache import open_or_build, tokenize_sequences
+from pipeline.sources import read_sequences
+from pipeline.token_cache import cache_meta, cache_stats, open_or_build, read_split, tokenize_sequences
 from pipeline.trainer import TrainingHistory, training_arguments
 from pipeline.types import TextStyle
 from scrapers.scrape import scrape
@@ -154,17 +155,17 @@ def benchmark(args) -> None:
         for key, value in QWEN_05B_SHAPE.items():
             setattr(config, key, value)
     facts = describe_model("tiny", config, tokenizer)
-    plan = make_plan(cache.stats(), detect_hardware(), facts, loaded)
+    plan = make_plan(cache_stats(cache), detect_hardware(), facts, loaded)
     length = plan.sequence_length
     print(
-        f"data: {cache.meta()['train_sequences']} sequences, {cache.meta()['train_tokens']} tokens; block/max length {length}"
+        f"data: {cache_meta(cache)['train_sequences']} sequences, {cache_meta(cache)['train_tokens']} tokens; block/max length {length}"
     )
     print(
         f"model: {facts.parameters / 1e6:.1f}M parameters ({'Qwen2.5-0.5B shape' if args.gpu else 'tiny'}), device {plan.device}"
     )
 
     # (a) the baseline: Trainer defaults, padded sequences.
-    sequences = cache.split("train").column("input_ids").to_pylist()
+    sequences = read_split(cache.directory, "train").column("input_ids").to_pylist()
     baseline_args = TrainingArguments(output_dir=str(work / "baseline"), use_cpu=not args.gpu, seed=0)
     baseline = run(
         baseline_args,
@@ -176,7 +177,7 @@ def benchmark(args) -> None:
     # (b) repotune: the plan, packed blocks.
     packed = packed_blocks(
         cache.directory,
-        cache.split("train"),
+        read_split(cache.directory, "train"),
         "train",
         length,
         tokenizer.pad_token_id,
@@ -188,7 +189,7 @@ def benchmark(args) -> None:
         ours = run(
             training_arguments(plan, work / "ours"),
             fresh_model("tiny", config, plan, args.gpu),
-            packed.dataset(),
+            block_dataset(packed),
             args.steps,
             history,
         )

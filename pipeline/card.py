@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-CARD_FILE = "README.md"
 TAGS = ["repotune", "peft", "lora", "commit-message-generation", "code"]
 SYSTEM_NAMES = {
     "before": "base model",

@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +23,25 @@ import orjson
 
 from pipeline.packing import IGNORE_INDEX, layout
 from pipeline.progress import say
-from pipeline.types import Packed, Plan, Prepared
+from pipeline.token_cache import read_split
+from pipeline.types import Packed, PackedSplit, Plan, Prepared
 
 ARRAYS = ("input_ids", "position_ids", "labels")
 
 
-def read_sequences(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of sequences.jsonl, one at a time (a reader that needs a few stops early)."""
-    with path.open("rb") as handle:
-        for line in handle:
-            if line.strip():
-                yield orjson.loads(line)
+def block_dataset(split: PackedSplit, limit: int | None = None) -> BlockDataset:
+    """A split's blocks as a torch dataset; `limit` keeps the first that many."""
+    return BlockDataset(split.directory, split.split, min(split.blocks, limit or split.blocks))
 
 
-@dataclass(frozen=True)
-class PackedSplit:
-    directory: Path
-    split: str
-    blocks: int
-    real_tokens: int
-    block_size: int
+def held_out_blocks(packed: Packed, limit: int | None) -> dict[str, BlockDataset]:
+    """Each format's held-out blocks as a dataset, the first `limit` of them (all for None)."""
+    return {name: block_dataset(split, limit) for name, split in packed.held_out.items()}
 
-    @property
-    def efficiency(self) -> float:
-        """Real tokens over token slots (1.0 means no padding)."""
-        slots = self.blocks * self.block_size
-        return self.real_tokens / slots if slots else 0.0
 
-    def dataset(self, limit: int | None = None) -> BlockDataset:
-        """The blocks as a torch dataset; `limit` keeps the first that many."""
-        return BlockDataset(self.directory, self.split, min(self.blocks, limit or self.blocks))
+def validation_blocks(packed: Packed, limit: int | None) -> dict[str, BlockDataset]:
+    """Each format's validation blocks as a dataset, the first `limit` of them (all for None)."""
+    return {name: block_dataset(split, limit) for name, split in packed.validation.items()}
 
 
 def packed_blocks(
@@ -190,9 +178,9 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
     cache, length, cut = prepared.cache, plan.sequence_length, plan.truncate_at
     pad = prepared.tokenizer.pad_token_id
     started = time.perf_counter()
-    train = packed_blocks(cache.directory, cache.split("train"), "train", length, pad, cut)
+    train = packed_blocks(cache.directory, read_split(cache.directory, "train"), "train", length, pad, cut)
     held_out, validation = (
-        held_out_splits(cache.directory, cache.split(split), length, pad, cut, split)
+        held_out_splits(cache.directory, read_split(cache.directory, split), length, pad, cut, split)
         if prepared.counts[f"{split}_tokens"]
         else {}
         for split in ("eval", "valid")
@@ -244,7 +232,7 @@ def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:
         return packed
     newest = packed_blocks(
         prepared.cache.directory,
-        prepared.cache.split("train").slice(0, kept),
+        read_split(prepared.cache.directory, "train").slice(0, kept),
         f"train-newest-{kept}",
         plan.sequence_length,
         prepared.tokenizer.pad_token_id,

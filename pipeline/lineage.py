@@ -173,7 +173,8 @@ def check_tokenizer(parent: Parent, prepared: Prepared) -> None:
 def parent_held_out(parent: Parent, prepared: Prepared, loaded: LoadedConfig, plan: Plan, directory: Path):
     """The parent's held-out commits, tokenized and packed as this update trains, by format ({} when the
     parent kept none, or its sequences.jsonl is gone)."""
-    from pipeline.dataset import held_out_splits, read_sequences
+    from pipeline.dataset import block_dataset, held_out_splits
+    from pipeline.sources import read_sequences
     from pipeline.token_cache import read_split, tokenize_sequences
 
     sequences = parent.directory / SEQUENCES_FILE
@@ -196,7 +197,7 @@ def parent_held_out(parent: Parent, prepared: Prepared, loaded: LoadedConfig, pl
     splits = held_out_splits(
         directory, table, plan.sequence_length, prepared.tokenizer.pad_token_id, plan.truncate_at
     )
-    return {name: split.dataset(plan.eval_blocks) for name, split in splits.items()}
+    return {name: block_dataset(split, plan.eval_blocks) for name, split in splits.items()}
 
 
 def forgetting(before: Scores, after: Scores) -> dict[str, Any]:

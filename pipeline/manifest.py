@@ -32,6 +32,11 @@ _DUMP_OPTIONS = (
 )
 
 
+def provenance_hash(payload: dict[str, Any]) -> str:
+    """sha256 of the payload as JSON with sorted keys: the same inputs always give the same key."""
+    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:

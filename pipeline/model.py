@@ -36,6 +36,7 @@ ADAPTER_DIR = "adapter"
 BASE_MODEL_DIR = "base_model"
 CHECKPOINT_DIR = "checkpoints"
 STAMP_FILE = "repotune_state.json"  # written last into a checkpoint: its presence means the save completed
+CARD_FILE = "README.md"  # the model card, beside the adapter (the Hub shows it as the model page)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """A planned precision's torch dtype, by name (torch is imported only where a model is built)."""
 
@@ -473,8 +474,6 @@ def save_adapter(
     if suggester is not None:
         suggester.save(adapter_dir)
     if card is not None:
-        from pipeline.card import CARD_FILE
-
         (adapter_dir / CARD_FILE).write_text(card, encoding="utf-8")
     files = [
         {"path": str(path.relative_to(output_dir)), "bytes": path.stat().st_size, "sha256": sha256_file(path)}

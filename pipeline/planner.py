@@ -23,12 +23,13 @@ from typing import Any
 
 from pipeline.config import LoadedConfig, budget_seconds
 from pipeline.errors import ConfigError
-from pipeline.hardware import GB, Hardware
+from pipeline.hardware import GB
 from pipeline.manifest import TENSORBOARD_DIR
 from pipeline.packing import count_blocks
 from pipeline.types import (
     DataStats,
     Decision,
+    Hardware,
     Launch,
     Machine,
     ModelFacts,

@@ -23,13 +23,12 @@ import orjson
 
 from pipeline.builtin import cache_home
 from pipeline.config import LoadedConfig
-from pipeline.dataset import ARRAYS, PackedSplit
+from pipeline.dataset import ARRAYS, block_dataset
 from pipeline.hardware import GB
-from pipeline.manifest import utc_now, write_manifest
+from pipeline.manifest import provenance_hash, utc_now, write_manifest
 from pipeline.model import autocast
 from pipeline.progress import say
-from pipeline.token_cache import provenance_hash
-from pipeline.types import Machine, Plan, Prepared, ProbeRow, Speed, TrainOutcome
+from pipeline.types import Machine, PackedSplit, Plan, Prepared, ProbeRow, Speed, TrainOutcome
 
 MIN_STEPS_FOR_SPEED = 5  # a run this long measures its speed well enough for the next run's budget
 
@@ -240,7 +239,7 @@ def measure(
         largest = plan.effective_batch_size // plan.world_size
         gpu = min(machine.hardware.gpus, key=lambda g: g.memory_gb)
         model.cuda()
-        step = cuda_step(model, train.dataset(), plan.precision, largest)
+        step = cuda_step(model, block_dataset(train), plan.precision, largest)
         rows = probe_batch_sizes(step, largest, gpu.memory_gb, loaded.config.plan.probe_headroom)
         plan = plan_for(prepared, machine, loaded, rows)
         say(
@@ -252,7 +251,7 @@ def measure(
         if speed is None:
             speed = training_speed(
                 model,
-                train.dataset(),
+                block_dataset(train),
                 plan.precision,
                 plan.gradient_checkpointing,
                 plan.loss_average == "answer",

@@ -3,13 +3,15 @@ the output directory's earlier scrape when nothing it depends on changed."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pipeline.hardware import usable_cores
-from pipeline.manifest import tool_info
+from pipeline.manifest import provenance_hash, tool_info
 from pipeline.progress import say
-from pipeline.token_cache import provenance_hash
 from pipeline.types import Scraped
 from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
@@ -76,3 +78,11 @@ def provenance(repos: list[str], config: ScrapeConfig) -> str:
 def skipped(scraped: Scraped) -> str:
     """Commits skipped by reason, for messages."""
     return describe_counts(scraped.summary["skipped"])
+
+
+def read_sequences(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of sequences.jsonl, one at a time (a reader that needs a few stops early)."""
+    with path.open("rb") as handle:
+        for line in handle:
+            if line.strip():
+                yield orjson.loads(line)

@@ -232,7 +232,7 @@ class Suggester:
 def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past:
     """Every kept commit of the scrape, the index over those that are not held out (the held-out ones
     are what it is scored on) and the selector learned on its training commits."""
-    from pipeline.dataset import read_sequences
+    from pipeline.sources import read_sequences
 
     commits = tuple(past_commits(read_sequences(sequences_path)))
     known = [commit for commit in commits if commit.split != "eval"]

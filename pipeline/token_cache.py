@@ -19,14 +19,12 @@ Layout of one entry (`cache_dir/tokens-<key>/`):
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +33,10 @@ import orjson
 from pipeline.config import LoadedConfig
 from pipeline.examples import encode_batch, style_key
 from pipeline.hardware import usable_cores
+from pipeline.manifest import provenance_hash
 from pipeline.progress import Progress, say
-from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle
+from pipeline.sources import read_sequences
+from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle, TokenCache
 from scrapers.errors import RepositoryError
 from scrapers.scrape import SPLITS
 
@@ -46,43 +46,18 @@ TOKENIZE_CHUNK = 256  # sequences per unit of work (and of progress)
 PLAN_SAMPLE = 1000  # training sequences `plan` tokenizes to estimate a larger history it has not cached
 
 
-@dataclass(frozen=True)
-class TokenCache:
-    directory: Path
-    key: str
-    hit: bool
-    seconds: float
-    """Time to load (hit) or build (miss) the entry."""
+def cache_stats(cache: TokenCache) -> DataStats:
+    """Token-length histogram of the training split, for the planner."""
+    import numpy as np
 
-    def split(self, name: str):
-        """The split's rows as a pyarrow table (input_ids, loss_mask, length, commit, format), or None
-        when it has no sequences (they are not stored)."""
-        return read_split(self.directory, name)
+    lengths = read_split(cache.directory, "train").column("length").to_numpy()
+    values, counts = np.unique(lengths, return_counts=True)
+    return DataStats(dict(zip(values.tolist(), counts.tolist(), strict=True)), tuple(lengths.tolist()))
 
-    def stats(self) -> DataStats:
-        """Token-length histogram of the training split, for the planner."""
-        import numpy as np
 
-        lengths = self.split("train").column("length").to_numpy()
-        values, counts = np.unique(lengths, return_counts=True)
-        return DataStats(dict(zip(values.tolist(), counts.tolist(), strict=True)), tuple(lengths.tolist()))
-
-    def meta(self) -> dict[str, Any]:
-        return orjson.loads((self.directory / "meta.json").read_bytes())
-
-    @property
-    def build_seconds(self) -> float | None:
-        """How long building this entry took (a hit saves about that much); None for older entries."""
-        return self.meta().get("build_seconds")
-
-    def to_manifest(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "dir": str(self.directory),
-            "hit": self.hit,
-            "seconds": round(self.seconds, 3),
-            "build_seconds": self.build_seconds,
-        }
+def cache_meta(cache: TokenCache) -> dict[str, Any]:
+    """What building the entry counted (sequences and tokens per split) and how long it took."""
+    return orjson.loads((cache.directory / "meta.json").read_bytes())
 
 
 def read_split(directory: Path, name: str):
@@ -91,11 +66,6 @@ def read_split(directory: Path, name: str):
 
     path = directory / name
     return load_from_disk(str(path)).data.table if path.exists() else None
-
-
-def provenance_hash(payload: dict[str, Any]) -> str:
-    """sha256 of the payload as JSON with sorted keys: the same inputs always give the same key."""
-    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def cache_key(
@@ -122,7 +92,8 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
     started = time.perf_counter()
     directory = cache_root / f"tokens-{key}"
     if (directory / "meta.json").exists():
-        return TokenCache(directory, key, True, time.perf_counter() - started)
+        built_in = orjson.loads((directory / "meta.json").read_bytes()).get("build_seconds")
+        return TokenCache(directory, key, True, time.perf_counter() - started, built_in)
     cache_root.mkdir(parents=True, exist_ok=True)
     # Not a dot-name: datasets skips files under hidden directories when it reads a split back.
     staging = cache_root / f"tokens-{key}.{os.getpid()}.tmp"
@@ -138,7 +109,8 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return TokenCache(directory, key, False, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return TokenCache(directory, key, False, seconds, round(seconds, 3))
 
 
 def tokenize_sequences(
@@ -236,7 +208,6 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
     model for the planner (its config only: no weights are loaded). With `sample`, a history of more
     training sequences than that which is not in the cache yet is estimated from every k-th sequence
     (`plan`: a dry run answers in seconds and pays for no tokenization that nothing uses)."""
-    from pipeline.dataset import read_sequences
     from pipeline.model import (
         describe_model,
         load_saved_tokenizer,
@@ -283,11 +254,11 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
     cache = open_or_build(cache_root, key, build)
     tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
     config = model_config(model_name, tokenizer)
-    meta = cache.meta()
+    meta = cache_meta(cache)
     counts = {
         f"{split}_{what}": meta[f"{split}_{what}"] for split in SPLITS for what in ("sequences", "tokens")
     }
-    stats, estimate = cache.stats(), None
+    stats, estimate = cache_stats(cache), None
     if every > 1:
         stats, counts = _scaled(stats, counts, every, scraped.summary["split"])
         estimate = (

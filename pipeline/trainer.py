@@ -30,7 +30,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import MonitorConfig
-from pipeline.dataset import PackedSplit
+from pipeline.dataset import block_dataset
 from pipeline.distributed import Coordinator
 from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.hardware import usable_cores
@@ -41,7 +41,7 @@ from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.performance import throughput_report
 from pipeline.progress import clock, say
 from pipeline.trackers import attach_trackers, tracker_failure
-from pipeline.types import Plan, TrainOutcome
+from pipeline.types import PackedSplit, Plan, TrainOutcome
 
 TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
 
@@ -639,7 +639,7 @@ def build_trainer(job: Job, history: TrainingHistory, time_limit: float | None) 
     trainer = RepotuneTrainer(
         model=job.model,
         args=training_arguments(job.plan, job.checkpoint_dir),
-        train_dataset=job.train.dataset(),
+        train_dataset=block_dataset(job.train),
         eval_dataset=job.validation or None,
         data_collator=default_data_collator,
         callbacks=[history, CheckpointStamp(job.stamp, job.facts, job.tokenizer)]

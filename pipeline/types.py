@@ -11,12 +11,110 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from pipeline.dataset import PackedSplit
-    from pipeline.hardware import Hardware
-    from pipeline.token_cache import TokenCache
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_gb: float
+    """Total device memory (GiB)."""
+    free_memory_gb: float | None = None
+    """Free device memory when detected (GiB)."""
+    compute_capability: tuple[int, int] | None = None
+
+    @property
+    def bf16(self) -> bool | None:
+        """Native bfloat16 (compute capability 8.0 and newer); None when the capability is unknown."""
+        return self.compute_capability >= (8, 0) if self.compute_capability else None
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpu_physical_cores: int | None
+    cpu_logical_cores: int | None
+    usable_cores: int
+    """Cores this process may use: affinity mask and container CPU quota applied."""
+    cpu_quota_cores: float | None
+    """CPU quota granted by cgroups (cores), None when unlimited or unknown."""
+    ram_total_gb: float | None
+    ram_available_gb: float | None
+    memory_limit_gb: float | None
+    """cgroup memory limit (GiB), None when unlimited or unknown."""
+    gpus: tuple[GpuInfo, ...] = ()
+    cuda_usable: bool = False
+    """torch can run on the GPUs (a CUDA build and a driver); GPUs seen only by NVML are not usable."""
+    mps: bool = False
+    cpu_bf16: str | None = None
+    """The CPU instruction set that makes bfloat16 fast (`amx_bf16`, `avx512_bf16`), None without one."""
+    platform: str = ""
+    python_version: str = ""
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    transformers_version: str | None = None
+    source: str = "detected"
+    """`detected` on this machine, or the profile file it was described by."""
+    busy_cores: float | None = None
+    """Cores' worth of CPU that other processes used while this run started (None: not measured, as for
+    a described machine): a training that shares the CPU plans its threads and speed for what is left."""
+    busy_processes: tuple[str, ...] = ()
+    """The other processes that used the most of it (`name (pid N): 1.0 core`)."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Why a field is None or a reader was skipped."""
+
+    def to_manifest(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["gpus"] = [
+            {
+                **row,
+                "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
+                "bf16": gpu.bf16,
+            }
+            for row, gpu in zip(data["gpus"], self.gpus, strict=True)
+        ]
+        data["gpu_count"] = len(self.gpus)
+        data["busy_processes"] = list(self.busy_processes)
+        return data
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    """A token cache entry: where it is, its key, whether this run found it, and what it cost."""
+
+    directory: Path
+    key: str
+    hit: bool
+    seconds: float
+    """Time to load (hit) or build (miss) the entry."""
+    build_seconds: float | None
+    """How long building this entry took (a hit saves about that much); None for older entries."""
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "dir": str(self.directory),
+            "hit": self.hit,
+            "seconds": round(self.seconds, 3),
+            "build_seconds": self.build_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class PackedSplit:
+    """One split's packed blocks on disk (`pipeline.dataset.block_dataset` reads them)."""
+
+    directory: Path
+    split: str
+    blocks: int
+    real_tokens: int
+    block_size: int
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens over token slots (1.0 means no padding)."""
+        slots = self.blocks * self.block_size
+        return self.real_tokens / slots if slots else 0.0
 
 
 @dataclass(frozen=True)
@@ -288,14 +386,6 @@ class Packed:
     """The validation commits' blocks by format: every choice is made on them, never on the held-out ones."""
     sample: bool = False
     """Blocks of a sample only (`plan`'s estimate): not the data's, so not recorded as its."""
-
-    def held_out_blocks(self, limit: int | None) -> dict[str, Any]:
-        """Each format's held-out blocks as a dataset, the first `limit` of them (all for None)."""
-        return {name: split.dataset(limit) for name, split in self.held_out.items()}
-
-    def validation_blocks(self, limit: int | None) -> dict[str, Any]:
-        """Each format's validation blocks as a dataset, the first `limit` of them (all for None)."""
-        return {name: split.dataset(limit) for name, split in self.validation.items()}
 
 
 @dataclass(frozen=True)

@@ -324,7 +324,9 @@ def test_the_readme_cookbook_runs_against_a_real_manifest(two_runs):
         entry["learning_rate"] for entry in results[".training_report.learning_rate.history | .[0:5]"][0]
     ]
     rising = rates[: manifest["training_parameters"]["warmup_steps"] + 1]
-    assert len(rates) == 5 and len(rising) > 1 and rising == sorted(rising) and rising[0] < rising[-1]  # warmup
+    assert (
+        len(rates) == 5 and len(rising) > 1 and rising == sorted(rising) and rising[0] < rising[-1]
+    )  # warmup
     assert results[".training_parameters.batch_size"] == [2]
     epochs = results[".training_report.training.epoch_summaries"][0]
     assert [summary["epoch"] for summary in epochs] == list(

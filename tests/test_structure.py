@@ -33,6 +33,38 @@ def test_scrapers_import_nothing_from_pipeline():
         assert not [name for name in imported_modules(path) if name.split(".")[0] == "pipeline"], path.name
 
 
+def project_imports() -> dict[str, set[str]]:
+    """Each module of pipeline/ and scrapers/ → the project modules it imports, wherever in it (inside
+    functions and under TYPE_CHECKING too)."""
+    graph = {}
+    for package in ("pipeline", "scrapers"):
+        for path in sorted((ROOT / package).glob("*.py")):
+            name = f"{package}.{path.stem}" if path.stem != "__init__" else package
+            graph[name] = {
+                module for module in imported_modules(path) if module.split(".")[0] in ("pipeline", "scrapers")
+            }
+    return graph
+
+
+def test_no_module_imports_itself_back():
+    graph = project_imports()
+
+    def cycle_from(start: str, module: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+        for imported in sorted(graph.get(module, ())):
+            if imported == start:
+                return (*path, imported)
+            if imported not in path and (found := cycle_from(start, imported, (*path, imported))):
+                return found
+        return None
+
+    for module in graph:
+        assert cycle_from(module, module, (module,)) is None, " → ".join(cycle_from(module, module, (module,)))
+
+
+def test_the_values_stages_pass_import_no_stage():
+    assert project_imports()["pipeline.types"] == set()
+
+
 def test_every_decision_is_a_plan_attribute_and_none_is_missing():
     plan = make_plan(same_length(100, 64), cpu_machine(), TINY, load_config(None))
     fields = {field.name for field in dataclasses.fields(Plan)} - {
