@@ -90,16 +90,31 @@ def pack_arrays(
     lengths = np.diff(offsets)
     if truncate_at:
         lengths = np.minimum(lengths, truncate_at)
-    # Segments: every sequence cut into pieces of at most block_size tokens (or only its first piece).
+    piece_start, piece_length = _pieces(offsets, lengths, block_size)
+    piece_block, piece_offset, fill = _placement(piece_length, block_size)
+    arrays = _scatter(
+        tokens, mask, piece_start, piece_length, piece_block, piece_offset, fill, block_size, pad_id
+    )
+    return arrays, int(piece_length.sum())
+
+
+def _pieces(offsets: np.ndarray, lengths: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every sequence cut into pieces of at most block_size tokens: each piece's first token in the
+    flat token array, and its length."""
     pieces_per_sequence = -(-lengths // block_size)
     sequence_of_piece = np.repeat(np.arange(len(lengths)), pieces_per_sequence)
     first_piece = np.cumsum(pieces_per_sequence) - pieces_per_sequence
     piece_in_sequence = np.arange(len(sequence_of_piece)) - np.repeat(first_piece, pieces_per_sequence)
     piece_start = offsets[sequence_of_piece] + piece_in_sequence * block_size
     piece_length = np.minimum(block_size, lengths[sequence_of_piece] - piece_in_sequence * block_size)
+    return piece_start, piece_length
 
+
+def _placement(piece_length: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each piece goes, as `layout` decides (best fit by size): (each piece's block, its offset in
+    that block, each block's filled tokens). Pieces of each size, in sequence order, are
+    handed out to the layout's groups in turn."""
     placed = layout(Counter(piece_length.tolist()), block_size)
-    # Pieces of each size, in sequence order, are handed out to the layout's groups in turn.
     order = np.argsort(-piece_length, kind="stable")
     sizes_sorted = piece_length[order]
     next_of_size = {
@@ -117,30 +132,42 @@ def pack_arrays(
             piece_block[chosen] = block_ids
             piece_offset[chosen] = fill[block_ids]
             fill[block_ids] += size
+    return piece_block, piece_offset, fill
 
-    # Scatter every token to its block and offset in one vectorised copy.
+
+def _scatter(
+    tokens: np.ndarray,
+    mask: np.ndarray,
+    piece_start: np.ndarray,
+    piece_length: np.ndarray,
+    piece_block: np.ndarray,
+    piece_offset: np.ndarray,
+    fill: np.ndarray,
+    block_size: int,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """Every token copied to its block and offset in one vectorised pass, with its label and position."""
+    blocks = len(fill)
     within = np.arange(int(piece_length.sum())) - np.repeat(
         np.cumsum(piece_length) - piece_length, piece_length
     )
     source = np.repeat(piece_start, piece_length) + within
     target = np.repeat(piece_block * block_size + piece_offset, piece_length) + within
-    input_ids = np.full(placed.blocks * block_size, pad_id, dtype=np.int32)
-    labels = np.full(placed.blocks * block_size, IGNORE_INDEX, dtype=np.int32)
-    positions = np.empty(placed.blocks * block_size, dtype=np.int32)
+    input_ids = np.full(blocks * block_size, pad_id, dtype=np.int32)
+    labels = np.full(blocks * block_size, IGNORE_INDEX, dtype=np.int32)
+    positions = np.empty(blocks * block_size, dtype=np.int32)
     input_ids[target] = tokens[source]
     # No loss on a segment's first token (never predict across sequences) nor where the mask says prompt.
     labels[target] = np.where((within == 0) | (mask[source] == 0), IGNORE_INDEX, tokens[source])
     # Padding after the last segment is a segment of its own, positions restarting at 0.
-    column_index = np.tile(np.arange(block_size), placed.blocks)
-    positions[:] = column_index - np.repeat(fill, block_size)
+    positions[:] = np.tile(np.arange(block_size), blocks) - np.repeat(fill, block_size)
     positions[target] = within
-    shape = (placed.blocks, block_size)
-    arrays = {
+    shape = (blocks, block_size)
+    return {
         "input_ids": input_ids.reshape(shape),
         "position_ids": positions.reshape(shape),
         "labels": labels.reshape(shape),
     }
-    return arrays, int(piece_length.sum())
 
 
 class BlockDataset:

@@ -229,17 +229,22 @@ def _scoreboard(m: dict[str, Any]) -> str:
     evaluation = (m.get("training_report") or {}).get("evaluation") or {}
     if not evaluation.get("before") and not evaluation.get("after"):
         return f'<h2>What it learned</h2><p class="muted">{_e(evaluation.get("note") or "not measured")}</p>'
-    tasks = evaluation.get("tasks") or {}
-    system = evaluation.get("system") or {}
     parts = ["<h2>What it learned (held-out commits: the newest, never trained on or retrieved from)</h2>"]
-    rows = []
+    parts += _message_scores(evaluation) + _code_scores(evaluation) + _held_out_loss(evaluation)
+    return "\n".join(parts)
+
+
+def _message_scores(evaluation: dict[str, Any]) -> list[str]:
+    """Each system's commit messages beside the lookup's."""
+    tasks, system = evaluation.get("tasks") or {}, evaluation.get("system") or {}
+    rows, count = [], None
     for name, label in SYSTEM_LABELS.items():
         scored = (tasks.get(name) or {}).get("message")
         if not scored:
             continue
         if name == "suggested":
             label = f"suggested: {system.get('name')} (what generate and the hook offer)"
-        versus = scored.get("vs_nearest_commit") or {}
+        versus, count = scored.get("vs_nearest_commit") or {}, count or scored.get("samples")
         rows.append(
             (
                 _e(label),
@@ -251,24 +256,27 @@ def _scoreboard(m: dict[str, Any]) -> str:
                 _e(f"{_fmt(scored.get('output_chars_mean'))} ({_fmt(scored.get('reference_chars_mean'))})"),
             )
         )
-    if rows:
-        count = next(
-            ((tasks.get(n) or {}).get("message") or {}).get("samples")
-            for n in SYSTEM_LABELS
-            if (tasks.get(n) or {}).get("message")
-        )
-        parts.append(f"<h3>Commit message from its diff ({count} commits)</h3>")
-        header: tuple[str, ...] = ("system", "chrF [95%]", "edit similarity [95%]", "chrF vs lookup", "ES vs lookup",
-                  "subject exact %", "chars (git's)")  # fmt: skip
-        parts.append(_table(header, rows, escape=False, css="scores"))
-        if system:
-            parts.append(f'<p class="muted">suggestion system: {_e(system.get("reason"))}</p>')
-    code_rows = []
+    if not rows:
+        return []
+    header = ("system", "chrF [95%]", "edit similarity [95%]", "chrF vs lookup", "ES vs lookup",
+              "subject exact %", "chars (git's)")  # fmt: skip
+    parts = [
+        f"<h3>Commit message from its diff ({count} commits)</h3>",
+        _table(header, rows, escape=False, css="scores"),
+    ]
+    if system:
+        parts.append(f'<p class="muted">suggestion system: {_e(system.get("reason"))}</p>')
+    return parts
+
+
+def _code_scores(evaluation: dict[str, Any]) -> list[str]:
+    """The next line of a change, before and after training."""
+    tasks, rows = evaluation.get("tasks") or {}, []
     for name in ("before", "after"):
         scored = (tasks.get(name) or {}).get("code")
         if scored:
             versus = scored.get("vs_before") or {}
-            code_rows.append(
+            rows.append(
                 (
                     _e(SYSTEM_LABELS[name]),
                     _e(_ci(scored, "exact_match_pct")),
@@ -277,20 +285,25 @@ def _scoreboard(m: dict[str, Any]) -> str:
                     _signed(versus, "edit_similarity"),
                 )
             )
-    if code_rows:
-        parts.append("<h3>Next line of a change (path, hunk heading and the lines before it given)</h3>")
-        header = ("model", "exact match % [95%]", "edit similarity [95%]", "exact vs base", "ES vs base")
-        parts.append(_table(header, code_rows, escape=False, css="scores"))
+    if not rows:
+        return []
+    header = ("model", "exact match % [95%]", "edit similarity [95%]", "exact vs base", "ES vs base")
+    return [
+        "<h3>Next line of a change (path, hunk heading and the lines before it given)</h3>",
+        _table(header, rows, escape=False, css="scores"),
+    ]
+
+
+def _held_out_loss(evaluation: dict[str, Any]) -> list[str]:
+    """Held-out loss and perplexity before and after, per format, and what the evaluation cost."""
     before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
-    loss_rows = [("held-out loss", _fmt(before.get("loss")), _fmt(after.get("loss")))]
-    loss_rows.append(("± standard error", _fmt(before.get("loss_stderr")), _fmt(after.get("loss_stderr"))))
-    loss_rows.append(("perplexity", _fmt(before.get("perplexity")), _fmt(after.get("perplexity"))))
+    rows = [("held-out loss", _fmt(before.get("loss")), _fmt(after.get("loss")))]
+    rows.append(("± standard error", _fmt(before.get("loss_stderr")), _fmt(after.get("loss_stderr"))))
+    rows.append(("perplexity", _fmt(before.get("perplexity")), _fmt(after.get("perplexity"))))
     for name, scored in (before.get("per_format") or {}).items():
         later = (after.get("per_format") or {}).get(name) or {}
-        loss_rows.append(
-            (f"  {name} perplexity", _fmt(scored.get("perplexity")), _fmt(later.get("perplexity")))
-        )
-    parts.append("<h3>Held-out loss</h3>" + _table(("", "before training", "after training"), loss_rows))
+        rows.append((f"  {name} perplexity", _fmt(scored.get("perplexity")), _fmt(later.get("perplexity"))))
+    parts = ["<h3>Held-out loss</h3>" + _table(("", "before training", "after training"), rows)]
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
         parts.append(f'<p class="muted">{_e(held["note"])}</p>')
@@ -301,7 +314,7 @@ def _scoreboard(m: dict[str, Any]) -> str:
             + (" (cached)" if cost.get("before_cached") else "")
             + f", fine-tuned {_fmt(cost.get('after_s'), ' s')}, retrieval {_fmt(cost.get('retrieval_s'), ' s')}</p>"
         )
-    return "\n".join(parts)
+    return parts
 
 
 def _ci(scored: dict[str, Any], key: str) -> str:

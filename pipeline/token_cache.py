@@ -19,6 +19,7 @@ Layout of one entry (`cache_dir/tokens-<key>/`):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -215,7 +216,6 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
         pretrained_tokenizer,
         quiet_library_output,
         tokenizer_recipe,
-        train_tiny_tokenizer,
     )
     from pipeline.planner import text_style
     from pipeline.sources import skipped
@@ -238,32 +238,47 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
         every = 1  # tokenized already: the real statistics cost nothing
     if every > 1:
         key = f"{key}-every{every}"
-
-    def build(staging: Path) -> dict[str, int]:  # only on a cache miss: a hit reads none of the sequences
-        records = list(read_sequences(scraped.sequences_path))
-        if every > 1:  # every k-th of each split, newest first as they are listed
-            records = [r for split in SPLITS for r in [r for r in records if r["split"] == split][::every]]
-        tokenizer = (
-            pretrained
-            if pretrained is not None
-            else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
-        )
-        tokenizer.save_pretrained(staging / "tokenizer")
-        return tokenize_sequences(records, tokenizer, style, max_tokens, staging)
-
+    build = functools.partial(_build, scraped, pretrained, style, max_tokens, every)
     cache = open_or_build(cache_root, key, build)
     tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
     config = model_config(model_name, tokenizer)
+    stats, counts, estimate = _statistics(cache, every, scraped.summary["split"])
+    facts = describe_model(model_name, config, tokenizer)
+    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate)
+
+
+def _build(
+    scraped: Scraped, pretrained, style: TextStyle, max_tokens, every: int, staging: Path
+) -> dict[str, int]:
+    """A cache entry in `staging` (only on a miss: a hit reads none of the sequences), from every `every`-th
+    sequence of each split; the tiny model's tokenizer is trained here on the training split."""
+    from pipeline.model import train_tiny_tokenizer
+
+    records = list(read_sequences(scraped.sequences_path))
+    if every > 1:  # every k-th of each split, newest first as they are listed
+        records = [r for split in SPLITS for r in [r for r in records if r["split"] == split][::every]]
+    tokenizer = (
+        pretrained
+        if pretrained is not None
+        else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
+    )
+    tokenizer.save_pretrained(staging / "tokenizer")
+    return tokenize_sequences(records, tokenizer, style, max_tokens, staging)
+
+
+def _statistics(
+    cache: TokenCache, every: int, split: dict[str, int]
+) -> tuple[DataStats, dict[str, int], str | None]:
+    """The training split's token statistics and every split's counts (scaled to the whole history when
+    they come from every k-th sequence, and then how), and one line saying where they came from."""
     meta = cache_meta(cache)
-    counts = {
-        f"{split}_{what}": meta[f"{split}_{what}"] for split in SPLITS for what in ("sequences", "tokens")
-    }
+    counts = {f"{name}_{what}": meta[f"{name}_{what}"] for name in SPLITS for what in ("sequences", "tokens")}
     stats, estimate = cache_stats(cache), None
     if every > 1:
-        stats, counts = _scaled(stats, counts, every, scraped.summary["split"])
+        stats, counts = _scaled(stats, counts, every, split)
         estimate = (
-            f"estimated from {meta['train_sequences']:,} of {total:,} training sequences (one in every {every}), "
-            f"tokenized in {cache.seconds:.1f} s; `prepare` or a run tokenizes them all"
+            f"estimated from {meta['train_sequences']:,} of {split['train_sequences']:,} training sequences "
+            f"(one in every {every}), tokenized in {cache.seconds:.1f} s; `prepare` or a run tokenizes them all"
         )
         say(f"token statistics {estimate}")
     elif cache.hit and cache.build_seconds:
@@ -273,8 +288,7 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
         )
     else:
         say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
-    facts = describe_model(model_name, config, tokenizer)
-    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate)
+    return stats, counts, estimate
 
 
 def _scaled(

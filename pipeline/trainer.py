@@ -678,35 +678,44 @@ def _train_retrying(
         trainer = build_trainer(job, history, time_limit)
         stop = GracefulStop(job.coordinator.any)
         keep = KeepBest(job.model, job.plan.early_stopping_patience)
-        trainer.add_callback(stop)
-        trainer.add_callback(keep)
-        if job.plan.follow_free_cores:
-            trainer.add_callback(FollowFreeCores(monitor))
+        for callback in (stop, keep, *([FollowFreeCores(monitor)] if job.plan.follow_free_cores else [])):
+            trainer.add_callback(callback)
         try:
             with stop:
                 trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
             break
         except torch.OutOfMemoryError as err:
-            micro = job.plan.batch_size
-            if micro == 1:
-                raise TrainingError(
-                    "CUDA ran out of memory even at micro-batch 1; set plan.gradient_checkpointing=true, "
-                    "a shorter train.max_sequence_length, or a smaller model"
-                ) from None
-            on_oom(
-                {"batch_size": micro, "step": trainer.state.global_step, "error": str(err).splitlines()[0]}
-            )
+            on_oom(_out_of_memory(job, trainer.state.global_step, err))
             # Start again from the initial adapter weights, with half the micro-batch and the same effective batch.
             job.model.load_state_dict(initial, strict=False)
             history.reset()
             del trainer
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            job.plan = replan_after_oom(micro // 2)
+            job.plan = replan_after_oom(job.plan.batch_size // 2)
         except Exception as err:
             if why := tracker_failure(err, job.plan.report_to):
                 raise TrainingError(why) from None
             raise
+    _ended_well(job, history, trainer, stop)
+    if keep.last is not None and keep.last["step"] != trainer.state.global_step:
+        trainer.evaluate()  # a time limit or an early stop ended training between two validations
+    history.kept = keep.restore()
+    return job.plan
+
+
+def _out_of_memory(job: Job, step: int, err: Exception) -> dict[str, Any]:
+    """What a CUDA out-of-memory at this micro-batch is recorded as; at micro-batch 1, the advice."""
+    if job.plan.batch_size == 1:
+        raise TrainingError(
+            "CUDA ran out of memory even at micro-batch 1; set plan.gradient_checkpointing=true, "
+            "a shorter train.max_sequence_length, or a smaller model"
+        ) from None
+    return {"batch_size": job.plan.batch_size, "step": step, "error": str(err).splitlines()[0]}
+
+
+def _ended_well(job: Job, history: TrainingHistory, trainer: RepotuneTrainer, stop: GracefulStop) -> None:
+    """A diverged loss and a signal end the run here, each with what to do next."""
     if history.diverged:
         raise TrainingError(
             f"the loss became {history.diverged['loss']} at step {history.diverged['step']}; "
@@ -720,7 +729,3 @@ def _train_retrying(
             signum=stop.received,
             checkpointed=True,
         )
-    if keep.last is not None and keep.last["step"] != trainer.state.global_step:
-        trainer.evaluate()  # a time limit or an early stop ended training between two validations
-    history.kept = keep.restore()
-    return job.plan
