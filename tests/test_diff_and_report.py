@@ -299,12 +299,17 @@ def test_diff_compares_the_task_metrics(cli, two_runs):
 
 
 def cookbook_queries() -> list[str]:
-    """Every jq filter in the README's cookbook, as a user would copy it."""
+    """Every jq filter in the manual's cookbook and in the README, as a user would copy them."""
+    return jq_lines("docs/manifest.md", "### jq cookbook") + jq_lines("README.md", "## Read what happened")
+
+
+def jq_lines(page: str, heading: str) -> list[str]:
+    """The jq filters of the first ```sh block after `heading` in `page`."""
     import shlex
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("### jq cookbook", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    text = (Path(__file__).resolve().parent.parent / page).read_text()
+    block = text.split(heading, 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     queries = []
     for line in block.splitlines():
         words = shlex.split(line, comments=True)
