@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.cli import (
     Command,
@@ -32,7 +32,10 @@ from pipeline.cli import (
 )
 from pipeline.config import LoadedConfig
 from pipeline.record import Record, open_run
-from pipeline.types import Data, Evaluation, Loaded, Packed, Plan, TrainOutcome
+from pipeline.types import Data, Evaluation, Loaded, Machine, Packed, Plan, Prepared, TrainOutcome
+
+if TYPE_CHECKING:  # torch comes with it: loaded where training starts, not for --help
+    from pipeline.trainer import Job
 
 
 def run(args: argparse.Namespace) -> None:
@@ -130,11 +133,10 @@ def train_and_evaluate(
         write_answers,
     )
     from pipeline.model import CHECKPOINT_DIR, AdapterFacts
-    from pipeline.planner import plan_for
     from pipeline.probe import remember_speed
     from pipeline.progress import say
     from pipeline.suggestion import for_use, learn_past
-    from pipeline.trainer import Job, train
+    from pipeline.trainer import Job
 
     config, prepared = loaded.config, data.prepared
     held_out = held_out_blocks(packed, plan.eval_blocks)
@@ -168,8 +170,7 @@ def train_and_evaluate(
         model.model, packed.train, validation_blocks(packed, plan.eval_blocks), plan, record.output_dir / CHECKPOINT_DIR,
         prepared.cache.key, config.monitor, record.coordinator, facts, prepared.tokenizer, resume, record.progress,
     )  # fmt: skip
-    smaller = lambda cap: plan_for(prepared, data.machine, loaded, plan.probe, cap, plan.speed)  # noqa: E731
-    outcome = record.step("train", train, job, smaller)
+    outcome = record.step("train", train_within_memory, job, prepared, data.machine, loaded)
 
     after = record.step(
         "evaluate_after", evaluate, model.model, held_out, prompts, outcome.plan, prepared, config.eval
@@ -198,6 +199,27 @@ def train_and_evaluate(
         write_answers(record.output_dir / EVALUATION_FILE, evaluation)
         remember_speed(outcome, data.machine, prepared.facts.name)
     return outcome, suggester
+
+
+def train_within_memory(job: Job, prepared: Prepared, machine: Machine, loaded: LoadedConfig) -> TrainOutcome:
+    """Train; after a CUDA out-of-memory, plan again with that measured fact (at most half the micro-batch,
+    the same effective batch) and train again from the adapter's initial weights."""
+    from dataclasses import replace
+
+    from pipeline.planner import plan_for
+    from pipeline.progress import say
+    from pipeline.trainer import OutOfMemory, train
+
+    while True:
+        try:
+            return train(job)
+        except OutOfMemory as oom:
+            cap = oom.retry["batch_size"] // 2
+            say(
+                f"CUDA out of memory at micro-batch {oom.retry['batch_size']}: planning again with at most {cap}"
+            )
+            plan = plan_for(prepared, machine, loaded, job.plan.probe, cap, job.plan.speed)
+            job = replace(job, plan=plan, oom_retries=(*job.oom_retries, oom.retry))
 
 
 def update(args: argparse.Namespace) -> None:

@@ -9,8 +9,9 @@
 - `GracefulStop` turns SIGINT/SIGTERM into "save a checkpoint, then stop".
 - `CheckpointStamp` writes what a checkpoint was trained on next to it, so
   `--resume` can refuse a checkpoint from other data or another batch.
-- `train` retries a CUDA out-of-memory with half the micro-batch (same
-  effective batch), and turns a non-finite loss into a clear failure.
+- `train` turns a CUDA out-of-memory into `OutOfMemory` (the adapter back to
+  its initial weights) for the planning stage to plan again with, and a
+  non-finite loss into a clear failure.
 """
 
 from __future__ import annotations
@@ -464,6 +465,8 @@ class Job:
     resume: bool = False
     on_progress: Callable[[dict[str, Any], list[dict[str, Any]]], None] = lambda report, evaluations: None
     """After every log: the training report so far and the evaluations during training."""
+    oom_retries: tuple[dict[str, Any], ...] = ()
+    """The micro-batches that ran out of CUDA memory before this plan (recorded with the outcome)."""
 
     @property
     def stamp(self) -> dict[str, Any]:
@@ -475,10 +478,19 @@ class Job:
         }
 
 
-def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
-    """Train to the end (resuming from the newest complete checkpoint with `job.resume`, retrying a CUDA
-    out-of-memory with half the micro-batch, stopping at a time budget's hard edge), with a progress
-    line per logged step; throughput and hardware are gathered from every rank."""
+class OutOfMemory(Exception):
+    """CUDA ran out of memory at the plan's micro-batch; `retry` says where. The adapter is back to its
+    initial weights: the stage that plans plans again with this fact, and training starts again."""
+
+    def __init__(self, retry: dict[str, Any]):
+        super().__init__(retry["error"])
+        self.retry = retry
+
+
+def train(job: Job) -> TrainOutcome:
+    """Train to the end (resuming from the newest complete checkpoint with `job.resume`, stopping at a
+    time budget's hard edge), with a progress line per logged step; throughput and hardware are gathered
+    from every rank. A CUDA out-of-memory raises `OutOfMemory`."""
     plan, launch = job.plan, job.coordinator.launch
     # One sampler per node: the local rank 0 of each.
     monitor = HardwareMonitor(
@@ -497,26 +509,12 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
         log_history = orjson.loads((resumed_from / "trainer_state.json").read_bytes())["log_history"]
         history.resume_from(log_history)
         say(f"resuming from {resumed_from}")
-    retries: list[dict[str, Any]] = []
-
-    def on_oom(retry: dict[str, Any]) -> None:
-        if plan.world_size > 1:
-            raise PipelineError(
-                f"CUDA ran out of memory at micro-batch {retry['batch_size']} on one of {plan.world_size} "
-                "processes; set plan.batch_size lower (or plan.gradient_checkpointing=true) and run again"
-            )
-        retries.append(retry)
-        say(
-            f"CUDA out of memory at micro-batch {retry['batch_size']}: retrying with {retry['batch_size'] // 2}"
-        )
-
+    retries = list(job.oom_retries)
     torch.set_num_threads(plan.cpu_threads)
     monitor.cpu_threads.append({"step": history.start_step, "threads": plan.cpu_threads, "other_cores": None})
     try:
         with monitor:
-            final_plan = _train_retrying(
-                job, history, monitor, resumed_from, time_limit, replan_after_oom, on_oom
-            )
+            _train_once(job, history, monitor, resumed_from, time_limit)
     except Interrupted as err:  # what ran until the signal is recorded, then the run ends
         err.partial = _outcome(job, history, job.plan, monitor, retries, resumed_from)
         raise
@@ -526,7 +524,7 @@ def train(job: Job, replan_after_oom: Callable[[int], Plan]) -> TrainOutcome:
             f"({history.time_limit['limit_s']:.0f} s of training) was reached; the speed was measured at "
             f"{plan.measured_tokens_per_s} tokens/s"
         )
-    return _outcome(job, history, final_plan, monitor, retries, resumed_from)
+    return _outcome(job, history, job.plan, monitor, retries, resumed_from)
 
 
 def _outcome(
@@ -659,53 +657,53 @@ def build_trainer(job: Job, history: TrainingHistory, time_limit: float | None) 
     return trainer
 
 
-def _train_retrying(
+def _train_once(
     job: Job,
     history: TrainingHistory,
     monitor: HardwareMonitor,
     resume_from: Path | None,
     time_limit: float | None,
-    replan_after_oom: Callable[[int], Plan],
-    on_oom: Callable[[dict[str, Any]], None],
-) -> Plan:
-    """Train to the end; returns the plan it ran with (a smaller micro-batch after an out-of-memory)."""
+) -> None:
+    """Train to the end with the job's plan; after a CUDA out-of-memory, the adapter's initial weights
+    are restored and `OutOfMemory` raised."""
     initial = {
         name: tensor.detach().clone()
         for name, tensor in job.model.state_dict().items()
         if "lora_" in name or "modules_to_save" in name
     }
-    while True:
-        trainer = build_trainer(job, history, time_limit)
-        stop = GracefulStop(job.coordinator.any)
-        keep = KeepBest(job.model, job.plan.early_stopping_patience)
-        for callback in (stop, keep, *([FollowFreeCores(monitor)] if job.plan.follow_free_cores else [])):
-            trainer.add_callback(callback)
-        try:
-            with stop:
-                trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-            break
-        except torch.OutOfMemoryError as err:
-            on_oom(_out_of_memory(job, trainer.state.global_step, err))
-            # Start again from the initial adapter weights, with half the micro-batch and the same effective batch.
-            job.model.load_state_dict(initial, strict=False)
-            history.reset()
-            del trainer
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            job.plan = replan_after_oom(job.plan.batch_size // 2)
-        except Exception as err:
-            if why := tracker_failure(err, job.plan.report_to):
-                raise TrainingError(why) from None
-            raise
+    trainer = build_trainer(job, history, time_limit)
+    stop = GracefulStop(job.coordinator.any)
+    keep = KeepBest(job.model, job.plan.early_stopping_patience)
+    for callback in (stop, keep, *([FollowFreeCores(monitor)] if job.plan.follow_free_cores else [])):
+        trainer.add_callback(callback)
+    try:
+        with stop:
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except torch.OutOfMemoryError as err:
+        retry = _out_of_memory(job, trainer.state.global_step, err)
+        job.model.load_state_dict(initial, strict=False)
+        del trainer
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise OutOfMemory(retry) from None
+    except Exception as err:
+        if why := tracker_failure(err, job.plan.report_to):
+            raise TrainingError(why) from None
+        raise
     _ended_well(job, history, trainer, stop)
     if keep.last is not None and keep.last["step"] != trainer.state.global_step:
         trainer.evaluate()  # a time limit or an early stop ended training between two validations
     history.kept = keep.restore()
-    return job.plan
 
 
 def _out_of_memory(job: Job, step: int, err: Exception) -> dict[str, Any]:
-    """What a CUDA out-of-memory at this micro-batch is recorded as; at micro-batch 1, the advice."""
+    """What a CUDA out-of-memory at this micro-batch is recorded as; at micro-batch 1, or with several
+    processes (which would have to plan again together), the advice instead."""
+    if job.plan.world_size > 1:
+        raise PipelineError(
+            f"CUDA ran out of memory at micro-batch {job.plan.batch_size} on one of {job.plan.world_size} "
+            "processes; set plan.batch_size lower (or plan.gradient_checkpointing=true) and run again"
+        )
     if job.plan.batch_size == 1:
         raise TrainingError(
             "CUDA ran out of memory even at micro-batch 1; set plan.gradient_checkpointing=true, "

@@ -81,6 +81,18 @@ def test_every_decision_is_a_plan_attribute_and_none_is_missing():
         Plan.from_decisions(decisions)
 
 
+def test_the_schema_has_every_decision_and_nothing_else():
+    """A new plan parameter is its config field and its decision: the schema's training_parameters must
+    follow, or this fails (the decisions, then what the plan records beside them)."""
+    from pipeline.manifest import SCHEMA
+
+    plan = make_plan(same_length(100, 64), cpu_machine(), TINY, load_config(None))
+    section = SCHEMA["properties"]["training_parameters"]
+    beside = {"decisions", "decision_order", "batch_probe", "batch_probe_note", "oom_retries"}
+    assert set(section["properties"]) == set(plan.decisions) | beside
+    assert set(section["required"]) == set(section["properties"])
+
+
 def test_a_finished_manifest_that_breaks_the_schema_is_a_bug_said_at_once(tmp_path):
     loaded = load_config(None, [f"output.dir={tmp_path / 'out'}"])
     broken = pytest.raises(RuntimeError, match=r"does not match its schema: training_parameters.batch_size")
