@@ -148,8 +148,10 @@ def finite(value: float | None) -> float | None:
     return float(value)
 
 
-def write_manifest(path: Path, document: dict[str, Any]) -> None:
-    """Replace `path` with `document` atomically (temp file in the same directory, fsync, rename)."""
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Replace `path` with `document` atomically (temp file in the same directory, fsync, rename): how
+    the run's record writes MANIFEST.json, and every other JSON file a crash must not leave half written
+    (a checkpoint's stamp, the remembered speeds, `monitor`'s report)."""
     data = orjson.dumps(document, option=_DUMP_OPTIONS)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(temporary, "wb") as handle:

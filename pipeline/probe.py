@@ -25,7 +25,7 @@ from pipeline.builtin import cache_home
 from pipeline.config import LoadedConfig
 from pipeline.dataset import ARRAYS, block_dataset
 from pipeline.hardware import GB
-from pipeline.manifest import provenance_hash, utc_now, write_manifest
+from pipeline.manifest import provenance_hash, utc_now, write_json
 from pipeline.model import autocast
 from pipeline.progress import say
 from pipeline.types import Machine, PackedSplit, Plan, Prepared, ProbeRow, Speed, TrainOutcome
@@ -209,7 +209,7 @@ def _store_speed(key: str, tokens_per_s: float, busy_cores: float | None) -> Non
     speeds[key] = {"tokens_per_s": round(tokens_per_s, 1), "measured_at": utc_now(), "busy_cores": busy_cores}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_manifest(path, speeds)
+        write_json(path, speeds)
     except OSError:
         pass
 

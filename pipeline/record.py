@@ -33,7 +33,7 @@ from pipeline.manifest import (
     read_manifest,
     schema_problems,
     utc_now,
-    write_manifest,
+    write_json,
 )
 from pipeline.progress import say
 from pipeline.types import (
@@ -133,7 +133,7 @@ class Record:
         self.doc["total_execution_time_seconds"] = round(self.elapsed_s, 3)
         # Whole sections are replaced by stages; conforming puts back every key the schema defines.
         self.doc = conform(self.doc)
-        write_manifest(self.manifest_path, self.doc)
+        write_json(self.manifest_path, self.doc)
 
     def finish(self, status: str, error: str | None = None) -> None:
         """How the run ended. A manifest that ends well and does not match the schema is a bug, said

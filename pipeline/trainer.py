@@ -36,7 +36,7 @@ from pipeline.distributed import Coordinator
 from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.hardware import usable_cores
 from pipeline.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
-from pipeline.manifest import MANIFEST_FILE, finite, write_manifest
+from pipeline.manifest import MANIFEST_FILE, finite, write_json
 from pipeline.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.performance import throughput_report
@@ -393,7 +393,7 @@ class CheckpointStamp(TrainerCallback):
             record_base(checkpoint, self.facts)
             self.tokenizer.save_pretrained(checkpoint)
             # Last and atomic: its presence is what makes the checkpoint complete (see resumable_checkpoint).
-            write_manifest(checkpoint / STAMP_FILE, {**self.stamp, "step": state.global_step})
+            write_json(checkpoint / STAMP_FILE, {**self.stamp, "step": state.global_step})
 
 
 def training_arguments(plan: Plan, checkpoint_dir: Path) -> TrainingArguments:

@@ -18,7 +18,7 @@ import psutil
 
 from pipeline.errors import PipelineError
 from pipeline.hardware import detect_hardware
-from pipeline.manifest import conform, mark_finished, new_manifest, write_manifest
+from pipeline.manifest import conform, mark_finished, new_manifest, write_json
 from pipeline.monitor import GPU_METRICS, HardwareMonitor, import_nvml
 
 SAMPLES_AT_LEAST = 10  # a short --duration gets its interval fitted to this many samples
@@ -56,7 +56,7 @@ def watch(
             pass  # Ctrl-C is the usual way to end an open-ended watch: the report is still written
     document["training_report"] = {"hardware": monitor.report()}
     mark_finished(document, "monitored")
-    write_manifest(output, conform(document))
+    write_json(output, conform(document))
     return document
 
 

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from pipeline.manifest import finite, new_manifest, read_manifest, write_manifest
+from pipeline.manifest import finite, new_manifest, read_manifest, write_json
 
 
 def test_write_is_sorted_indented_and_ends_with_a_newline(tmp_path):
     path = tmp_path / "MANIFEST.json"
-    write_manifest(path, {"b": 1, "a": {"d": [1, 2], "c": None}})
+    write_json(path, {"b": 1, "a": {"d": [1, 2], "c": None}})
     assert (
         path.read_text()
         == '{\n  "a": {\n    "c": null,\n    "d": [\n      1,\n      2\n    ]\n  },\n  "b": 1\n}\n'
@@ -21,15 +21,15 @@ def test_write_is_sorted_indented_and_ends_with_a_newline(tmp_path):
 
 def test_non_finite_numbers_never_reach_the_file(tmp_path):
     path = tmp_path / "MANIFEST.json"
-    write_manifest(path, {"loss": math.nan, "inf": math.inf, "ok": finite(math.inf)})
+    write_json(path, {"loss": math.nan, "inf": math.inf, "ok": finite(math.inf)})
     assert read_manifest(path) == {"loss": None, "inf": None, "ok": None}
 
 
 def test_a_failed_write_leaves_the_previous_manifest_intact(tmp_path):
     path = tmp_path / "MANIFEST.json"
-    write_manifest(path, {"status": "completed"})
+    write_json(path, {"status": "completed"})
     with pytest.raises(TypeError):
-        write_manifest(path, {"status": object()})  # not serialisable: fails before the rename
+        write_json(path, {"status": object()})  # not serialisable: fails before the rename
     assert read_manifest(path) == {"status": "completed"}
 
 

@@ -41,7 +41,9 @@ def project_imports() -> dict[str, set[str]]:
         for path in sorted((ROOT / package).glob("*.py")):
             name = f"{package}.{path.stem}" if path.stem != "__init__" else package
             graph[name] = {
-                module for module in imported_modules(path) if module.split(".")[0] in ("pipeline", "scrapers")
+                module
+                for module in imported_modules(path)
+                if module.split(".")[0] in ("pipeline", "scrapers")
             }
     return graph
 
@@ -58,7 +60,9 @@ def test_no_module_imports_itself_back():
         return None
 
     for module in graph:
-        assert cycle_from(module, module, (module,)) is None, " → ".join(cycle_from(module, module, (module,)))
+        assert cycle_from(module, module, (module,)) is None, " → ".join(
+            cycle_from(module, module, (module,))
+        )
 
 
 def test_the_values_stages_pass_import_no_stage():
