@@ -387,6 +387,26 @@ def line_syntaxes(text: str) -> list[Syntax]:
     return syntaxes
 
 
+def _keyed(
+    name: str,
+    pattern: str,
+    hints: tuple[str, ...] = _KEY_NAME_HINTS,
+    value_group: int = 2,
+    syntaxes: frozenset[Syntax] = EVERY_SYNTAX,
+    accept: Callable[[re.Match[str]], bool] | None = None,
+) -> Rule:
+    """A rule whose pattern captures a key (group 1) and its value (`value_group`): the value is redacted
+    when the key names a credential and the value is a literal (or what `accept` says)."""
+    return Rule(
+        name,
+        re.compile(pattern),
+        hints,
+        group=value_group,
+        accept=accept or partial(_named_literal, value_group=value_group),
+        syntaxes=syntaxes,
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "private_key",
@@ -458,21 +478,13 @@ RULES: tuple[Rule, ...] = (
             looks_random(match.group(1)) and match.string[match.end() : match.end() + 1] != "("
         ),
     ),
-    Rule(
+    _keyed(
         "connection_string_password",
         # ADO.NET / ODBC / JDBC-style `Server=db;User Id=app;Password=hunter2;`, in code strings too.
-        re.compile(r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]*[^;'\"\s])[ \t]*;"),
-        (r"pass(?:wd|word|phrase)", "pwd"),
-        group=2,
-        accept=_named_literal,
+        r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]*[^;'\"\s])[ \t]*;",
+        hints=(r"pass(?:wd|word|phrase)", "pwd"),
     ),
-    Rule(
-        "url_query_secret",
-        re.compile(r"(?i)[?&]([A-Za-z_][A-Za-z0-9_.\-]*)=([^&\s'\"#<>]+)"),
-        _KEY_NAME_HINTS,
-        group=2,
-        accept=_named_literal,
-    ),
+    _keyed("url_query_secret", r"(?i)[?&]([A-Za-z_][A-Za-z0-9_.\-]*)=([^&\s'\"#<>]+)"),
     Rule(
         "authorization_header",
         re.compile(
@@ -483,77 +495,47 @@ RULES: tuple[Rule, ...] = (
         group=2,
         accept=lambda match: is_literal(match.group(2)),
     ),
-    Rule(
+    # A quoted value assigned to a credential-named key (`password = "..."`, `"db_password": "..."`,
+    # `API_TOKEN='...'`, `login(password="...")`): whatever it looks like, a person chose it.
+    _keyed(
         "quoted_secret",
-        # A quoted value assigned to a credential-named key (`password = "..."`, `"db_password": "..."`,
-        # `API_TOKEN='...'`, `login(password="...")`): whatever it looks like, a person chose it.
-        re.compile(rf"(?i){_NAME}[ \t]*(?::=|=>|[:=])[ \t]*[rbuf]?(['\"])((?:\\.|(?!\2)[^\n\\])+)\2"),
-        _KEY_NAME_HINTS,
-        group=3,
-        accept=partial(_named_literal, value_group=3),
+        rf"(?i){_NAME}[ \t]*(?::=|=>|[:=])[ \t]*[rbuf]?(['\"])((?:\\.|(?!\2)[^\n\\])+)\2",
+        value_group=3,
     ),
-    Rule(
-        "xml_secret",
-        re.compile(r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"),  # Maven's <password>...</password>
-        _KEY_NAME_HINTS,
-        group=2,
-        accept=_named_literal,
-    ),
-    Rule(
+    _keyed(
+        "xml_secret", r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"
+    ),  # Maven's <password>...</password>
+    _keyed(
         "netrc_password",
-        re.compile(r"(?i)(?<![A-Za-z0-9_])machine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+(password)[ \t]+(\S+)"),
-        ("password",),
-        group=2,
-        accept=_named_literal,
+        r"(?i)(?<![A-Za-z0-9_])machine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+(password)[ \t]+(\S+)",
+        hints=("password",),
     ),
-    Rule(
+    _keyed(
         "netrc_password",
-        re.compile(r"(?i)(?<![A-Za-z0-9_])(password)[ \t]+(\S+)"),
-        ("password",),
-        group=2,
-        accept=_named_literal,
+        r"(?i)(?<![A-Za-z0-9_])(password)[ \t]+(\S+)",
+        hints=("password",),
         syntaxes=frozenset({Syntax.NETRC}),
     ),
-    Rule(
+    # `KEY=value` in configuration: .env, `export KEY=value`, compose's `- KEY=value`, `db.password=x`.
+    _keyed("unquoted_secret", rf"(?i){_NAME}:?=(?![\s'\"=])([^\s'\"]+)", syntaxes=_CONFIG),
+    # `key: value` and `key = value` in configuration (YAML, INI, TOML, properties, Makefile): the rest of
+    # the line, up to a comment.
+    _keyed(
         "unquoted_secret",
-        # `KEY=value` in configuration: .env, `export KEY=value`, compose's `- KEY=value`, `db.password=x`.
-        re.compile(rf"(?i){_NAME}:?=(?![\s'\"=])([^\s'\"]+)"),
-        _KEY_NAME_HINTS,
-        group=2,
-        accept=_named_literal,
+        rf"(?i){_NAME}(?:[ \t]*:[ \t]+|[ \t]+:?=[ \t]*|:?=[ \t]+)(?![\s'\"])([^\n]*?[^\s]){_COMMENT_OR_END}",
         syntaxes=_CONFIG,
     ),
-    Rule(
+    _keyed(
         "unquoted_secret",
-        # `key: value` and `key = value` in configuration (YAML, INI, TOML, properties, Makefile): the rest
-        # of the line, up to a comment.
-        re.compile(
-            rf"(?i){_NAME}(?:[ \t]*:[ \t]+|[ \t]+:?=[ \t]*|:?=[ \t]+)(?![\s'\"])([^\n]*?[^\s]){_COMMENT_OR_END}"
-        ),
-        _KEY_NAME_HINTS,
-        group=2,
-        accept=_named_literal,
-        syntaxes=_CONFIG,
-    ),
-    Rule(
-        "unquoted_secret",
-        re.compile(
-            rf"(?i)(?<![A-Za-z0-9_])(?:ENV|ARG)[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]+(?![\s'\"=])([^\n]*?[^\s])"
-            rf"{_COMMENT_OR_END}"
-        ),
-        _KEY_NAME_HINTS,
-        group=2,
-        accept=_named_literal,
+        rf"(?i)(?<![A-Za-z0-9_])(?:ENV|ARG)[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]+(?![\s'\"=])([^\n]*?[^\s]){_COMMENT_OR_END}",
         syntaxes=frozenset({Syntax.DOCKERFILE}),
     ),
-    Rule(
+    # In a commit message or a document only `KEY=value` is an assignment (`key: value` is prose).
+    _keyed(
         "unquoted_secret",
-        # In a commit message or a document only `KEY=value` is an assignment (`key: value` is prose).
-        re.compile(rf"(?i){_NAME}=(?![\s'\"=])([^\s'\"(),;\[\]`]+)"),
-        _KEY_NAME_HINTS,
-        group=2,
-        accept=_named_word,
+        rf"(?i){_NAME}=(?![\s'\"=])([^\s'\"(),;\[\]`]+)",
         syntaxes=frozenset({Syntax.PROSE}),
+        accept=_named_word,
     ),
 )
 
