@@ -78,7 +78,8 @@ def test_packing_throughput_and_bottleneck_are_reported(trained_run):
     assert dataset["cache"]["hit"] is False and len(dataset["cache"]["key"]) == 20
     throughput = manifest["training_report"]["throughput"]
     assert throughput["tokens_per_s"] > 0 and throughput["samples_per_s"] > 0
-    assert throughput["bottleneck"] in ("data-bound", "compute-bound")
+    # cpu-shared when something else on this machine took a share of the CPU meanwhile (CI runners do)
+    assert throughput["bottleneck"] in ("data-bound", "compute-bound", "cpu-shared")
     assert throughput["suggestion"]
     assert 0 <= throughput["data_wait_share_pct"] <= 100
     assert throughput["monitor_overhead_pct"] < 5
