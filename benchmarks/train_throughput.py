@@ -13,17 +13,11 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from pipeline.base_models import describe_model, model_config, quiet_library_output, train_tiny_tokenizer
 from pipeline.config import load_config
 from pipeline.dataset import block_dataset, packed_blocks
 from pipeline.hardware import detect_hardware, usable_cores
-from pipeline.model import (
-    attach_lora,
-    build_model,
-    describe_model,
-    model_config,
-    quiet_library_output,
-    train_tiny_tokenizer,
-)
+from pipeline.model import attach_lora, build_model
 from pipeline.monitor import HardwareMonitor, import_nvml
 from pipeline.planner import make_plan
 from pipeline.sources import read_sequences

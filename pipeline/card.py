@@ -26,8 +26,8 @@ _REMOTE = re.compile(r"^(?:https?|ssh|git)://[^\s]+$|^[\w.-]+@[\w.-]+:[^\s]+$")
 
 def base_model_id(name: str) -> str | None:
     """The Hub id of the base model, or None where it has none (`tiny`, a local directory)."""
+    from pipeline.base_models import TINY
     from pipeline.builtin import BUILTIN_MODELS
-    from pipeline.model import TINY
 
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name].hub_id

@@ -410,16 +410,39 @@ def _check_relations(config: Config, problems: list[str]) -> None:
         budget_seconds(train.time_budget)
     except ValueError as err:
         problems.append(f"`train.time_budget` {err}")
-    if train.trackers:  # checked here, before any scraping: a typo or a missing package costs nothing
-        from pipeline.trackers import tracker_problem
-
-        if problem := tracker_problem(train.trackers):
-            problems.append(problem)
+    # Trackers are checked here, before any scraping: a typo or a missing package costs nothing.
+    if train.trackers and (problem := tracker_problem(train.trackers)):
+        problems.append(problem)
     if isinstance(train.sequence_length, int) and train.sequence_length > train.max_sequence_length:
         problems.append(
             f"`train.sequence_length` ({train.sequence_length}) must not exceed "
             f"`train.max_sequence_length` ({train.max_sequence_length})"
         )
+
+
+# Package to install for a tracker whose pip name is not its report_to name with - for _.
+PACKAGES = {"azure_ml": "azureml-core", "flyte": "flytekit", "kubeflow": "kfp"}
+
+
+def tracker_problem(names: list[str]) -> str | None:
+    """Why the trackers asked for cannot be used (one transformers does not know, or whose package is not
+    installed), naming the key and the fix; None when all can."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    for name in names:
+        if name not in INTEGRATION_TO_CALLBACK:
+            known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
+            return (
+                f"`train.report_to`: {name!r} is not a tracker this transformers supports (one of: {known})"
+            )
+    installed = set(get_available_reporting_integrations())
+    for name in names:
+        if name not in installed:
+            return f"`train.report_to`: {name} needs its package: pip install {PACKAGES.get(name, name.replace('_', '-'))}"
+    return None
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.config import LoadedConfig
+from pipeline.decisions import Decisions
+from pipeline.errors import ConfigError
 from pipeline.types import TextStyle
 from scrapers.formats import MESSAGE_HEADING, prompt_and_response
 
@@ -134,3 +137,50 @@ def _encode_chat(
         ids.append([*asked_ids, *answer])
         masks.append([0] * len(asked_ids) + [1] * len(answer))
     return ids, masks
+
+
+def text_style(loaded: LoadedConfig, model_name: str, chat_template: bool) -> TextStyle:
+    """How commits become tokens for this model (tokenizing needs it before the rest is planned)."""
+    return style_decisions(Decisions(loaded), model_name, chat_template)
+
+
+def style_decisions(p: Decisions, model_name: str, chat_template: bool) -> TextStyle:
+    """How commits become training text for this model (chat or raw, what is learned, how it is
+    averaged), recorded as the plan's first decisions: tokenizing needs them before the rest is planned."""
+    if p.is_auto("train.style"):
+        style = p.planned(
+            "style",
+            "chat" if chat_template else "raw",
+            "the tokenizer has a chat template: conversations, as the instruct model was trained"
+            if chat_template
+            else "no chat template (a base model): the scraped text as it is",
+        )
+    else:
+        style = p.from_config("style", "train.style")
+        if style == "chat" and not chat_template:
+            raise ConfigError(
+                f"`train.style` is chat but {model_name}'s tokenizer has no chat template; "
+                "set train.style=raw (or auto)"
+            )
+    if p.is_auto("train.loss_on"):
+        loss_on = p.planned(
+            "loss_on",
+            "response" if style == "chat" else "all",
+            "the assistant's answer only: the prompt is given, not learned"
+            if style == "chat"
+            else "every token: raw text is learned as a whole (set train.loss_on=response to learn answers only)",
+        )
+    else:
+        loss_on = p.from_config("loss_on", "train.loss_on")
+    if not p.is_auto("train.loss_average"):
+        p.from_config("loss_average", "train.loss_average")
+    elif loss_on == "response":
+        p.planned(
+            "loss_average",
+            "answer",
+            "answers differ in length by orders of magnitude: averaged per answer, a 20-token commit message "
+            "weighs as much as a 700-token change instead of being drowned by it",
+        )
+    else:
+        p.planned("loss_average", "token", "every token of raw text counts the same")
+    return TextStyle(style, loss_on)

@@ -33,13 +33,8 @@ def load_adapter(path: str | Path, dense: bool = False):
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipeline.model import (
-        adapter_facts,
-        load_pretrained,
-        load_saved_tokenizer,
-        quantized_loading,
-        quiet_library_output,
-    )
+    from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_library_output
+    from pipeline.model import adapter_facts, quantized_loading
 
     quiet_library_output()
     directory = adapter_directory(path)

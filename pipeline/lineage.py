@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.base_models import load_saved_tokenizer
 from pipeline.config import LoadedConfig, load_config
 from pipeline.errors import PipelineError
 from pipeline.manifest import MANIFEST_FILE, load_manifest, sha256_file
-from pipeline.model import ADAPTER_DIR, BASE_MODEL_DIR, load_saved_tokenizer
+from pipeline.model import ADAPTER_DIR, BASE_MODEL_DIR
 from pipeline.types import Lineage, Plan, Prepared, Scores
 from scrapers.git import head_commit, is_ancestor, open_repository, rev_list
 from scrapers.scrape import SEQUENCES_FILE, holdout_counts

@@ -10,24 +10,17 @@ a Hugging Face id or a local directory.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import urllib.request
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from pipeline.builtin import builtin_directory, is_builtin, source_of
+from pipeline.base_models import TINY, load_pretrained, quiet_library_output
+from pipeline.builtin import is_builtin
 from pipeline.errors import ModelLoadError
-from pipeline.types import Launch, Loaded, ModelFacts, Outputs, Plan, Prepared, TextStyle
+from pipeline.types import Launch, Loaded, Outputs, Plan, Prepared, TextStyle
 
-TINY = "tiny"
-TINY_VOCAB_SIZE = 1024  # enough merges for code on a small corpus, few enough rows to learn in a short run
-TINY_MAX_POSITIONS = 2048
-EOS_TOKEN = "<|endoftext|>"
 # bitsandbytes (peft imports it) warns on a CPU that an optional kernel package is missing: not the user's
 # to act on. Set before anything here imports peft (training, update, generate all come through this module).
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
@@ -39,19 +32,6 @@ STAMP_FILE = "repotune_state.json"  # written last into a checkpoint: its presen
 CARD_FILE = "README.md"  # the model card, beside the adapter (the Hub shows it as the model page)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """A planned precision's torch dtype, by name (torch is imported only where a model is built)."""
-
-
-@dataclass(frozen=True)
-class TinyShape:
-    """The tiny model's dimensions: about 1M parameters, a few ms per step on a laptop CPU."""
-
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    initializer_range: float = 0.05
-    """Init std. The usual 0.02 bounds every logit near 0.02 × hidden_size ≈ 2.6 nats through the final
-    norm, so a random model could barely sharpen its predictions; 0.05 leaves room."""
 
 
 def newest_checkpoint(checkpoints: Path) -> Path | None:
@@ -77,141 +57,6 @@ def load_libraries(modules: tuple[str, ...]) -> None:
         importlib.import_module(name)
     quiet_library_output()
     say(f"loaded {', '.join(modules)} in {time.perf_counter() - started:.1f} s")
-
-
-def quiet_library_output() -> None:
-    """Keep stdout and the log for what matters: no save progress bars, no notice that is not ours to act on."""
-    import logging
-    import warnings
-
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    # peft calls a transformers helper that transformers 5 renamed.
-    warnings.filterwarnings(
-        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
-    )
-    # Printed at every checkpoint rotation on filesystems with coarse timestamps; the ordering is still right.
-    # On the handler: a logger's own filters never see the records its child loggers propagate to it.
-    for handler in logging.getLogger("transformers").handlers:
-        handler.addFilter(lambda record: "mtime may not be reliable" not in record.getMessage())
-
-
-def pretrained_tokenizer(model_name: str):
-    """A pretrained model's own tokenizer; None for tiny, whose tokenizer `train_tiny_tokenizer` makes
-    from the corpus."""
-    if model_name == TINY:
-        return None
-    from transformers import AutoTokenizer
-
-    tokenizer = load_pretrained(AutoTokenizer, model_name)
-    if tokenizer.eos_token is None:
-        raise ModelLoadError(
-            f"model '{model_name}': its tokenizer defines no end-of-sequence token to separate commits"
-        )
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def tokenizer_recipe(pretrained) -> dict:
-    """What the token cache's key needs to know about the tokenizer, before tokenizing anything;
-    `pretrained` is what `pretrained_tokenizer` gave (None for tiny)."""
-    if pretrained is None:
-        import tokenizers
-
-        # Tiny's, trained on the corpus (whose identity is in the scrape part of the key) with this recipe.
-        return {"tiny_vocab_size": TINY_VOCAB_SIZE, "eos": EOS_TOKEN, "tokenizers": tokenizers.__version__}
-    vocabulary = sorted(pretrained.get_vocab().items())
-    return {
-        "vocab_sha256": hashlib.sha256(repr(vocabulary).encode()).hexdigest(),
-        "eos": pretrained.eos_token,
-        "class": type(pretrained).__name__,
-    }
-
-
-def load_saved_tokenizer(directory: Path):
-    """A tokenizer saved with save_pretrained (the token cache keeps the one it was built with)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(directory))
-
-
-def model_config(model_name: str, tokenizer):
-    """The architecture config: tiny's, built here, or the pretrained model's (no weights loaded)."""
-    if model_name != TINY:
-        from transformers import AutoConfig
-
-        return load_pretrained(AutoConfig, model_name)
-    from transformers import LlamaConfig
-
-    shape = TinyShape()
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_attention_heads,
-        max_position_embeddings=TINY_MAX_POSITIONS,
-        tie_word_embeddings=True,
-        initializer_range=shape.initializer_range,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
-
-
-def describe_model(model_name: str, config, tokenizer) -> ModelFacts:
-    """What the planner needs to know about the model, from its config on the meta device (no memory)."""
-    chat_template = model_name != TINY and bool(getattr(tokenizer, "chat_template", None))
-    import importlib.util
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    output = model.get_output_embeddings()
-    linears = [
-        module for module in model.modules() if isinstance(module, torch.nn.Linear) and module is not output
-    ]
-    return ModelFacts(
-        name=model_name,
-        random_init=model_name == TINY,
-        source=source_of(model_name) if is_builtin(model_name) else None,
-        chat_template=chat_template,
-        max_positions=getattr(text_config, "max_position_embeddings", None),
-        parameters=sum(parameter.numel() for parameter in model.parameters()),
-        linear_parameters=sum(module.weight.numel() for module in linears),
-        linear_widths=sum(module.in_features + module.out_features for module in linears),
-        hidden_size=text_config.hidden_size,
-        num_layers=text_config.num_hidden_layers,
-        vocab_size=text_config.vocab_size,
-        supports_sdpa=bool(getattr(model, "_supports_sdpa", False)),
-        supports_attention_backend=bool(getattr(model, "_supports_attention_backend", False)),
-        supports_flash_attention=bool(getattr(model, "_supports_flash_attn", False))
-        and importlib.util.find_spec("flash_attn") is not None,
-    )
-
-
-def train_tiny_tokenizer(corpus: Iterable[str]):
-    """Tiny's byte-level BPE tokenizer, trained on `corpus`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=[EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte stays encodable
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
 
 
 def build_model(
@@ -362,52 +207,6 @@ def adapter_facts(adapter_dir: Path) -> AdapterFacts:
         TextStyle(record.get("style", "raw"), record.get("loss_on", "all")),
         record.get("quantization", "none"),
     )
-
-
-def load_pretrained(cls, name: str, **kwargs):
-    """Load a built-in model from its converted directory; anything else from the local cache first,
-    going to the hub only when it answers, so offline fails fast."""
-    if is_builtin(name):
-        return cls.from_pretrained(str(builtin_directory(name)), **kwargs)
-    local = Path(name).expanduser()
-    if name.startswith((".", "/", "~")) and not local.is_dir():
-        raise ModelLoadError(
-            f"--model {name}: no such directory; pass a model directory, a hub id, or `tiny`"
-        )
-    try:
-        return cls.from_pretrained(str(local) if local.is_dir() else name, local_files_only=True, **kwargs)
-    except (OSError, ValueError) as err:
-        if local.is_dir():
-            raise ModelLoadError(
-                f"--model {name}: cannot load it from that directory: {_first_line(err)}"
-            ) from None
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
-        raise ModelLoadError(
-            f"model '{name}' is not in the local Hugging Face cache and the hub cannot be reached; "
-            f"download it on a connected machine (`hf download {name}`), pass a local directory, "
-            "or use a built-in model (--model smollm2-135m, or --model tiny)"
-        )
-    try:
-        return cls.from_pretrained(name, **kwargs)
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(f"cannot load model '{name}': {_first_line(err)}") from None
-
-
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
-    from huggingface_hub import constants
-
-    request = urllib.request.Request(constants.ENDPOINT, method="HEAD")
-    try:
-        urllib.request.urlopen(request, timeout=timeout_s)
-    except urllib.error.HTTPError:
-        return True  # it answered
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def load_model(

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import LoadedConfig, budget_seconds
+from pipeline.decisions import Decisions
 from pipeline.errors import ConfigError
+from pipeline.examples import style_decisions
 from pipeline.hardware import GB
 from pipeline.manifest import TENSORBOARD_DIR
 from pipeline.packing import count_blocks
@@ -82,39 +84,6 @@ CPU_MEMORY_SHARE = 0.7  # of a CPU machine's RAM (or its cgroup limit) a trainin
 MEMORY_SAFETY = 0.9  # use at most this share of GPU memory by the estimate (allocator fragmentation, kernels)
 
 
-class _Planner:
-    def __init__(self, loaded: LoadedConfig):
-        self.loaded = loaded
-        self.decisions: dict[str, Decision] = {}
-
-    def planned(self, name: str, value: Any, reason: str) -> Any:
-        self.decisions[name] = Decision(value, "planned", reason)
-        return value
-
-    def from_config(self, name: str, key: str, reason: str | None = None) -> Any:
-        """Record a value taken as configured; `key` is its `section.field`."""
-        value = self.value(key)
-        source = self.loaded.source_of(key)
-        where = f"--set {key}" if source == "cli" else f"{self.loaded.label()}: {key}"
-        self.decisions[name] = Decision(value, source, reason or f"set by {where}")
-        return value
-
-    def because_of(self, name: str, value: Any, key: str, reason: str) -> Any:
-        """Record a value that a config switch (`key`) implies rather than states."""
-        self.decisions[name] = Decision(value, self.loaded.source_of(key), reason)
-        return value
-
-    def value(self, key: str) -> Any:
-        section, field_name = key.split(".")
-        return getattr(getattr(self.loaded.config, section), field_name)
-
-    def is_auto(self, key: str) -> bool:
-        return self.value(key) == "auto"
-
-    def explicit(self, key: str) -> bool:
-        return self.loaded.explicit(key) and not self.is_auto(key)
-
-
 def make_plan(
     data: DataStats,
     hardware: Hardware,
@@ -130,7 +99,7 @@ def make_plan(
     out-of-memory in training; `valid_tokens`: tokens of the validation commits (0: none); `speed`: the
     measured training throughput, which a time budget needs."""
     config = loaded.config
-    p = _Planner(loaded)
+    p = Decisions(loaded)
 
     gpu = min(hardware.gpus, key=lambda g: g.memory_gb) if hardware.gpus else None
     if hardware.cuda_usable and gpu:
@@ -144,7 +113,7 @@ def make_plan(
         device = p.planned("device", "cpu", _no_gpu_reason(hardware))
     world = p.planned("world_size", launch.world_size, launch.reason)
 
-    style = _text_style(p, model.name, model.chat_template)
+    style = style_decisions(p, model.name, model.chat_template)
     precision = _precision(p, device, gpu, hardware)
     _tf32(p, device, gpu)
     _attention(p, device, gpu, model, precision)
@@ -285,52 +254,7 @@ def plan_for(
     )
 
 
-def text_style(loaded: LoadedConfig, model_name: str, chat_template: bool) -> TextStyle:
-    """How commits become tokens for this model (tokenizing needs it before the rest is planned)."""
-    return _text_style(_Planner(loaded), model_name, chat_template)
-
-
-def _text_style(p: _Planner, model_name: str, chat_template: bool) -> TextStyle:
-    if p.is_auto("train.style"):
-        style = p.planned(
-            "style",
-            "chat" if chat_template else "raw",
-            "the tokenizer has a chat template: conversations, as the instruct model was trained"
-            if chat_template
-            else "no chat template (a base model): the scraped text as it is",
-        )
-    else:
-        style = p.from_config("style", "train.style")
-        if style == "chat" and not chat_template:
-            raise ConfigError(
-                f"`train.style` is chat but {model_name}'s tokenizer has no chat template; "
-                "set train.style=raw (or auto)"
-            )
-    if p.is_auto("train.loss_on"):
-        loss_on = p.planned(
-            "loss_on",
-            "response" if style == "chat" else "all",
-            "the assistant's answer only: the prompt is given, not learned"
-            if style == "chat"
-            else "every token: raw text is learned as a whole (set train.loss_on=response to learn answers only)",
-        )
-    else:
-        loss_on = p.from_config("loss_on", "train.loss_on")
-    if not p.is_auto("train.loss_average"):
-        p.from_config("loss_average", "train.loss_average")
-    elif loss_on == "response":
-        p.planned(
-            "loss_average",
-            "answer",
-            "answers differ in length by orders of magnitude: averaged per answer, a 20-token commit message "
-            "weighs as much as a 700-token change instead of being drowned by it",
-        )
-    else:
-        p.planned("loss_average", "token", "every token of raw text counts the same")
-    return TextStyle(style, loss_on)
-
-
-def _sequence_length(p: _Planner, data: DataStats, model: ModelFacts) -> int:
+def _sequence_length(p: Decisions, data: DataStats, model: ModelFacts) -> int:
     if not p.is_auto("train.sequence_length"):
         return p.from_config("sequence_length", "train.sequence_length")
     config = p.loaded.config.train
@@ -347,7 +271,7 @@ def _sequence_length(p: _Planner, data: DataStats, model: ModelFacts) -> int:
     )
 
 
-def _truncate_at(p: _Planner, style: TextStyle, length: int, device: str, data: DataStats) -> int | None:
+def _truncate_at(p: Decisions, style: TextStyle, length: int, device: str, data: DataStats) -> int | None:
     """Where a long sequence is cut: an answer keeps its prompt in front of it, so such a sequence keeps
     its first tokens (on a CPU at most CPU_SEQUENCE_TOKENS, since attention costs the square of a
     sequence's length); raw text is split into block-sized pieces instead (None), every token learned."""
@@ -377,7 +301,7 @@ def _truncate_at(p: _Planner, style: TextStyle, length: int, device: str, data: 
     )
 
 
-def _precision(p: _Planner, device: str, gpu, hardware: Hardware) -> str:
+def _precision(p: Decisions, device: str, gpu, hardware: Hardware) -> str:
     if not p.is_auto("plan.precision"):
         return p.from_config("precision", "plan.precision")
     if device == "cuda" and gpu.bf16:
@@ -401,7 +325,7 @@ def _precision(p: _Planner, device: str, gpu, hardware: Hardware) -> str:
     return p.planned("precision", "fp32", f"{device}: mixed precision would not speed training up here")
 
 
-def _tf32(p: _Planner, device: str, gpu) -> None:
+def _tf32(p: Decisions, device: str, gpu) -> None:
     if not p.is_auto("plan.tf32"):
         p.from_config("tf32", "plan.tf32")
     elif device == "cuda" and gpu.compute_capability and gpu.compute_capability >= (8, 0):
@@ -410,7 +334,7 @@ def _tf32(p: _Planner, device: str, gpu) -> None:
         p.planned("tf32", False, "TF32 needs a CUDA GPU of compute capability 8.0 or newer")
 
 
-def _attention(p: _Planner, device: str, gpu, model: ModelFacts, precision: str) -> None:
+def _attention(p: Decisions, device: str, gpu, model: ModelFacts, precision: str) -> None:
     if not p.is_auto("plan.attention"):
         p.from_config("attention", "plan.attention")
     elif (
@@ -442,7 +366,7 @@ def _attention(p: _Planner, device: str, gpu, model: ModelFacts, precision: str)
 
 
 def _quantization(
-    p: _Planner, device: str, gpu, hardware: Hardware, model: ModelFacts, precision: str, length: int
+    p: Decisions, device: str, gpu, hardware: Hardware, model: ModelFacts, precision: str, length: int
 ) -> str:
     """Load the frozen base in 4 bits (QLoRA) when its weights would not fit beside the activations,
     the adapters and their optimizer state at micro-batch 1 (with checkpointing)."""
@@ -656,7 +580,7 @@ def _fits(gpu, memory: Footprint, micro: int, checkpointing: bool) -> bool:
     return memory.total_gb(micro, checkpointing) <= gpu.memory_gb * MEMORY_SAFETY
 
 
-def _cpu_threads(p: _Planner, hardware: Hardware) -> None:
+def _cpu_threads(p: Decisions, hardware: Hardware) -> None:
     """torch's intra-op threads wait for each other at every operation: one on a core another process
     keeps busy stalls them all (smollm2-135m on 2 cores with one taken: 57 tokens/s on 2 threads, 113 on
     1; 200 alone), so the threads are the cores left free, and training follows the load as it changes."""
@@ -690,7 +614,7 @@ def _cpu_threads(p: _Planner, hardware: Hardware) -> None:
     )
 
 
-def _dataloader(p: _Planner, device: str, blocks: int, hardware: Hardware) -> None:
+def _dataloader(p: Decisions, device: str, blocks: int, hardware: Hardware) -> None:
     if p.is_auto("plan.num_workers"):
         workers = p.planned("num_workers", *_workers(blocks, hardware))
     else:
@@ -723,7 +647,7 @@ def _workers(blocks: int, hardware: Hardware) -> tuple[int, str]:
     return workers, f"{physical} physical cores // 2, at most {hardware.usable_cores} usable cores - 1"
 
 
-def _validate_model(p: _Planner, device: str) -> None:
+def _validate_model(p: Decisions, device: str) -> None:
     """Whether the fine-tuned model answers the validation commits, so it can be chosen to suggest."""
     budget = p.decisions["time_budget_s"].value
     if not p.is_auto("eval.validate_model"):
@@ -746,7 +670,7 @@ def _validate_model(p: _Planner, device: str) -> None:
 
 
 def _cadence(
-    p: _Planner,
+    p: Decisions,
     total_steps: int,
     valid_tokens: int,
     step_s: float | None,
@@ -817,7 +741,7 @@ def _cadence(
         p.planned("save_steps", every, f"about {CHECKPOINTS} checkpoints over {total_steps} steps")
 
 
-def _patience(p: _Planner, eval_steps: int | None, total_steps: int) -> None:
+def _patience(p: Decisions, eval_steps: int | None, total_steps: int) -> None:
     if eval_steps is None:
         p.planned("early_stopping_patience", None, "no validations during training: nothing to stop on")
     elif not p.is_auto("train.early_stopping_patience"):
@@ -840,7 +764,7 @@ def evaluation_interval(total_steps: int, every: int) -> int | None:
     return every if every < total_steps else None
 
 
-def _time_budget(p: _Planner, device: str, speed: Speed | None) -> float | None:
+def _time_budget(p: Decisions, device: str, speed: Speed | None) -> float | None:
     """The training stage's wall-clock bound in seconds (None: no bound), and the speed it is met at."""
     if p.is_auto("train.time_budget"):
         if device == "cpu":
@@ -873,7 +797,7 @@ def _time_budget(p: _Planner, device: str, speed: Speed | None) -> float | None:
 
 
 def _fit_budget(
-    p: _Planner, data: DataStats, length: int, blocks: int, epochs: int, budget: float, speed: Speed
+    p: Decisions, data: DataStats, length: int, blocks: int, epochs: int, budget: float, speed: Speed
 ) -> tuple[int, int]:
     """Blocks and epochs that fit the budget's training share at the measured speed: every pass that
     fits, else one pass over the newest sequences that fit (the rest are left out, and said so)."""
@@ -911,7 +835,7 @@ def _fit_budget(
     return used, 1
 
 
-def _short_run_batch(p: _Planner, blocks: int, micro: int, accumulation: int, world: int) -> tuple[int, int]:
+def _short_run_batch(p: Decisions, blocks: int, micro: int, accumulation: int, world: int) -> tuple[int, int]:
     """A bounded run takes enough optimizer steps to learn: a smaller effective batch when it would
     take fewer than MIN_BUDGET_STEPS."""
     if any(
@@ -933,7 +857,7 @@ def _short_run_batch(p: _Planner, blocks: int, micro: int, accumulation: int, wo
     return micro, accumulation
 
 
-def _trackers(p: _Planner) -> None:
+def _trackers(p: Decisions) -> None:
     names = p.loaded.config.train.trackers  # each checked when the config was loaded
     if not names:
         p.because_of("report_to", [], "train.report_to", "no experiment tracker (train.report_to is empty)")
@@ -948,7 +872,7 @@ def _trackers(p: _Planner) -> None:
     )
 
 
-def _lora_dropout(p: _Planner, device: str) -> None:
+def _lora_dropout(p: Decisions, device: str) -> None:
     if not p.is_auto("lora.dropout"):
         p.from_config("lora_dropout", "lora.dropout")
     elif device == "cpu":
@@ -962,7 +886,7 @@ def _lora_dropout(p: _Planner, device: str) -> None:
         p.planned("lora_dropout", LORA_DROPOUT, f"{device}: the usual LoRA dropout, nearly free here")
 
 
-def _evaluation_bound(p: _Planner, device: str) -> int | None:
+def _evaluation_bound(p: Decisions, device: str) -> int | None:
     """Held-out blocks per format scored for loss: all on a GPU; on a CPU a fixed few (not fitted to the
     measured speed, which varies: the same held-out blocks make runs comparable). And the generation
     tasks' bound: commits and new tokens."""

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from pipeline.config import LoadedConfig
-from pipeline.examples import encode_batch, style_key
+from pipeline.examples import encode_batch, style_key, text_style
 from pipeline.hardware import usable_cores
 from pipeline.manifest import provenance_hash
 from pipeline.progress import Progress, say
@@ -209,7 +209,7 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
     model for the planner (its config only: no weights are loaded). With `sample`, a history of more
     training sequences than that which is not in the cache yet is estimated from every k-th sequence
     (`plan`: a dry run answers in seconds and pays for no tokenization that nothing uses)."""
-    from pipeline.model import (
+    from pipeline.base_models import (
         describe_model,
         load_saved_tokenizer,
         model_config,
@@ -217,7 +217,6 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
         quiet_library_output,
         tokenizer_recipe,
     )
-    from pipeline.planner import text_style
     from pipeline.sources import skipped
 
     quiet_library_output()
@@ -252,7 +251,7 @@ def _build(
 ) -> dict[str, int]:
     """A cache entry in `staging` (only on a miss: a hit reads none of the sequences), from every `every`-th
     sequence of each split; the tiny model's tokenizer is trained here on the training split."""
-    from pipeline.model import train_tiny_tokenizer
+    from pipeline.base_models import train_tiny_tokenizer
 
     records = list(read_sequences(scraped.sequences_path))
     if every > 1:  # every k-th of each split, newest first as they are listed

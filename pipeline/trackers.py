@@ -13,31 +13,8 @@ from transformers import TrainerCallback
 
 from pipeline.manifest import TENSORBOARD_DIR
 
-# Package to install for a tracker whose pip name is not its report_to name with - for _.
-PACKAGES = {"azure_ml": "azureml-core", "flyte": "flytekit", "kubeflow": "kfp"}
 # Module a tracker's code lives in, where it is not its report_to name.
 _MODULES = {"tensorboard": "tensorboard", "azure_ml": "azureml", "flyte": "flytekit", "kubeflow": "kfp"}
-
-
-def tracker_problem(names: list[str]) -> str | None:
-    """Why the trackers asked for cannot be used (one transformers does not know, or whose package is not
-    installed), naming the key and the fix; None when all can."""
-    from transformers.integrations.integration_utils import (
-        INTEGRATION_TO_CALLBACK,
-        get_available_reporting_integrations,
-    )
-
-    for name in names:
-        if name not in INTEGRATION_TO_CALLBACK:
-            known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
-            return (
-                f"`train.report_to`: {name!r} is not a tracker this transformers supports (one of: {known})"
-            )
-    installed = set(get_available_reporting_integrations())
-    for name in names:
-        if name not in installed:
-            return f"`train.report_to`: {name} needs its package: pip install {PACKAGES.get(name, name.replace('_', '-'))}"
-    return None
 
 
 def tracker_failure(err: BaseException, names: list[str]) -> str | None:
