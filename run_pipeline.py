@@ -14,7 +14,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.cli import (
+from pipeline.config import LoadedConfig
+from pipeline.record.run import Record, open_run
+from pipeline.types import Data, Evaluation, Loaded, Machine, Packed, Plan, Prepared, TrainOutcome
+from pipeline.use.cli import (
     Command,
     command_flags,
     diff_options,
@@ -30,19 +33,16 @@ from pipeline.cli import (
     run_command,
     update_options,
 )
-from pipeline.config import LoadedConfig
-from pipeline.record import Record, open_run
-from pipeline.types import Data, Evaluation, Loaded, Machine, Packed, Plan, Prepared, TrainOutcome
 
 if TYPE_CHECKING:  # torch comes with it: loaded where training starts, not for --help
-    from pipeline.trainer import Job
+    from pipeline.train.trainer import Job
 
 
 def run(args: argparse.Namespace) -> None:
     """Scrape → tokenize → plan → pack → load → measure → evaluate → train → evaluate → save, then print
     the manifest path. Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
-    from pipeline.card import model_card
-    from pipeline.model import save_adapter
+    from pipeline.record.card import model_card
+    from pipeline.train.model import save_adapter
 
     loaded = loaded_config(args)
     with open_run(loaded, "run", args.argv, distributed=True) as record:
@@ -67,12 +67,12 @@ def prepare_data(
 ) -> Data:
     """Scrape (or reuse the scrape) → tokenize → plan → pack: what training needs from the history
     (with `sample`, token statistics estimated from that many sequences unless they are cached)."""
-    from pipeline.dataset import pack
+    from pipeline.data.dataset import pack
+    from pipeline.data.sources import scrape as scrape_sources
+    from pipeline.data.token_cache import prepare
     from pipeline.hardware import machine
-    from pipeline.model import DATA_LIBRARIES, load_libraries
-    from pipeline.planner import plan_for
-    from pipeline.sources import scrape as scrape_sources
-    from pipeline.token_cache import prepare
+    from pipeline.plan.planner import plan_for
+    from pipeline.train.model import DATA_LIBRARIES, load_libraries
 
     config = loaded.config
     scraped = record.step("scrape", scrape_sources, repos, config.scrape, record.output_dir, record.previous)
@@ -92,11 +92,11 @@ def fit_to_machine(
     """Load the model (with `continue_from`'s adapter, for an update), measure what the plan needs from
     this machine (the largest micro-batch that fits a GPU, the training speed for a time budget) and plan
     again, keep the blocks that plan trains on."""
-    from pipeline.dataset import keep_newest
-    from pipeline.model import TRAINING_LIBRARIES, load_libraries, load_model
-    from pipeline.planner import format_plan
-    from pipeline.probe import measure, resumed_speed
+    from pipeline.data.dataset import keep_newest
+    from pipeline.plan.planner import format_plan
     from pipeline.progress import say
+    from pipeline.train.model import TRAINING_LIBRARIES, load_libraries, load_model
+    from pipeline.train.probe import measure, resumed_speed
 
     config, prepared = loaded.config, data.prepared
     record.step("imports_training", load_libraries, TRAINING_LIBRARIES)
@@ -119,8 +119,8 @@ def train_and_evaluate(
     """Index the repository's past, evaluate on the held-out commits, train (resuming, retrying an
     out-of-memory), evaluate again beside the lookup and the suggestion system; the training's outcome
     and the suggestion system to save beside the adapter (None on ranks that do not write)."""
-    from pipeline.dataset import held_out_blocks, validation_blocks
-    from pipeline.evaluation import (
+    from pipeline.data.dataset import held_out_blocks, validation_blocks
+    from pipeline.evaluate.evaluation import (
         EVALUATION_FILE,
         base_scores_cache,
         evaluate,
@@ -132,11 +132,11 @@ def train_and_evaluate(
         validation_answers,
         write_answers,
     )
-    from pipeline.model import CHECKPOINT_DIR, AdapterFacts
-    from pipeline.probe import remember_speed
+    from pipeline.evaluate.suggestion import for_use, learn_past
     from pipeline.progress import say
-    from pipeline.suggestion import for_use, learn_past
-    from pipeline.trainer import Job
+    from pipeline.train.model import CHECKPOINT_DIR, AdapterFacts
+    from pipeline.train.probe import remember_speed
+    from pipeline.train.trainer import Job
 
     config, prepared = loaded.config, data.prepared
     held_out = held_out_blocks(packed, plan.eval_blocks)
@@ -206,9 +206,9 @@ def train_within_memory(job: Job, prepared: Prepared, machine: Machine, loaded: 
     the same effective batch) and train again from the adapter's initial weights."""
     from dataclasses import replace
 
-    from pipeline.planner import plan_for
+    from pipeline.plan.planner import plan_for
     from pipeline.progress import say
-    from pipeline.trainer import OutOfMemory, train
+    from pipeline.train.trainer import OutOfMemory, train
 
     while True:
         try:
@@ -226,9 +226,10 @@ def update(args: argparse.Namespace) -> None:
     """Continue a run's adapter on the commits made since it: check the parent → scrape the new commits →
     tokenize → plan (short warmup, lower peak) → train from the parent's adapter → evaluate on the newest
     commits and on the parent's held-out ones (forgetting) → save, with the lineage in the manifest."""
-    from pipeline.card import model_card
-    from pipeline.evaluation import evaluate
-    from pipeline.lineage import (
+    from pipeline.evaluate.evaluation import evaluate
+    from pipeline.progress import say
+    from pipeline.record.card import model_card
+    from pipeline.record.lineage import (
         check_tokenizer,
         describe_forgetting,
         find_parent,
@@ -236,8 +237,7 @@ def update(args: argparse.Namespace) -> None:
         parent_held_out,
         update_config,
     )
-    from pipeline.model import save_adapter
-    from pipeline.progress import say
+    from pipeline.train.model import save_adapter
 
     parent = find_parent(args.parent, args.repos, args.model)
     loaded = update_config(parent, args.config, args.overrides, command_flags(args))
@@ -271,7 +271,7 @@ def update(args: argparse.Namespace) -> None:
 
 def scrape(args: argparse.Namespace) -> None:
     """Scrape only: sequences.jsonl and the scrape sections of the manifest."""
-    from pipeline.sources import scrape as scrape_sources
+    from pipeline.data.sources import scrape as scrape_sources
 
     loaded = loaded_config(args)
     with open_run(loaded, "scrape", args.argv) as record:
@@ -283,9 +283,9 @@ def scrape(args: argparse.Namespace) -> None:
 def plan(args: argparse.Namespace) -> None:
     """Scrape (or reuse the scrape), plan, print the decisions; train nothing. Token statistics come from
     the token cache, or from a sample of a history not tokenized yet."""
-    from pipeline.planner import format_plan
-    from pipeline.probe import needs_measuring
-    from pipeline.token_cache import PLAN_SAMPLE
+    from pipeline.data.token_cache import PLAN_SAMPLE
+    from pipeline.plan.planner import format_plan
+    from pipeline.train.probe import needs_measuring
 
     loaded = loaded_config(args)
     with open_run(loaded, "plan", args.argv) as record:
@@ -302,7 +302,7 @@ def plan(args: argparse.Namespace) -> None:
 
 def prepare(args: argparse.Namespace) -> None:
     """Scrape, tokenize into the token cache and pack, without training: a later `run` hits the cache."""
-    from pipeline.token_cache import cache_summary
+    from pipeline.data.token_cache import cache_summary
 
     loaded = loaded_config(args)
     with open_run(loaded, "prepare", args.argv) as record:
@@ -315,7 +315,7 @@ def prepare(args: argparse.Namespace) -> None:
 def monitor(args: argparse.Namespace) -> None:
     """Watch GPUs, CPU and RAM (and a process) with the pipeline's sampler; a summary and advice at the end."""
     from pipeline.config import load_config
-    from pipeline.watch import fitted_interval, format_summary, watch
+    from pipeline.use.watch import fitted_interval, format_summary, watch
 
     configured = load_config(None).config.monitor.collection_interval_seconds
     interval = args.interval or fitted_interval(configured, args.duration)
@@ -326,7 +326,7 @@ def monitor(args: argparse.Namespace) -> None:
 
 def generate(args: argparse.Namespace) -> None:
     """Load base model + adapter: print a continuation of --prompt, or --merge into a standalone model."""
-    from pipeline import generate as generation
+    from pipeline.use import generate as generation
 
     if args.merge:
         print(generation.merge(args.adapter, args.merge))
@@ -337,7 +337,7 @@ def generate(args: argparse.Namespace) -> None:
 
 def export(args: argparse.Namespace) -> None:
     """Merge the adapter into its base and write a GGUF file (llama.cpp, Ollama) and a Modelfile."""
-    from pipeline.export import export as write_gguf
+    from pipeline.use.export import export as write_gguf
 
     exported = write_gguf(args.adapter, args.output, args.gguf_type)
     print(
@@ -350,8 +350,8 @@ def export(args: argparse.Namespace) -> None:
 
 def hook(args: argparse.Namespace) -> None:
     """Install (or uninstall) a prepare-commit-msg hook that suggests a message and never blocks a commit."""
-    from pipeline import hook as commit_hook
     from pipeline.errors import PipelineError
+    from pipeline.use import hook as commit_hook
 
     if args.action == "uninstall":
         print(commit_hook.uninstall(args.repo))
@@ -363,7 +363,7 @@ def hook(args: argparse.Namespace) -> None:
 
 def diff(args: argparse.Namespace) -> int:
     """What changed between two runs; exit 0 identical, 1 different, 2 a tripped --fail-if."""
-    from pipeline.diff import run_diff
+    from pipeline.use.diff import run_diff
 
     text, messages, code = run_diff(args.before, args.after, args)
     print(text)
@@ -376,7 +376,7 @@ def report(args: argparse.Namespace) -> None:
     """One HTML page (plots embedded) for a manifest, or comparing several; prints its path."""
     from pathlib import Path
 
-    from pipeline.report import write_report
+    from pipeline.use.report import write_report
 
     manifests = [Path(path) for path in args.manifests]
     default = manifests[0].with_name("report.html") if len(manifests) == 1 else Path("compare.html")

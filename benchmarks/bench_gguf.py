@@ -57,11 +57,11 @@ def main() -> int:
         return 2
     import torch
 
-    from pipeline.evaluation import generate_batched
-    from pipeline.examples import render_prompt
-    from pipeline.export import export
-    from pipeline.generate import adapter_directory, load_adapter
-    from pipeline.model import adapter_facts
+    from pipeline.data.examples import render_prompt
+    from pipeline.evaluate.evaluation import generate_batched
+    from pipeline.train.model import adapter_facts
+    from pipeline.use.export import export
+    from pipeline.use.generate import adapter_directory, load_adapter
 
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)

@@ -72,8 +72,8 @@ def breakdown(adapter: Path, repo: Path) -> dict[str, float]:
     """One cold suggestion, stage by stage, each in a fresh interpreter as the hook runs it."""
     probe = (
         "import sys, time; t0 = time.perf_counter(); sys.path[:0] = [sys.argv[1]];"
-        "from pipeline.hook import OPTIONAL_IMPORTS, staged_diff; [sys.modules.setdefault(m, None) for m in OPTIONAL_IMPORTS];"
-        "from pipeline.suggestion import Suggester; import lightgbm; t1 = time.perf_counter();"
+        "from pipeline.use.hook import OPTIONAL_IMPORTS, staged_diff; [sys.modules.setdefault(m, None) for m in OPTIONAL_IMPORTS];"
+        "from pipeline.evaluate.suggestion import Suggester; import lightgbm; t1 = time.perf_counter();"
         "from pathlib import Path; s = Suggester.load(Path(sys.argv[2])); t2 = time.perf_counter();"
         "d = staged_diff(); a = s.suggest(d); t3 = time.perf_counter();"
         "print(t1 - t0, t2 - t1, t3 - t2)"
@@ -96,9 +96,9 @@ def main() -> int:
     parser.add_argument("--commits", type=int, default=20, help="newest commits to replay (default 20)")
     args = parser.parse_args()
 
-    from pipeline.generate import adapter_directory
-    from pipeline.hook import install
-    from pipeline.suggestion import Suggester
+    from pipeline.evaluate.suggestion import Suggester
+    from pipeline.use.generate import adapter_directory
+    from pipeline.use.hook import install
 
     adapter = adapter_directory(args.adapter)
     system = Suggester.load(adapter).system

@@ -74,7 +74,7 @@ def report(budget: str, output: Path, shown: int) -> bool:
     """One budget's scoreboard and goal lines; True when the goal is met."""
     import orjson
 
-    from pipeline.evaluation import EVALUATION_FILE, paired_difference
+    from pipeline.evaluate.evaluation import EVALUATION_FILE, paired_difference
 
     manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
     answers = [orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line]

@@ -15,14 +15,14 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.base_models import describe_model, model_config, quiet_library_output, train_tiny_tokenizer
 from pipeline.config import load_config
-from pipeline.dataset import block_dataset, packed_blocks
+from pipeline.data.dataset import block_dataset, packed_blocks
+from pipeline.data.sources import read_sequences
+from pipeline.data.token_cache import cache_meta, cache_stats, open_or_build, read_split, tokenize_sequences
 from pipeline.hardware import detect_hardware, usable_cores
-from pipeline.model import attach_lora, build_model
-from pipeline.monitor import HardwareMonitor, import_nvml
-from pipeline.planner import make_plan
-from pipeline.sources import read_sequences
-from pipeline.token_cache import cache_meta, cache_stats, open_or_build, read_split, tokenize_sequences
-from pipeline.trainer import TrainingHistory, training_arguments
+from pipeline.plan.planner import make_plan
+from pipeline.train.model import attach_lora, build_model
+from pipeline.train.monitor import HardwareMonitor, import_nvml
+from pipeline.train.trainer import TrainingHistory, training_arguments
 from pipeline.types import TextStyle
 from scrapers.scrape import scrape
 

@@ -1,7 +1,7 @@
 """The values that pass between stages: what each stage returns and the next one takes (the
 scraped history, the tokenized data, the machine, the plan with every parameter an attribute and
 its decision beside it, the packed blocks, the loaded model, scores, the training's outcome).
-`pipeline.record` maps each of them to the manifest. Nothing heavy is imported here."""
+`pipeline.record.run` maps each of them to the manifest. Nothing heavy is imported here."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class TokenCache:
 
 @dataclass(frozen=True)
 class PackedSplit:
-    """One split's packed blocks on disk (`pipeline.dataset.block_dataset` reads them)."""
+    """One split's packed blocks on disk (`pipeline.data.dataset.block_dataset` reads them)."""
 
     directory: Path
     split: str
@@ -425,7 +425,7 @@ class PastCommit:
 @dataclass(frozen=True)
 class Past:
     """The repository's own past, indexed: every kept commit (newest first), and the suggestion system
-    learned from the ones that are not held out (`pipeline.suggestion.Suggester`)."""
+    learned from the ones that are not held out (`pipeline.evaluate.suggestion.Suggester`)."""
 
     commits: tuple[PastCommit, ...]
     suggester: Any

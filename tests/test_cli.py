@@ -117,7 +117,7 @@ def test_internal_errors_are_one_line_too(cli, sample_repo, tmp_path, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("pipeline.sources.scrape_history", broken)
+    monkeypatch.setattr("pipeline.data.sources.scrape_history", broken)
     monkeypatch.delenv("REPOTUNE_DEBUG", raising=False)
     result = cli("scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out")
     assert result.code == 1

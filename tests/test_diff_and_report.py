@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.diff import compare
+from pipeline.use.diff import compare
 from tests.conftest import FAST_TRAINING, GitRepo, add_features, cpu_only_host, read_json
 
 
@@ -86,7 +86,7 @@ def test_each_metric_says_what_it_is_and_a_measurement_is_never_a_param(cli, two
     ],
 )  # fmt: skip
 def test_metric_names_are_built_from_the_path(path, words):
-    from pipeline.diff import describe
+    from pipeline.use.diff import describe
 
     assert describe(path) == words
 
@@ -272,7 +272,7 @@ def test_report_of_a_scrape_says_what_was_not_measured(cli, sample_repo, tmp_pat
 
 
 def test_report_escapes_what_the_repository_wrote(two_runs, tmp_path):
-    from pipeline.report import render_report
+    from pipeline.use.report import render_report
 
     manifest = read_json(two_runs[0])
     manifest["training_report"]["evaluation"]["samples"]["after"][0]["output"] = "<script>alert(1)</script>"
@@ -281,7 +281,7 @@ def test_report_escapes_what_the_repository_wrote(two_runs, tmp_path):
 
 
 def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
-    from pipeline.report import render_report
+    from pipeline.use.report import render_report
 
     manifest = read_json(two_runs[0])
     manifest["training_report"]["evaluation"]["samples"]["after"][0]["output"] = "\n\n  \n"
@@ -409,7 +409,7 @@ def test_compare_page_overlays_runs_and_tables_what_differs(cli, two_runs, tmp_p
 
 
 def test_single_run_page_shows_what_the_manifest_holds(two_runs):
-    from pipeline.report import held_out_curve, render_report
+    from pipeline.use.report import held_out_curve, render_report
 
     manifest = read_json(two_runs[0])
     manifest["scrape"]["files_skipped"] = {"binary": 2}

@@ -214,7 +214,7 @@ def test_clock(seconds, shown):
 
 
 def test_a_cpu_run_says_how_much_faster_a_gpu_would_be():
-    from pipeline.performance import gpu_speedup
+    from pipeline.train.performance import gpu_speedup
 
     # smollm2-135m at 350 tokens/s on 2 cores: 0.19 TFLOP/s against an RTX 2060's 7.7.
     assert gpu_speedup(350.0, 134_515_008).startswith(

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from pipeline.config import budget_seconds, load_config
+from pipeline.data.examples import TextStyle, encode_batch
 from pipeline.errors import ConfigError
-from pipeline.evaluation import score_outputs
-from pipeline.examples import TextStyle, encode_batch
-from pipeline.loss import answer_logits, per_answer_loss, sequence_ids
-from pipeline.planner import Footprint, evaluation_interval, make_plan
+from pipeline.evaluate.evaluation import score_outputs
+from pipeline.plan.planner import Footprint, evaluation_interval, make_plan
+from pipeline.train.loss import answer_logits, per_answer_loss, sequence_ids
 from pipeline.types import DataStats, ModelFacts, Speed, TaskPrompt
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine

@@ -11,7 +11,7 @@ from pipeline.hardware import (
     gpus_from_nvml,
     gpus_from_torch,
 )
-from pipeline.monitor import HardwareMonitor, summarize
+from pipeline.train.monitor import HardwareMonitor, summarize
 from tests.fakes import H100, RTX_2060, FakeCuda, FakeNvml
 
 

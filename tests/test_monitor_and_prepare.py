@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.monitor import assess, summarize
+from pipeline.train.monitor import assess, summarize
 from tests.conftest import GitRepo, module_source, read_json
 from tests.fakes import H100, RTX_2060, FakeNvml
 
@@ -86,7 +86,7 @@ def test_ctrl_c_still_writes_the_report(tmp_path):
 def test_monitor_reads_every_gpu_through_nvml(cli, tmp_path, monkeypatch):
     """No GPU here: NVML is the seam, with a busy H100 and an RTX 2060 that waits for data."""
     waiting = {**RTX_2060, "used_gb": 5.5, "utilization_pct": 8}
-    monkeypatch.setattr("pipeline.watch.import_nvml", lambda: FakeNvml([H100, waiting]))
+    monkeypatch.setattr("pipeline.use.watch.import_nvml", lambda: FakeNvml([H100, waiting]))
     result = cli("monitor", "--duration", "1", "--interval", "0.25", "--output", tmp_path / "r.json")
     assert result.code == 0, result.err
     hardware = read_json(tmp_path / "r.json")["training_report"]["hardware"]

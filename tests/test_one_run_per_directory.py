@@ -15,7 +15,7 @@ from tests.conftest import GitRepo, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = (
-    "import sys, time; from pathlib import Path; from pipeline.record import holding\n"
+    "import sys, time; from pathlib import Path; from pipeline.record.run import holding\n"
     "with holding(Path(sys.argv[1]), 'run'):\n"
     "    print('held', flush=True); time.sleep(120)\n"
 )

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.dataset import pack_arrays
-from pipeline.packing import IGNORE_INDEX, count_blocks, layout
+from pipeline.data.dataset import pack_arrays
+from pipeline.data.packing import IGNORE_INDEX, count_blocks, layout
 from pipeline.types import DataStats
 
 
@@ -78,11 +78,11 @@ def test_no_attention_across_packed_sequences(attention, monkeypatch):
     and called as training builds and calls it (no `use_cache` argument: the Trainer passes none)."""
     from transformers import LlamaConfig
 
-    from pipeline.model import build_model
+    from pipeline.train.model import build_model
 
     if attention == "segments, fused kernel":  # sequences longer than COMPOSED_MAX
         attention = "segments"
-        monkeypatch.setattr("pipeline.attention.COMPOSED_MAX", 4)
+        monkeypatch.setattr("pipeline.train.attention.COMPOSED_MAX", 4)
 
     config = LlamaConfig(
         vocab_size=50,
@@ -112,9 +112,9 @@ def test_segments_attention_trains_as_sdpa_does(composed_max, monkeypatch):
     """Same loss and same gradients as transformers' SDPA with its packed-sequence mask."""
     from transformers import LlamaConfig
 
-    from pipeline.model import build_model
+    from pipeline.train.model import build_model
 
-    monkeypatch.setattr("pipeline.attention.COMPOSED_MAX", composed_max)
+    monkeypatch.setattr("pipeline.train.attention.COMPOSED_MAX", composed_max)
     config = LlamaConfig(
         vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
     )

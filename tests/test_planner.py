@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import load_config
+from pipeline.data.packing import count_blocks
 from pipeline.hardware import PROFILES_DIR, launch_for_profile, load_hardware_profile
-from pipeline.packing import count_blocks
-from pipeline.planner import Footprint, make_plan
-from pipeline.probe import ProbeOutOfMemory, candidate_sizes, probe_batch_sizes
+from pipeline.plan.planner import Footprint, make_plan
+from pipeline.train.probe import ProbeOutOfMemory, candidate_sizes, probe_batch_sizes
 from pipeline.types import DataStats, GpuInfo, Hardware, Launch, ModelFacts, ProbeRow
 
 TINY = ModelFacts(

@@ -54,7 +54,7 @@ def test_generate_loads_the_adapter_on_its_4_bit_base(quantized_run, cli):
 def test_merge_writes_the_dequantized_model_the_adapter_trained_on(quantized_run, cli, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from pipeline.generate import load_adapter
+    from pipeline.use.generate import load_adapter
 
     merged = tmp_path / "merged"
     result = cli("generate", "--adapter", quantized_run, "--merge", merged)

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from pipeline.config import RetrievalConfig
-from pipeline.evaluation import (
+from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     next_line,
     paired_difference,
@@ -21,8 +21,8 @@ from pipeline.evaluation import (
     score_past,
     task_prompts,
 )
-from pipeline.retrieval import Index, identifiers, past_commits
-from pipeline.suggestion import Suggester, learn_past
+from pipeline.evaluate.retrieval import Index, identifiers, past_commits
+from pipeline.evaluate.suggestion import Suggester, learn_past
 from pipeline.types import PastCommit, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
@@ -194,7 +194,7 @@ def test_keep_best_restores_the_best_weights_and_stops_when_validation_stops_imp
     import torch
     from transformers import TrainerControl, TrainerState
 
-    from pipeline.trainer import KeepBest
+    from pipeline.train.trainer import KeepBest
 
     class Adapter(torch.nn.Module):
         def __init__(self):

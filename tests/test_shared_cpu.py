@@ -16,11 +16,11 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.hardware import LoadMeter, detect_hardware
-from pipeline.monitor import HardwareMonitor
-from pipeline.performance import throughput_report
-from pipeline.planner import make_plan
-from pipeline.probe import _store_speed, remembered_speed
-from pipeline.trainer import FollowFreeCores
+from pipeline.plan.planner import make_plan
+from pipeline.train.monitor import HardwareMonitor
+from pipeline.train.performance import throughput_report
+from pipeline.train.probe import _store_speed, remembered_speed
+from pipeline.train.trainer import FollowFreeCores
 from tests.test_planner import TINY, cpu_machine, same_length
 
 
@@ -111,7 +111,7 @@ def test_a_remembered_speed_holds_only_while_the_load_is_the_same(tmp_path, monk
 
 
 def test_advice_on_a_shared_cpu_says_what_took_it():
-    from pipeline.trainer import TrainingHistory
+    from pipeline.train.trainer import TrainingHistory
 
     history = TrainingHistory(1000, 10, False, lambda: None)
     history.train_runtime_s, history.step_time_s, history.data_wait_s = 10.0, [1.0] * 10, [0.0] * 10

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config
-from pipeline.planner import make_plan
-from pipeline.record import open_run
+from pipeline.plan.planner import make_plan
+from pipeline.record.run import open_run
 from pipeline.types import Plan
 from tests.test_planner import TINY, cpu_machine, same_length
 
@@ -38,8 +38,9 @@ def project_imports() -> dict[str, set[str]]:
     functions and under TYPE_CHECKING too)."""
     graph = {}
     for package in ("pipeline", "scrapers"):
-        for path in sorted((ROOT / package).glob("*.py")):
-            name = f"{package}.{path.stem}" if path.stem != "__init__" else package
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             graph[name] = {
                 module
                 for module in imported_modules(path)
@@ -67,6 +68,26 @@ def test_no_module_imports_itself_back():
 
 def test_the_values_stages_pass_import_no_stage():
     assert project_imports()["pipeline.types"] == set()
+
+
+STAGES = ("data", "plan", "train", "evaluate", "record", "use")
+"""pipeline/'s subpackages in the order a run flows; the modules directly in pipeline/ are the ground floor
+(the values, the config, the machine, the manifest's format) that every stage stands on."""
+
+
+def test_imports_run_one_way_down_the_stages():
+    def floor(module: str) -> int:
+        parts = module.split(".")
+        return STAGES.index(parts[1]) if len(parts) > 2 and parts[1] in STAGES else -1
+
+    upward = [
+        f"{module} imports {imported}"
+        for module, imports in project_imports().items()
+        if module.startswith("pipeline")
+        for imported in imports
+        if imported.startswith("pipeline") and floor(imported) > floor(module)
+    ]
+    assert not upward, upward
 
 
 def test_every_decision_is_a_plan_attribute_and_none_is_missing():

@@ -83,7 +83,7 @@ def test_the_card_of_a_random_base_names_none(tiny_run):
 
 
 def test_a_hub_model_is_its_base_and_a_local_one_is_not(tmp_path):
-    from pipeline.card import base_model_id
+    from pipeline.record.card import base_model_id
 
     assert base_model_id("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     assert base_model_id("smollm2-135m") == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -98,7 +98,7 @@ def test_a_hub_model_is_its_base_and_a_local_one_is_not(tmp_path):
 def merged_in_f16(run: Path):
     """The merged model with its weights rounded through fp16, as the f16 GGUF stores them (norms
     stay fp32 there)."""
-    from pipeline.generate import load_adapter
+    from pipeline.use.generate import load_adapter
 
     model, tokenizer = load_adapter(run, dense=True)
     merged = model.merge_and_unload()
@@ -150,7 +150,7 @@ def test_the_gguf_reloads_with_the_same_tokens_and_the_same_greedy_answers(
 
 
 def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
-    from pipeline.examples import SYSTEM_PROMPT
+    from pipeline.data.examples import SYSTEM_PROMPT
 
     assert cli("export", "--adapter", pretrained_run, "--output", tmp_path / "m.gguf").code == 0
     modelfile = (tmp_path / "Modelfile").read_text()
@@ -252,7 +252,7 @@ def test_the_hook_never_blocks_a_commit(breakage, tiny_run, work_repo, tmp_path,
     elif breakage == "timeout":
         text = text.replace("timeout=20", "timeout=0.05")
     else:
-        text = text.replace("from pipeline.hook import suggest", "from pipeline.nothing import suggest")
+        text = text.replace("from pipeline.use.hook import suggest", "from pipeline.nothing import suggest")
     hook.write_text(text)
     seen = tmp_path / "seen.txt"
     editor = tmp_path / "editor.sh"  # keeps what the user would see, then writes the user's message

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.model import STAMP_FILE
+from pipeline.train.model import STAMP_FILE
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +145,7 @@ def test_nan_loss_stops_the_run_with_its_step(cli, tmp_path):
 
 def test_cuda_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(cli, tmp_path, monkeypatch):
     """No GPU here: the seam is the training step, which runs out of memory above micro-batch 1."""
-    from pipeline.trainer import RepotuneTrainer
+    from pipeline.train.trainer import RepotuneTrainer
 
     real_step = RepotuneTrainer.training_step
 
@@ -185,7 +185,7 @@ def test_cuda_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch
 
 
 def test_out_of_memory_at_micro_batch_1_gives_up_clearly(cli, tmp_path, monkeypatch):
-    from pipeline.trainer import RepotuneTrainer
+    from pipeline.train.trainer import RepotuneTrainer
 
     def step(self, model, inputs, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory")
@@ -307,7 +307,7 @@ def test_resume_without_a_checkpoint_is_one_line(cli, tmp_path):
 
 
 def test_resume_passes_over_a_checkpoint_killed_while_saving(tmp_path):
-    from pipeline.trainer import STAMP_FILE, resumable_checkpoint
+    from pipeline.train.trainer import STAMP_FILE, resumable_checkpoint
 
     stamp = {"dataset_fingerprint": "d", "effective_batch_size": 4, "total_steps": 20}
     complete, cut_off = tmp_path / "checkpoint-5", tmp_path / "checkpoint-10"

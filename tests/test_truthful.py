@@ -107,7 +107,7 @@ def test_every_help_answers_without_importing_torch():
 def test_a_short_monitor_fits_its_interval_to_the_duration(cli, tmp_path, host):
     import time
 
-    from pipeline.watch import fitted_interval
+    from pipeline.use.watch import fitted_interval
 
     assert (
         fitted_interval(5.0, 3.0) == 0.3
@@ -162,7 +162,7 @@ def test_stage_timings_leave_imports_out_and_a_cache_hit_shows_its_saving(cli, s
 def test_plan_estimates_a_large_history_from_a_sample_and_uses_the_cache_when_there(
     cli, tmp_path, monkeypatch
 ):
-    from pipeline import token_cache
+    from pipeline.data import token_cache
     from tests.conftest import GitRepo, add_features
 
     repo = add_features(GitRepo(tmp_path / "repo"), range(1, 31))

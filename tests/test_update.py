@@ -76,7 +76,7 @@ def test_an_update_trains_the_parent_adapter_on_the_new_commits_only(cli, parent
     assert (child / "adapter" / "adapter_model.safetensors").exists()
     assert manifest["run"]["command"] == "update" and manifest["status"] == "completed"
 
-    from pipeline.report import render_report
+    from pipeline.use.report import render_report
 
     page = render_report(manifest)
     assert "<h2>Lineage (an update)</h2>" in page and f"{old_head[:12]} → {new_head[:12]}" in page
@@ -166,7 +166,7 @@ def test_a_missing_parent_and_a_range_are_one_line(cli, parent, tmp_path):
 
 
 def test_forgetting_is_said_in_a_line_and_not_invented_without_a_parent_held_out_set(tmp_path):
-    from pipeline.lineage import describe_forgetting, forgetting
+    from pipeline.record.lineage import describe_forgetting, forgetting
     from pipeline.types import Scores
 
     was, now = Scores({"loss": 2.0}, None, []), Scores({"loss": 2.1}, None, [])

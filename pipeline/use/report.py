@@ -650,7 +650,7 @@ def _overlaid_curves(names: list[str], manifests: list[dict[str, Any]]) -> str:
 def _differences(names: list[str], manifests: list[dict[str, Any]]) -> str:
     """Every path whose value differs between the runs, a column per run; params and metrics as `diff`
     shows them by default, the rest below."""
-    from pipeline.diff import CATEGORIES, compare
+    from pipeline.use.diff import CATEGORIES, compare
 
     first, *others = manifests
     pairs = [{change.path: change for change in compare(first, other)} for other in others]

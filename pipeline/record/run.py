@@ -22,7 +22,6 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from pipeline.config import LoadedConfig
-from pipeline.distributed import Coordinator, launch_from_environment
 from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError
 from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
@@ -36,6 +35,7 @@ from pipeline.manifest import (
     write_json,
 )
 from pipeline.progress import say
+from pipeline.train.distributed import Coordinator, launch_from_environment
 from pipeline.types import (
     Evaluation,
     Lineage,
@@ -245,7 +245,7 @@ def _(scores: Scores) -> dict[str, Any]:
 
 @sections.register
 def _(evaluation: Evaluation) -> dict[str, Any]:
-    from pipeline.evaluation import evaluation_report
+    from pipeline.evaluate.evaluation import evaluation_report
 
     return {"training_report": {"evaluation": evaluation_report(evaluation)}}
 

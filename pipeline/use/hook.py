@@ -32,7 +32,7 @@ HOOK = "prepare-commit-msg"
 PREVIOUS = f"{HOOK}.repotune-previous"
 MARK = "# repotune prepare-commit-msg hook"
 MAX_DIFF_BYTES = 1_000_000  # a larger staged diff is read this far: the suggestion needs its start, not all
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/use/hook.py
 OPTIONAL_IMPORTS = ("pandas", "sklearn", "dask", "pyarrow")
 _INDEX_LINE = re.compile(r"index [0-9a-f]+\.\.[0-9a-f]+")
 
@@ -71,7 +71,7 @@ exit 0
 def install(repo: str | Path, adapter: str | Path, timeout: float) -> str:
     """Write the hook into `repo`, keeping a hook that is already there (run first); what was done."""
     from pipeline.errors import PipelineError
-    from pipeline.generate import adapter_directory
+    from pipeline.use.generate import adapter_directory
 
     if not 0 < timeout <= 600:
         raise PipelineError(f"--timeout {timeout}: give the seconds a suggestion may take (e.g. 5)")
@@ -86,7 +86,7 @@ def install(repo: str | Path, adapter: str | Path, timeout: float) -> str:
             )
         hook.rename(previous)
         kept = f"; the hook that was there runs first ({previous.name})"
-    launcher = f"import sys; sys.path[:0] = [{str(ROOT)!r}]; from pipeline.hook import suggest; suggest(sys.argv[1:])"
+    launcher = f"import sys; sys.path[:0] = [{str(ROOT)!r}]; from pipeline.use.hook import suggest; suggest(sys.argv[1:])"
     text = SCRIPT.format(
         mark=MARK,
         python=shlex.quote(sys.executable),
@@ -154,7 +154,7 @@ def suggest(argv: list[str]) -> None:
     diff = staged_diff()
     if not diff.strip():
         return
-    from pipeline.suggestion import Suggester
+    from pipeline.evaluate.suggestion import Suggester
 
     original = message_file.read_text(encoding="utf-8", errors="replace")
     suggester = Suggester.load(adapter)
@@ -162,7 +162,7 @@ def suggest(argv: list[str]) -> None:
     if answer:
         _write(message_file, answer, original)
     if suggester.system == "model":
-        from pipeline.generate import generate
+        from pipeline.use.generate import generate
 
         written = generate(adapter, diff, 64, task="message", system="model").strip()
         if written:

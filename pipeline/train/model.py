@@ -73,7 +73,7 @@ def build_model(
     linear layers in 4 or 8 bits on `device` (a quantized model is placed where it loads)."""
     import torch
 
-    import pipeline.attention  # noqa: F401  (registers segments with transformers)
+    import pipeline.train.attention  # noqa: F401  (registers segments with transformers)
 
     if model_name == TINY:
         from transformers import LlamaForCausalLM
@@ -261,7 +261,7 @@ def save_adapter(
 ) -> Outputs:
     """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), the
     repository's past beside it (`retrieval/`: the index over the whole history, the selector and the
-    suggestion system the run chose: `pipeline.suggestion.Suggester`), and its model card (`card`, in
+    suggestion system the run chose: `pipeline.evaluate.suggestion.Suggester`), and its model card (`card`, in
     place of peft's empty template)."""
     from pipeline.manifest import sha256_file
     from scrapers.scrape import SEQUENCES_FILE

@@ -12,8 +12,8 @@ Layout of one entry (`cache_dir/tokens-<key>/`):
 
     tokenizer/          the tokenizer (tiny's is trained on the corpus, so it is part of the cache)
     train/, valid/, eval/  Arrow datasets: input_ids, loss_mask (1 where a token carries a loss), length,
-                        commit, format (see pipeline.examples for how a record becomes tokens)
-    blocks-<L>/         packed blocks for block size L (see pipeline.dataset)
+                        commit, format (see pipeline.data.examples for how a record becomes tokens)
+    blocks-<L>/         packed blocks for block size L (see pipeline.data.dataset)
     meta.json           the key's inputs and counts
 """
 
@@ -32,11 +32,11 @@ from typing import Any
 import orjson
 
 from pipeline.config import LoadedConfig
-from pipeline.examples import encode_batch, style_key, text_style
+from pipeline.data.examples import encode_batch, style_key, text_style
+from pipeline.data.sources import read_sequences
 from pipeline.hardware import usable_cores
 from pipeline.manifest import provenance_hash
 from pipeline.progress import Progress, say
-from pipeline.sources import read_sequences
 from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle, TokenCache
 from scrapers.errors import RepositoryError
 from scrapers.scrape import SPLITS
@@ -217,7 +217,7 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
         quiet_library_output,
         tokenizer_recipe,
     )
-    from pipeline.sources import skipped
+    from pipeline.data.sources import skipped
 
     quiet_library_output()
     total = scraped.summary["split"]["train_sequences"]

@@ -8,7 +8,7 @@ commits most like a new diff.
   the strongest cheap retriever for commit messages (NNGen, Liu et al. ASE 2018; arXiv 2410.09662). A
   query names the newest commit its answers may come from (`older_than`), so a held-out commit is
   never answered from itself, from another held-out commit or from its future.
-- the lookup (`pipeline.suggestion.Suggester.lookup`) every evaluation scores beside the model: the message of the most
+- the lookup (`pipeline.evaluate.suggestion.Suggester.lookup`) every evaluation scores beside the model: the message of the most
   similar earlier commit. A second for a whole history, no model.
 
 Saved beside the adapter (`retrieval/`): bm25s' arrays and the commits' messages and paths (JSON),
@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.examples import prompt_content
+from pipeline.data.examples import prompt_content
 from pipeline.types import PastCommit
 from scrapers.formats import prompt_and_response
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import ModelLoadError
-from pipeline.model import ADAPTER_DIR, BASE_MODEL_DIR, CHECKPOINT_DIR, newest_checkpoint
+from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR, CHECKPOINT_DIR, newest_checkpoint
 
 
 def adapter_directory(path: str | Path) -> Path:
@@ -34,7 +34,7 @@ def load_adapter(path: str | Path, dense: bool = False):
     from transformers import AutoModelForCausalLM
 
     from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_library_output
-    from pipeline.model import adapter_facts, quantized_loading
+    from pipeline.train.model import adapter_facts, quantized_loading
 
     quiet_library_output()
     directory = adapter_directory(path)
@@ -85,9 +85,9 @@ def generate(
             return suggested
     elif system:
         raise ModelLoadError("--system chooses who writes a commit message: use it with --task message")
-    from pipeline.evaluation import generate_batched
-    from pipeline.examples import answer_prefix, render_prompt
-    from pipeline.model import adapter_facts
+    from pipeline.data.examples import answer_prefix, render_prompt
+    from pipeline.evaluate.evaluation import generate_batched
+    from pipeline.train.model import adapter_facts
 
     model, tokenizer = load_adapter(path)
     given = ""
@@ -101,8 +101,8 @@ def _from_past(directory: Path, diff: str, system: str | None) -> str | None:
     """The retrieval system's message for `diff` (the lookup's or the selector's), or None when the
     model is to answer: it was chosen or asked for, the adapter has no retrieval saved, or no past
     commit touched anything the diff touches."""
-    from pipeline.retrieval import INDEX_DIR
-    from pipeline.suggestion import Suggester
+    from pipeline.evaluate.retrieval import INDEX_DIR
+    from pipeline.evaluate.suggestion import Suggester
 
     if system == "model":
         return None

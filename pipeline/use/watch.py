@@ -19,7 +19,7 @@ import psutil
 from pipeline.errors import PipelineError
 from pipeline.hardware import detect_hardware
 from pipeline.manifest import conform, mark_finished, new_manifest, write_json
-from pipeline.monitor import GPU_METRICS, HardwareMonitor, import_nvml
+from pipeline.train.monitor import GPU_METRICS, HardwareMonitor, import_nvml
 
 SAMPLES_AT_LEAST = 10  # a short --duration gets its interval fitted to this many samples
 

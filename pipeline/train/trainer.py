@@ -31,17 +31,17 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import MonitorConfig
-from pipeline.dataset import block_dataset
-from pipeline.distributed import Coordinator
+from pipeline.data.dataset import block_dataset
 from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.hardware import usable_cores
-from pipeline.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
 from pipeline.manifest import MANIFEST_FILE, finite, write_json
-from pipeline.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
-from pipeline.monitor import HardwareMonitor, import_nvml
-from pipeline.performance import throughput_report
 from pipeline.progress import clock, say
-from pipeline.trackers import attach_trackers, tracker_failure
+from pipeline.train.distributed import Coordinator
+from pipeline.train.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
+from pipeline.train.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
+from pipeline.train.monitor import HardwareMonitor, import_nvml
+from pipeline.train.performance import throughput_report
+from pipeline.train.trackers import attach_trackers, tracker_failure
 from pipeline.types import PackedSplit, Plan, TrainOutcome
 
 TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from pipeline.config import RetrievalConfig
-from pipeline.retrieval import INDEX_DIR, Index, Neighbour, changed_paths, identifiers, past_commits
+from pipeline.evaluate.retrieval import INDEX_DIR, Index, Neighbour, changed_paths, identifiers, past_commits
 from pipeline.types import Past, PastCommit
 
 SELECTOR_FILE = "selector.txt"
@@ -232,7 +232,7 @@ class Suggester:
 def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past:
     """Every kept commit of the scrape, the index over those that are not held out (the held-out ones
     are what it is scored on) and the selector learned on its training commits."""
-    from pipeline.sources import read_sequences
+    from pipeline.data.sources import read_sequences
 
     commits = tuple(past_commits(read_sequences(sequences_path)))
     known = [commit for commit in commits if commit.split != "eval"]

@@ -1,6 +1,6 @@
 """Tokenized sequences → packed training blocks, cached as arrays and read back memory-mapped.
 
-Packing follows `pipeline.packing.layout` (best fit decreasing; position ids
+Packing follows `pipeline.data.packing.layout` (best fit decreasing; position ids
 restart per sequence so no token attends to another sequence; the first label
 of every segment is masked, and so is every token the loss mask excludes: a
 chat example's prompt). The blocks are built with numpy over the whole
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.packing import IGNORE_INDEX, layout
+from pipeline.data.packing import IGNORE_INDEX, layout
+from pipeline.data.token_cache import read_split
 from pipeline.progress import say
-from pipeline.token_cache import read_split
 from pipeline.types import Packed, PackedSplit, Plan, Prepared
 
 ARRAYS = ("input_ids", "position_ids", "labels")

@@ -38,8 +38,8 @@ class Exported:
 def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> Exported:
     """Merge `adapter` into its base and write `output` (a .gguf file) and a Modelfile beside it; the
     file appears whole or not at all."""
-    from pipeline.generate import adapter_directory, load_adapter
-    from pipeline.model import adapter_facts
+    from pipeline.train.model import adapter_facts
+    from pipeline.use.generate import adapter_directory, load_adapter
 
     destination = Path(output).expanduser()
     if destination.suffix != ".gguf":
@@ -210,7 +210,7 @@ def ollama_modelfile(gguf_name: str, tokenizer, style) -> str:
     """An Ollama Modelfile for the GGUF beside it: the commit-message prompt exactly as training asked
     it (the model's chat template rendered around it, or the raw format), greedy, stopping at the end
     of the answer."""
-    from pipeline.examples import SYSTEM_PROMPT, render_prompt
+    from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 
     rendered = render_prompt(tokenizer, style, "message", PROMPT_MARK)
     system = SYSTEM_PROMPT if SYSTEM_PROMPT in rendered else None

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import LoadedConfig, budget_seconds
+from pipeline.data.examples import style_decisions
+from pipeline.data.packing import count_blocks
 from pipeline.decisions import Decisions
 from pipeline.errors import ConfigError
-from pipeline.examples import style_decisions
 from pipeline.hardware import GB
 from pipeline.manifest import TENSORBOARD_DIR
-from pipeline.packing import count_blocks
 from pipeline.types import (
     DataStats,
     Decision,

@@ -10,7 +10,7 @@ each segment is masked so no token is predicted from another sequence.
 
 The layout works on a histogram of segment sizes and fills whole classes of
 blocks at once (see `layout`), so the planner counts blocks for exact step
-counts in milliseconds even for 10^6 sequences; `pipeline.dataset` places the
+counts in milliseconds even for 10^6 sequences; `pipeline.data.dataset` places the
 real segments with the same layout.
 """
 
@@ -95,5 +95,5 @@ def layout(piece_counts: Mapping[int, int], block_size: int) -> Layout:
 
 
 def count_blocks(length_counts: Mapping[int, int], block_size: int) -> int:
-    """How many blocks `pipeline.dataset.pack_arrays` makes from sequences with this length histogram."""
+    """How many blocks `pipeline.data.dataset.pack_arrays` makes from sequences with this length histogram."""
     return layout(segment_counts(length_counts, block_size), block_size).blocks

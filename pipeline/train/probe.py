@@ -23,11 +23,11 @@ import orjson
 
 from pipeline.builtin import cache_home
 from pipeline.config import LoadedConfig
-from pipeline.dataset import ARRAYS, block_dataset
+from pipeline.data.dataset import ARRAYS, block_dataset
 from pipeline.hardware import GB
 from pipeline.manifest import provenance_hash, utc_now, write_json
-from pipeline.model import autocast
 from pipeline.progress import say
+from pipeline.train.model import autocast
 from pipeline.types import Machine, PackedSplit, Plan, Prepared, ProbeRow, Speed, TrainOutcome
 
 MIN_STEPS_FOR_SPEED = 5  # a run this long measures its speed well enough for the next run's budget
@@ -106,7 +106,7 @@ def training_speed(
     longest answers, whose logits cost most, so timing it alone undersold a typical step by a third."""
     import torch
 
-    from pipeline.loss import answer_logits, per_answer_loss
+    from pipeline.train.loss import answer_logits, per_answer_loss
 
     torch.set_num_threads(threads)  # as training will: the cores other processes leave free
     device = next(model.parameters()).device
@@ -231,7 +231,7 @@ def measure(
     that fits (same effective batch), under a time budget the training speed. `model`: the loaded model
     (with LoRA); `resumed`: the speed of the run being resumed, taken again so the plan (and its data)
     match the checkpoint's."""
-    from pipeline.planner import plan_for
+    from pipeline.plan.planner import plan_for
 
     probe_note, speed_note = batch_probe_skipped(plan, machine, loaded), speed_skipped(plan, machine)
     rows = plan.probe

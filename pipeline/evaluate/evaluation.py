@@ -37,8 +37,8 @@ from typing import Any
 import orjson
 
 from pipeline.config import EvalConfig, RetrievalConfig
-from pipeline.examples import render_prompt
-from pipeline.loss import held_out_loss
+from pipeline.data.examples import render_prompt
+from pipeline.train.loss import held_out_loss
 from pipeline.types import (
     Evaluation,
     ModelFacts,
@@ -132,7 +132,7 @@ def generate_batched(
     `stop_at_newline`, each ends at its first line break, which is left out)."""
     import torch
 
-    from pipeline.model import autocast
+    from pipeline.train.model import autocast
 
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths pad less
@@ -458,7 +458,7 @@ def _choose_system(
     system with the best mean of chrF and edit similarity over the validation block and the blocks
     older than it, then the fine-tuned model instead where it beats that system on the validation
     commits (the only ones it answered)."""
-    from pipeline.suggestion import backtest
+    from pipeline.evaluate.suggestion import backtest
 
     blocks = backtest(past, config, seed) if config.system == "auto" else []
     both = [block for block in blocks if "selector" in block] or blocks

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.hardware import BUSY_CORES_NAMED
-from pipeline.monitor import busiest_over, summarize_values
+from pipeline.train.monitor import busiest_over, summarize_values
 from pipeline.types import Plan
 
 DATA_BOUND_SHARE = (

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pipeline.model import autocast
+from pipeline.train.model import autocast
 
 
 def sequence_ids(position_ids):
