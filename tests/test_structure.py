@@ -124,3 +124,15 @@ def test_a_finished_manifest_that_breaks_the_schema_is_a_bug_said_at_once(tmp_pa
     with broken, open_run(loaded, "plan", []) as record:
         record.doc["training_parameters"]["batch_size"] = "eight"
         record.finish("planned")
+
+
+def test_no_function_is_longer_than_a_screen():
+    """60 lines at most, in pipeline/ and scrapers/: a longer one is a list of steps waiting for names."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for package in ("pipeline", "scrapers")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert not long, long

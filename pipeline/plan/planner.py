@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from pipeline.manifest import TENSORBOARD_DIR
 from pipeline.types import (
     DataStats,
     Decision,
+    GpuInfo,
     Hardware,
     Launch,
     Machine,
@@ -43,6 +45,7 @@ from pipeline.types import (
 )
 
 ONE_PROCESS = Launch()
+UNDECIDED_STYLE = TextStyle("raw", "all")  # until the text rule decides it
 TINY_LEARNING_RATE = 5e-3  # measured: the random tiny model's loss falls ~2.5 nats in 80 steps at this rate
 PRETRAINED_LEARNING_RATE = 2e-4  # the usual LoRA rate for pretrained code models (QLoRA paper, peft examples)
 SHORT_RUN_LEARNING_RATE = (
@@ -84,6 +87,39 @@ CPU_MEMORY_SHARE = 0.7  # of a CPU machine's RAM (or its cgroup limit) a trainin
 MEMORY_SAFETY = 0.9  # use at most this share of GPU memory by the estimate (allocator fragmentation, kernels)
 
 
+@dataclass
+class Context:
+    """What the rules decide from (the data, the machine, the model, the config, what was measured) and
+    what earlier rules decided that later ones read, typed; `p` records every decision with its reason."""
+
+    data: DataStats
+    hardware: Hardware
+    model: ModelFacts
+    loaded: LoadedConfig
+    launch: Launch
+    probe: tuple[ProbeRow, ...]
+    oom_cap: int | None
+    """The largest micro-batch after a CUDA out-of-memory in training."""
+    valid_tokens: int
+    """Tokens of the validation commits (0: none)."""
+    speed: Speed | None
+    """The measured training throughput, which a time budget needs."""
+    p: Decisions
+    gpu: GpuInfo | None = None
+    """The smallest GPU, which every process must fit."""
+    device: str = "cpu"
+    world: int = 1
+    style: TextStyle = UNDECIDED_STYLE
+    precision: str = "fp32"
+    sequence_length: int = 0
+    blocks: int = 0
+    quantization: str = "none"
+    micro: int = 1
+    accumulation: int = 1
+    epochs: int = 1
+    total_steps: int = 0
+
+
 def make_plan(
     data: DataStats,
     hardware: Hardware,
@@ -95,61 +131,84 @@ def make_plan(
     valid_tokens: int = 0,
     speed: Speed | None = None,
 ) -> Plan:
-    """`probe`: measured micro-batch fits (CUDA); `oom_cap`: the largest micro-batch after a CUDA
-    out-of-memory in training; `valid_tokens`: tokens of the validation commits (0: none); `speed`: the
-    measured training throughput, which a time budget needs."""
-    config = loaded.config
-    p = Decisions(loaded)
+    """Every rule in order, each deciding its parameters from the context and what the rules before it
+    decided: the same inputs give the same plan."""
+    context = Context(
+        data, hardware, model, loaded, launch, probe, oom_cap, valid_tokens, speed, Decisions(loaded)
+    )
+    for rule in RULES:
+        rule(context)
+    return Plan.from_decisions(context.p.decisions, probe, speed)
 
-    gpu = min(hardware.gpus, key=lambda g: g.memory_gb) if hardware.gpus else None
-    if hardware.cuda_usable and gpu:
-        count = len(hardware.gpus)
-        device = p.planned(
+
+def _device(c: Context) -> None:
+    hardware, p = c.hardware, c.p
+    c.gpu = min(hardware.gpus, key=lambda g: g.memory_gb) if hardware.gpus else None
+    if hardware.cuda_usable and c.gpu:
+        count, gpu = len(hardware.gpus), c.gpu
+        c.device = p.planned(
             "device", "cuda", f"{count} CUDA GPU(s), smallest: {gpu.name} with {gpu.memory_gb:g} GB"
         )
     elif hardware.mps:
-        device = p.planned("device", "mps", "Apple GPU (MPS) found, no CUDA")
+        c.device = p.planned("device", "mps", "Apple GPU (MPS) found, no CUDA")
     else:
-        device = p.planned("device", "cpu", _no_gpu_reason(hardware))
-    world = p.planned("world_size", launch.world_size, launch.reason)
+        c.device = p.planned("device", "cpu", _no_gpu_reason(hardware))
+    c.world = c.p.planned("world_size", c.launch.world_size, c.launch.reason)
 
-    style = style_decisions(p, model.name, model.chat_template)
-    precision = _precision(p, device, gpu, hardware)
-    _tf32(p, device, gpu)
-    _attention(p, device, gpu, model, precision)
-    sequence_length = _sequence_length(p, data, model)
-    cut = _truncate_at(p, style, sequence_length, device, data)
+
+def _text(c: Context) -> None:
+    c.style = style_decisions(c.p, c.model.name, c.model.chat_template)
+
+
+def _compute(c: Context) -> None:
+    c.precision = _precision(c.p, c.device, c.gpu, c.hardware)
+    _tf32(c.p, c.device, c.gpu)
+    _attention(c.p, c.device, c.gpu, c.model, c.precision)
+
+
+def _blocks(c: Context) -> None:
+    c.sequence_length = _sequence_length(c.p, c.data, c.model)
+    cut = _truncate_at(c.p, c.style, c.sequence_length, c.device, c.data)
     if cut:
-        data = data.truncated(cut)
-
-    blocks = count_blocks(data.length_counts, sequence_length)
-    p.planned(
+        c.data = c.data.truncated(cut)
+    c.blocks = count_blocks(c.data.length_counts, c.sequence_length)
+    data = c.data
+    c.p.planned(
         "train_blocks",
-        blocks,
-        f"{data.tokens} tokens in {data.sequences} sequences packed into blocks of {sequence_length} "
-        f"({data.tokens / max(1, blocks * sequence_length):.0%} filled)",
+        c.blocks,
+        f"{data.tokens} tokens in {data.sequences} sequences packed into blocks of {c.sequence_length} "
+        f"({data.tokens / max(1, c.blocks * c.sequence_length):.0%} filled)",
     )
 
-    quantization = _quantization(p, device, gpu, hardware, model, precision, sequence_length)
-    memory = Footprint(model, precision, quantization, config.lora.r, sequence_length)
-    micro, accumulation = _batching(p, device, gpu, memory, world, probe, oom_cap)
-    epochs = p.from_config("epochs", "train.epochs")
-    budget = _time_budget(p, device, speed)
-    if budget and speed:
-        fitted, epochs_fitted = _fit_budget(p, data, sequence_length, blocks, epochs, budget, speed)
-        if (fitted, epochs_fitted) != (blocks, epochs):
-            micro, accumulation = _short_run_batch(p, fitted * epochs_fitted, micro, accumulation, world)
-        blocks, epochs = fitted, epochs_fitted
+
+def _memory(c: Context) -> None:
+    c.quantization = _quantization(c.p, c.device, c.gpu, c.hardware, c.model, c.precision, c.sequence_length)
+    memory = Footprint(c.model, c.precision, c.quantization, c.loaded.config.lora.r, c.sequence_length)
+    c.micro, c.accumulation = _batching(c.p, c.device, c.gpu, memory, c.world, c.probe, c.oom_cap)
+
+
+def _budget(c: Context) -> None:
+    """Epochs, and what a time budget lets train: fewer passes, or one pass over the newest sequences."""
+    p = c.p
+    c.epochs = p.from_config("epochs", "train.epochs")
+    budget = _time_budget(p, c.device, c.speed)
+    if budget and c.speed:
+        fitted, epochs = _fit_budget(p, c.data, c.sequence_length, c.blocks, c.epochs, budget, c.speed)
+        if (fitted, epochs) != (c.blocks, c.epochs):
+            c.micro, c.accumulation = _short_run_batch(p, fitted * epochs, c.micro, c.accumulation, c.world)
+        c.blocks, c.epochs = fitted, epochs
     else:
-        p.planned("train_sequences", data.sequences, f"all {data.sequences} training sequences")
+        p.planned("train_sequences", c.data.sequences, f"all {c.data.sequences} training sequences")
     p.planned(
         "effective_batch_size",
-        micro * accumulation * world,
-        f"{micro} per device × {accumulation} accumulation × {world} process(es)",
+        c.micro * c.accumulation * c.world,
+        f"{c.micro} per device × {c.accumulation} accumulation × {c.world} process(es)",
     )
 
+
+def _steps(c: Context) -> None:
+    p, blocks, per_step = c.p, c.blocks, c.micro * c.world
     drop_last = p.from_config("drop_last", "plan.drop_last")
-    per_step = micro * world
     if drop_last and blocks < per_step:
         drop_last = p.planned(
             "drop_last", False, f"only {blocks} blocks: dropping the last micro-batch would drop all"
@@ -158,18 +217,24 @@ def make_plan(
     # all processes step together), or the floor with drop_last; the Trainer then takes
     # ceil(micro-batches / accumulation) optimizer steps per epoch.
     batches = blocks // per_step if drop_last else math.ceil(blocks / per_step)
-    steps_per_epoch = math.ceil(batches / accumulation)
+    steps_per_epoch = math.ceil(batches / c.accumulation)
     p.planned(
         "steps_per_epoch",
         steps_per_epoch,
-        f"{blocks} blocks / ({micro} × {world}) = {batches} micro-batches per process, / {accumulation} accumulation",
+        f"{blocks} blocks / ({c.micro} × {c.world}) = {batches} micro-batches per process, "
+        f"/ {c.accumulation} accumulation",
     )
-    total_steps = p.planned(
-        "total_steps", steps_per_epoch * epochs, f"{steps_per_epoch} steps × {epochs} epochs"
+    c.total_steps = p.planned(
+        "total_steps", steps_per_epoch * c.epochs, f"{steps_per_epoch} steps × {c.epochs} epochs"
     )
-    p.planned("warmup_steps", *_warmup(total_steps, loaded))
+    p.planned("warmup_steps", *_warmup(c.total_steps, c.loaded))
 
-    if p.is_auto("train.learning_rate") and loaded.continues:
+
+def _learning_rate(c: Context) -> None:
+    p, loaded = c.p, c.loaded
+    if not p.is_auto("train.learning_rate"):
+        p.from_config("learning_rate", "train.learning_rate")
+    elif loaded.continues:
         peak = loaded.continues["learning_rate"]
         p.planned(
             "learning_rate",
@@ -177,22 +242,23 @@ def make_plan(
             f"continued training: {CONTINUED_LR_SHARE:g} × the parent run's peak ({peak:g}), so the new commits "
             "are learned without undoing what the adapter knows",
         )
-    elif p.is_auto("train.learning_rate"):
-        if model.random_init:
-            p.planned("learning_rate", TINY_LEARNING_RATE, "randomly initialised tiny model: a large step")
-        elif total_steps < SHORT_RUN_STEPS:
-            p.planned(
-                "learning_rate",
-                SHORT_RUN_LEARNING_RATE,
-                f"a short run ({total_steps} < {SHORT_RUN_STEPS} steps): LoRA's usual "
-                f"{PRETRAINED_LEARNING_RATE:g} moves too little in so few steps",
-            )
-        else:
-            p.planned(
-                "learning_rate", PRETRAINED_LEARNING_RATE, "usual LoRA learning rate for a pretrained model"
-            )
+    elif c.model.random_init:
+        p.planned("learning_rate", TINY_LEARNING_RATE, "randomly initialised tiny model: a large step")
+    elif c.total_steps < SHORT_RUN_STEPS:
+        p.planned(
+            "learning_rate",
+            SHORT_RUN_LEARNING_RATE,
+            f"a short run ({c.total_steps} < {SHORT_RUN_STEPS} steps): LoRA's usual "
+            f"{PRETRAINED_LEARNING_RATE:g} moves too little in so few steps",
+        )
     else:
-        p.from_config("learning_rate", "train.learning_rate")
+        p.planned(
+            "learning_rate", PRETRAINED_LEARNING_RATE, "usual LoRA learning rate for a pretrained model"
+        )
+
+
+def _optimizer(c: Context) -> None:
+    p = c.p
     p.from_config("lr_scheduler", "train.lr_scheduler")
     p.planned(
         "optimizer",
@@ -201,13 +267,17 @@ def make_plan(
     )
     p.from_config("weight_decay", "train.weight_decay")
     p.from_config("max_grad_norm", "train.max_grad_norm")
-    if loaded.continues:
+
+
+def _trained_modules(c: Context) -> None:
+    p = c.p
+    if c.loaded.continues:
         p.planned(
             "base_modules_trained",
-            loaded.continues.get("base_modules_trained") or [],
+            c.loaded.continues.get("base_modules_trained") or [],
             "continued training: the parent run's adapter trains what it trained",
         )
-    elif model.random_init:
+    elif c.model.random_init:
         p.planned(
             "base_modules_trained",
             TINY_TRAINED_BASE_MODULES,
@@ -215,20 +285,49 @@ def make_plan(
         )
     else:
         p.planned("base_modules_trained", [], "pretrained base: only the LoRA adapters train")
-    _lora_dropout(p, device)
+    _lora_dropout(p, c.device)
 
-    _dataloader(p, device, blocks, hardware)
-    _cpu_threads(p, hardware)
-    step_s = micro * accumulation * world * sequence_length / speed.tokens_per_s if speed else None
-    eval_blocks = _evaluation_bound(p, device)
-    _cadence(p, total_steps, valid_tokens, step_s, eval_blocks, sequence_length, speed)
-    p.from_config("save_total_limit", "train.save_total_limit")
-    for name in ("fsdp", "fsdp_config", "deepspeed"):  # passed to the Trainer as they are (see README)
-        p.from_config(name, f"distributed.{name}")
-    p.from_config("torch_compile", "train.torch_compile")
-    p.from_config("seed", "train.seed")
-    _trackers(p)
-    return Plan.from_decisions(p.decisions, probe, speed)
+
+def _machine_use(c: Context) -> None:
+    _dataloader(c.p, c.device, c.blocks, c.hardware)
+    _cpu_threads(c.p, c.hardware)
+
+
+def _checks_and_saves(c: Context) -> None:
+    """Evaluation during training, checkpoints, logging: as often as they are worth their cost."""
+    speed = c.speed
+    step_s = c.micro * c.accumulation * c.world * c.sequence_length / speed.tokens_per_s if speed else None
+    eval_blocks = _evaluation_bound(c.p, c.device)
+    _cadence(c.p, c.total_steps, c.valid_tokens, step_s, eval_blocks, c.sequence_length, speed)
+    c.p.from_config("save_total_limit", "train.save_total_limit")
+
+
+def _passed_through(c: Context) -> None:
+    """What the Trainer receives as configured (see README)."""
+    for name in ("fsdp", "fsdp_config", "deepspeed"):
+        c.p.from_config(name, f"distributed.{name}")
+    c.p.from_config("torch_compile", "train.torch_compile")
+    c.p.from_config("seed", "train.seed")
+    _trackers(c.p)
+
+
+RULES: tuple[Callable[[Context], None], ...] = (
+    _device,
+    _text,
+    _compute,
+    _blocks,
+    _memory,
+    _budget,
+    _steps,
+    _learning_rate,
+    _optimizer,
+    _trained_modules,
+    _machine_use,
+    _checks_and_saves,
+    _passed_through,
+)
+"""The plan, in the order its decisions are taken and printed: a new parameter is its config field and
+the rule that decides it."""
 
 
 def plan_for(
@@ -413,54 +512,33 @@ def _quantization(
     return p.planned("quantization", "4bit", reason)
 
 
-def _batching(p, device, gpu, memory: Footprint, world, probe, oom_cap) -> tuple[int, int]:
+def _batching(
+    p: Decisions,
+    device: str,
+    gpu: GpuInfo | None,
+    memory: Footprint,
+    world: int,
+    probe: tuple[ProbeRow, ...],
+    oom_cap: int | None,
+) -> tuple[int, int]:
     """Micro-batch and accumulation for a fixed effective-batch target; records both."""
-    plan = p.loaded.config.plan
     tier, tier_reason = _batch_tier(device, gpu, p.loaded)
-    explicit_micro = p.explicit("plan.batch_size")
+    target, target_reason = _batch_target(p, tier, world)
     explicit_accumulation = p.explicit("plan.gradient_accumulation_steps")
-
-    if p.explicit("plan.effective_batch_size"):
-        target = p.value("plan.effective_batch_size")
-        target_reason = f"effective_batch_size {target} as configured"
-    elif explicit_micro and explicit_accumulation:
-        target = p.value("plan.batch_size") * p.value("plan.gradient_accumulation_steps") * world
-        target_reason = "batch_size × gradient_accumulation_steps as configured"
-    else:
-        accumulation_default = (
-            1
-            if p.is_auto("plan.gradient_accumulation_steps")
-            else p.value("plan.gradient_accumulation_steps")
-        )
-        target = tier * accumulation_default * world
-        target_reason = f"tier batch {tier} × accumulation {accumulation_default} × {world} process(es)"
-
-    if explicit_micro:
+    if p.explicit("plan.batch_size"):
         micro = p.from_config("batch_size", "plan.batch_size")
         _fit_memory(p, device, gpu, memory, micro, shrink=False)
     else:
-        fitting = [row.batch_size for row in probe if row.fits]
-        if fitting:
-            micro_limit = max(fitting)
-            limit_reason = (
-                f"largest micro-batch the probe fitted with {plan.probe_headroom:.0%} memory headroom"
-            )
-        else:
-            length = memory.sequence_length
-            micro_limit = max(1, tier * plan.batch_reference_tokens // length)
-            limit_reason = f"{tier_reason}: batch {tier}"
-            if length != plan.batch_reference_tokens:
-                limit_reason += f", × {plan.batch_reference_tokens}/{length} for {length}-token blocks"
-        micro_limit, memory_reason = _fit_memory(p, device, gpu, memory, micro_limit)
+        micro_limit, limit_reason = _micro_limit(p, device, gpu, memory, probe, tier, tier_reason)
         if explicit_accumulation:
-            micro = p.planned("batch_size", micro_limit, f"{limit_reason}{memory_reason}")
+            micro = p.planned("batch_size", micro_limit, limit_reason)
         else:
             # The fewest micro-batches that reach the target, each no larger than memory allows.
             accumulation = math.ceil(target / (world * micro_limit))
             micro = p.planned(
                 "batch_size",
                 math.ceil(target / (world * accumulation)),
-                f"{limit_reason}{memory_reason}; target effective batch {target} = {target_reason}",
+                f"{limit_reason}; target effective batch {target} = {target_reason}",
             )
     if explicit_accumulation:
         accumulation = p.value("plan.gradient_accumulation_steps")
@@ -487,6 +565,49 @@ def _batching(p, device, gpu, memory: Footprint, world, probe, oom_cap) -> tuple
             f"reaches the target effective batch {target} with micro-batch {micro} × {world} process(es)",
         )
     return micro, accumulation
+
+
+def _batch_target(p: Decisions, tier: int, world: int) -> tuple[int, str]:
+    """The effective batch, fixed before any memory decision: as configured, or the tier's."""
+    if p.explicit("plan.effective_batch_size"):
+        target = p.value("plan.effective_batch_size")
+        return target, f"effective_batch_size {target} as configured"
+    if p.explicit("plan.batch_size") and p.explicit("plan.gradient_accumulation_steps"):
+        target = p.value("plan.batch_size") * p.value("plan.gradient_accumulation_steps") * world
+        return target, "batch_size × gradient_accumulation_steps as configured"
+    accumulation = (
+        1 if p.is_auto("plan.gradient_accumulation_steps") else p.value("plan.gradient_accumulation_steps")
+    )
+    return (
+        tier * accumulation * world,
+        f"tier batch {tier} × accumulation {accumulation} × {world} process(es)",
+    )
+
+
+def _micro_limit(
+    p: Decisions,
+    device: str,
+    gpu: GpuInfo | None,
+    memory: Footprint,
+    probe: tuple[ProbeRow, ...],
+    tier: int,
+    tier_reason: str,
+) -> tuple[int, str]:
+    """The largest micro-batch memory allows: what the probe fitted, else the tier's size scaled to the
+    block length, shrunk where the memory estimate says it does not fit; and why."""
+    plan = p.loaded.config.plan
+    fitting = [row.batch_size for row in probe if row.fits]
+    if fitting:
+        limit = max(fitting)
+        reason = f"largest micro-batch the probe fitted with {plan.probe_headroom:.0%} memory headroom"
+    else:
+        length = memory.sequence_length
+        limit = max(1, tier * plan.batch_reference_tokens // length)
+        reason = f"{tier_reason}: batch {tier}"
+        if length != plan.batch_reference_tokens:
+            reason += f", × {plan.batch_reference_tokens}/{length} for {length}-token blocks"
+    limit, memory_reason = _fit_memory(p, device, gpu, memory, limit)
+    return limit, f"{reason}{memory_reason}"
 
 
 def _fit_memory(p, device, gpu, memory: Footprint, micro, shrink: bool = True) -> tuple[int, str]:
@@ -689,6 +810,34 @@ def _cadence(
         p.planned("logging_steps", every, f"about {LOG_POINTS} loss/LR points over {total_steps} steps")
     else:
         p.from_config("logging_steps", "train.logging_steps")
+    _eval_steps(p, total_steps, valid_tokens, step_s, eval_blocks, length, speed)
+    _patience(p, p.decisions["eval_steps"].value, total_steps)
+    if not p.is_auto("train.save_steps"):
+        p.from_config("save_steps", "train.save_steps")
+    elif step_s:
+        every = max(math.ceil(total_steps / CHECKPOINTS), math.ceil(CHECKPOINT_INTERVAL_S / step_s))
+        p.planned(
+            "save_steps",
+            every,
+            f"about {CHECKPOINTS} checkpoints over {total_steps} steps of about {step_s:.0f} s, "
+            f"at most one per {CHECKPOINT_INTERVAL_S:.0f} s",
+        )
+    else:
+        every = max(1, math.ceil(total_steps / CHECKPOINTS))
+        p.planned("save_steps", every, f"about {CHECKPOINTS} checkpoints over {total_steps} steps")
+
+
+def _eval_steps(
+    p: Decisions,
+    total_steps: int,
+    valid_tokens: int,
+    step_s: float | None,
+    eval_blocks: int | None,
+    length: int,
+    speed: Speed | None,
+) -> None:
+    """Validations during training: about EVALUATIONS, each costing at most 1/EVAL_COST_RATIO of the time
+    between two, none without validation commits."""
     if not valid_tokens:
         p.planned(
             "eval_steps",
@@ -725,20 +874,6 @@ def _cadence(
             every,
             f"about {EVALUATIONS} validations over {total_steps} steps: the best is kept",
         )
-    _patience(p, p.decisions["eval_steps"].value, total_steps)
-    if not p.is_auto("train.save_steps"):
-        p.from_config("save_steps", "train.save_steps")
-    elif step_s:
-        every = max(math.ceil(total_steps / CHECKPOINTS), math.ceil(CHECKPOINT_INTERVAL_S / step_s))
-        p.planned(
-            "save_steps",
-            every,
-            f"about {CHECKPOINTS} checkpoints over {total_steps} steps of about {step_s:.0f} s, "
-            f"at most one per {CHECKPOINT_INTERVAL_S:.0f} s",
-        )
-    else:
-        every = max(1, math.ceil(total_steps / CHECKPOINTS))
-        p.planned("save_steps", every, f"about {CHECKPOINTS} checkpoints over {total_steps} steps")
 
 
 def _patience(p: Decisions, eval_steps: int | None, total_steps: int) -> None:
