@@ -147,7 +147,7 @@ def text_style(loaded: LoadedConfig, model_name: str, chat_template: bool) -> Te
 def style_decisions(p: Decisions, model_name: str, chat_template: bool) -> TextStyle:
     """How commits become training text for this model (chat or raw, what is learned, how it is
     averaged), recorded as the plan's first decisions: tokenizing needs them before the rest is planned."""
-    if p.is_auto("train.style"):
+    if p.is_auto(lambda cfg: cfg.train.style):
         style = p.planned(
             "style",
             "chat" if chat_template else "raw",
@@ -156,13 +156,13 @@ def style_decisions(p: Decisions, model_name: str, chat_template: bool) -> TextS
             else "no chat template (a base model): the scraped text as it is",
         )
     else:
-        style = p.from_config("style", "train.style")
+        style = p.from_config("style", lambda cfg: cfg.train.style)
         if style == "chat" and not chat_template:
             raise ConfigError(
                 f"`train.style` is chat but {model_name}'s tokenizer has no chat template; "
                 "set train.style=raw (or auto)"
             )
-    if p.is_auto("train.loss_on"):
+    if p.is_auto(lambda cfg: cfg.train.loss_on):
         loss_on = p.planned(
             "loss_on",
             "response" if style == "chat" else "all",
@@ -171,9 +171,9 @@ def style_decisions(p: Decisions, model_name: str, chat_template: bool) -> TextS
             else "every token: raw text is learned as a whole (set train.loss_on=response to learn answers only)",
         )
     else:
-        loss_on = p.from_config("loss_on", "train.loss_on")
-    if not p.is_auto("train.loss_average"):
-        p.from_config("loss_average", "train.loss_average")
+        loss_on = p.from_config("loss_on", lambda cfg: cfg.train.loss_on)
+    if not p.is_auto(lambda cfg: cfg.train.loss_average):
+        p.from_config("loss_average", lambda cfg: cfg.train.loss_average)
     elif loss_on == "response":
         p.planned(
             "loss_average",

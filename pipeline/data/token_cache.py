@@ -93,8 +93,7 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
     started = time.perf_counter()
     directory = cache_root / f"tokens-{key}"
     if (directory / "meta.json").exists():
-        built_in = orjson.loads((directory / "meta.json").read_bytes()).get("build_seconds")
-        return TokenCache(directory, key, True, time.perf_counter() - started, built_in)
+        return TokenCache(directory, key, True, time.perf_counter() - started, _build_seconds(directory))
     cache_root.mkdir(parents=True, exist_ok=True)
     # Not a dot-name: datasets skips files under hidden directories when it reads a split back.
     staging = cache_root / f"tokens-{key}.{os.getpid()}.tmp"
@@ -110,8 +109,12 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    seconds = time.perf_counter() - started
-    return TokenCache(directory, key, False, seconds, round(seconds, 3))
+    return TokenCache(directory, key, False, time.perf_counter() - started, _build_seconds(directory))
+
+
+def _build_seconds(directory: Path) -> float | None:
+    """How long building the entry took, as its meta.json says (None for entries older than the field)."""
+    return orjson.loads((directory / "meta.json").read_bytes()).get("build_seconds")
 
 
 def tokenize_sequences(

@@ -31,7 +31,6 @@ from pipeline.hardware import GB
 from pipeline.manifest import TENSORBOARD_DIR
 from pipeline.types import (
     DataStats,
-    Decision,
     GpuInfo,
     Hardware,
     Launch,
@@ -190,7 +189,7 @@ def _memory(c: Context) -> None:
 def _budget(c: Context) -> None:
     """Epochs, and what a time budget lets train: fewer passes, or one pass over the newest sequences."""
     p = c.p
-    c.epochs = p.from_config("epochs", "train.epochs")
+    c.epochs = p.from_config("epochs", lambda cfg: cfg.train.epochs)
     budget = _time_budget(p, c.device, c.speed)
     if budget and c.speed:
         fitted, epochs = _fit_budget(p, c.data, c.sequence_length, c.blocks, c.epochs, budget, c.speed)
@@ -208,7 +207,7 @@ def _budget(c: Context) -> None:
 
 def _steps(c: Context) -> None:
     p, blocks, per_step = c.p, c.blocks, c.micro * c.world
-    drop_last = p.from_config("drop_last", "plan.drop_last")
+    drop_last = p.from_config("drop_last", lambda cfg: cfg.plan.drop_last)
     if drop_last and blocks < per_step:
         drop_last = p.planned(
             "drop_last", False, f"only {blocks} blocks: dropping the last micro-batch would drop all"
@@ -232,8 +231,8 @@ def _steps(c: Context) -> None:
 
 def _learning_rate(c: Context) -> None:
     p, loaded = c.p, c.loaded
-    if not p.is_auto("train.learning_rate"):
-        p.from_config("learning_rate", "train.learning_rate")
+    if not p.is_auto(lambda cfg: cfg.train.learning_rate):
+        p.from_config("learning_rate", lambda cfg: cfg.train.learning_rate)
     elif loaded.continues:
         peak = loaded.continues["learning_rate"]
         p.planned(
@@ -259,14 +258,14 @@ def _learning_rate(c: Context) -> None:
 
 def _optimizer(c: Context) -> None:
     p = c.p
-    p.from_config("lr_scheduler", "train.lr_scheduler")
+    p.from_config("lr_scheduler", lambda cfg: cfg.train.lr_scheduler)
     p.planned(
         "optimizer",
         "adamw_torch_fused",
         "AdamW with PyTorch's fused kernel: one launch per step for all parameters",
     )
-    p.from_config("weight_decay", "train.weight_decay")
-    p.from_config("max_grad_norm", "train.max_grad_norm")
+    p.from_config("weight_decay", lambda cfg: cfg.train.weight_decay)
+    p.from_config("max_grad_norm", lambda cfg: cfg.train.max_grad_norm)
 
 
 def _trained_modules(c: Context) -> None:
@@ -299,15 +298,16 @@ def _checks_and_saves(c: Context) -> None:
     step_s = c.micro * c.accumulation * c.world * c.sequence_length / speed.tokens_per_s if speed else None
     eval_blocks = _evaluation_bound(c.p, c.device)
     _cadence(c.p, c.total_steps, c.valid_tokens, step_s, eval_blocks, c.sequence_length, speed)
-    c.p.from_config("save_total_limit", "train.save_total_limit")
+    c.p.from_config("save_total_limit", lambda cfg: cfg.train.save_total_limit)
 
 
 def _passed_through(c: Context) -> None:
     """What the Trainer receives as configured (see README)."""
-    for name in ("fsdp", "fsdp_config", "deepspeed"):
-        c.p.from_config(name, f"distributed.{name}")
-    c.p.from_config("torch_compile", "train.torch_compile")
-    c.p.from_config("seed", "train.seed")
+    c.p.from_config("fsdp", lambda cfg: cfg.distributed.fsdp)
+    c.p.from_config("fsdp_config", lambda cfg: cfg.distributed.fsdp_config)
+    c.p.from_config("deepspeed", lambda cfg: cfg.distributed.deepspeed)
+    c.p.from_config("torch_compile", lambda cfg: cfg.train.torch_compile)
+    c.p.from_config("seed", lambda cfg: cfg.train.seed)
     _trackers(c.p)
 
 
@@ -354,8 +354,8 @@ def plan_for(
 
 
 def _sequence_length(p: Decisions, data: DataStats, model: ModelFacts) -> int:
-    if not p.is_auto("train.sequence_length"):
-        return p.from_config("sequence_length", "train.sequence_length")
+    if not p.is_auto(lambda cfg: cfg.train.sequence_length):
+        return p.from_config("sequence_length", lambda cfg: cfg.train.sequence_length)
     config = p.loaded.config.train
     limit = min(config.max_sequence_length, model.max_positions or config.max_sequence_length)
     p95 = data.percentile(95)
@@ -383,7 +383,11 @@ def _truncate_at(p: Decisions, style: TextStyle, length: int, device: str, data:
             "split into block-sized pieces",
         )
     cut, why = length, f"the {length}-token block"
-    if device == "cpu" and length > CPU_SEQUENCE_TOKENS and not p.explicit("train.sequence_length"):
+    if (
+        device == "cpu"
+        and length > CPU_SEQUENCE_TOKENS
+        and not p.explicit(lambda cfg: cfg.train.sequence_length)
+    ):
         cut = CPU_SEQUENCE_TOKENS
         why = (
             f"{cut} tokens on a CPU, where attention costs the square of a sequence's length (measured: "
@@ -401,8 +405,8 @@ def _truncate_at(p: Decisions, style: TextStyle, length: int, device: str, data:
 
 
 def _precision(p: Decisions, device: str, gpu, hardware: Hardware) -> str:
-    if not p.is_auto("plan.precision"):
-        return p.from_config("precision", "plan.precision")
+    if not p.is_auto(lambda cfg: cfg.plan.precision):
+        return p.from_config("precision", lambda cfg: cfg.plan.precision)
     if device == "cuda" and gpu.bf16:
         return p.planned("precision", "bf16", f"compute capability {_cc(gpu)} supports bfloat16")
     if device == "cuda":
@@ -425,8 +429,8 @@ def _precision(p: Decisions, device: str, gpu, hardware: Hardware) -> str:
 
 
 def _tf32(p: Decisions, device: str, gpu) -> None:
-    if not p.is_auto("plan.tf32"):
-        p.from_config("tf32", "plan.tf32")
+    if not p.is_auto(lambda cfg: cfg.plan.tf32):
+        p.from_config("tf32", lambda cfg: cfg.plan.tf32)
     elif device == "cuda" and gpu.compute_capability and gpu.compute_capability >= (8, 0):
         p.planned("tf32", True, f"compute capability {_cc(gpu)}: TF32 tensor cores for the fp32 matmuls")
     else:
@@ -434,8 +438,8 @@ def _tf32(p: Decisions, device: str, gpu) -> None:
 
 
 def _attention(p: Decisions, device: str, gpu, model: ModelFacts, precision: str) -> None:
-    if not p.is_auto("plan.attention"):
-        p.from_config("attention", "plan.attention")
+    if not p.is_auto(lambda cfg: cfg.plan.attention):
+        p.from_config("attention", lambda cfg: cfg.plan.attention)
     elif (
         device == "cuda"
         and model.supports_flash_attention
@@ -469,8 +473,8 @@ def _quantization(
 ) -> str:
     """Load the frozen base in 4 bits (QLoRA) when its weights would not fit beside the activations,
     the adapters and their optimizer state at micro-batch 1 (with checkpointing)."""
-    if not p.is_auto("plan.quantization"):
-        chosen = p.from_config("quantization", "plan.quantization")
+    if not p.is_auto(lambda cfg: cfg.plan.quantization):
+        chosen = p.from_config("quantization", lambda cfg: cfg.plan.quantization)
         if chosen != "none" and model.random_init:
             raise ConfigError(
                 f"`plan.quantization` {chosen} loads a pretrained base in fewer bits; {model.name} is built in "
@@ -524,9 +528,9 @@ def _batching(
     """Micro-batch and accumulation for a fixed effective-batch target; records both."""
     tier, tier_reason = _batch_tier(device, gpu, p.loaded)
     target, target_reason = _batch_target(p, tier, world)
-    explicit_accumulation = p.explicit("plan.gradient_accumulation_steps")
-    if p.explicit("plan.batch_size"):
-        micro = p.from_config("batch_size", "plan.batch_size")
+    explicit_accumulation = p.explicit(lambda cfg: cfg.plan.gradient_accumulation_steps)
+    if p.explicit(lambda cfg: cfg.plan.batch_size):
+        micro = p.from_config("batch_size", lambda cfg: cfg.plan.batch_size)
         _fit_memory(p, device, gpu, memory, micro, shrink=False)
     else:
         micro_limit, limit_reason = _micro_limit(p, device, gpu, memory, probe, tier, tier_reason)
@@ -541,7 +545,7 @@ def _batching(
                 f"{limit_reason}; target effective batch {target} = {target_reason}",
             )
     if explicit_accumulation:
-        accumulation = p.value("plan.gradient_accumulation_steps")
+        accumulation = p.value(lambda cfg: cfg.plan.gradient_accumulation_steps)
     else:
         accumulation = max(1, math.ceil(target / (world * micro)))
     if oom_cap is not None and micro > oom_cap:
@@ -556,8 +560,8 @@ def _batching(
         p.planned(
             "gradient_accumulation_steps", accumulation, f"raised to keep the effective batch at {target}"
         )
-    elif explicit_accumulation or accumulation == p.value("plan.gradient_accumulation_steps"):
-        p.from_config("gradient_accumulation_steps", "plan.gradient_accumulation_steps")
+    elif explicit_accumulation or accumulation == p.value(lambda cfg: cfg.plan.gradient_accumulation_steps):
+        p.from_config("gradient_accumulation_steps", lambda cfg: cfg.plan.gradient_accumulation_steps)
     else:
         p.planned(
             "gradient_accumulation_steps",
@@ -569,14 +573,22 @@ def _batching(
 
 def _batch_target(p: Decisions, tier: int, world: int) -> tuple[int, str]:
     """The effective batch, fixed before any memory decision: as configured, or the tier's."""
-    if p.explicit("plan.effective_batch_size"):
-        target = p.value("plan.effective_batch_size")
+    if p.explicit(lambda cfg: cfg.plan.effective_batch_size):
+        target = p.value(lambda cfg: cfg.plan.effective_batch_size)
         return target, f"effective_batch_size {target} as configured"
-    if p.explicit("plan.batch_size") and p.explicit("plan.gradient_accumulation_steps"):
-        target = p.value("plan.batch_size") * p.value("plan.gradient_accumulation_steps") * world
+    if p.explicit(lambda cfg: cfg.plan.batch_size) and p.explicit(
+        lambda cfg: cfg.plan.gradient_accumulation_steps
+    ):
+        target = (
+            p.value(lambda cfg: cfg.plan.batch_size)
+            * p.value(lambda cfg: cfg.plan.gradient_accumulation_steps)
+            * world
+        )
         return target, "batch_size × gradient_accumulation_steps as configured"
     accumulation = (
-        1 if p.is_auto("plan.gradient_accumulation_steps") else p.value("plan.gradient_accumulation_steps")
+        1
+        if p.is_auto(lambda cfg: cfg.plan.gradient_accumulation_steps)
+        else p.value(lambda cfg: cfg.plan.gradient_accumulation_steps)
     )
     return (
         tier * accumulation * world,
@@ -613,8 +625,8 @@ def _micro_limit(
 def _fit_memory(p, device, gpu, memory: Footprint, micro, shrink: bool = True) -> tuple[int, str]:
     """Turn on gradient checkpointing, and halve the micro-batch, until the memory estimate fits;
     with `shrink` off (the user fixed the micro-batch) only checkpointing is decided."""
-    if not p.is_auto("plan.gradient_checkpointing"):
-        checkpointing = p.from_config("gradient_checkpointing", "plan.gradient_checkpointing")
+    if not p.is_auto(lambda cfg: cfg.plan.gradient_checkpointing):
+        checkpointing = p.from_config("gradient_checkpointing", lambda cfg: cfg.plan.gradient_checkpointing)
         wanted = micro
         if shrink and device == "cuda" and memory.model.parameters:
             while micro > 1 and not _fits(gpu, memory, micro, checkpointing):
@@ -706,8 +718,8 @@ def _cpu_threads(p: Decisions, hardware: Hardware) -> None:
     keeps busy stalls them all (smollm2-135m on 2 cores with one taken: 57 tokens/s on 2 threads, 113 on
     1; 200 alone), so the threads are the cores left free, and training follows the load as it changes."""
     cores = hardware.usable_cores
-    if not p.is_auto("plan.cpu_threads"):
-        p.from_config("cpu_threads", "plan.cpu_threads")
+    if not p.is_auto(lambda cfg: cfg.plan.cpu_threads):
+        p.from_config("cpu_threads", lambda cfg: cfg.plan.cpu_threads)
         p.planned("follow_free_cores", False, "plan.cpu_threads is set: training keeps it")
         return
     busy = hardware.busy_cores
@@ -736,10 +748,10 @@ def _cpu_threads(p: Decisions, hardware: Hardware) -> None:
 
 
 def _dataloader(p: Decisions, device: str, blocks: int, hardware: Hardware) -> None:
-    if p.is_auto("plan.num_workers"):
+    if p.is_auto(lambda cfg: cfg.plan.num_workers):
         workers = p.planned("num_workers", *_workers(blocks, hardware))
     else:
-        workers = p.from_config("num_workers", "plan.num_workers")
+        workers = p.from_config("num_workers", lambda cfg: cfg.plan.num_workers)
         if workers >= hardware.usable_cores:
             cap = max(0, hardware.usable_cores - 1)
             workers = p.planned(
@@ -747,10 +759,10 @@ def _dataloader(p: Decisions, device: str, blocks: int, hardware: Hardware) -> N
                 cap,
                 f"configured {workers}; the training loop needs one of the {hardware.usable_cores} usable cores",
             )
-    if p.value("plan.pin_memory") and device != "cuda":
+    if p.value(lambda cfg: cfg.plan.pin_memory) and device != "cuda":
         p.planned("pin_memory", False, f"pin_memory only speeds up host-to-GPU copies; device is {device}")
     else:
-        p.from_config("pin_memory", "plan.pin_memory")
+        p.from_config("pin_memory", lambda cfg: cfg.plan.pin_memory)
     if workers:
         p.planned("persistent_workers", True, "keep the workers between epochs instead of forking them again")
         p.planned("prefetch_factor", 4 if device == "cuda" else 2, "batches each worker prepares ahead")
@@ -771,8 +783,8 @@ def _workers(blocks: int, hardware: Hardware) -> tuple[int, str]:
 def _validate_model(p: Decisions, device: str) -> None:
     """Whether the fine-tuned model answers the validation commits, so it can be chosen to suggest."""
     budget = p.decisions["time_budget_s"].value
-    if not p.is_auto("eval.validate_model"):
-        p.from_config("validate_model", "eval.validate_model")
+    if not p.is_auto(lambda cfg: cfg.eval.validate_model):
+        p.from_config("validate_model", lambda cfg: cfg.eval.validate_model)
     elif device != "cpu" or budget is None:
         p.planned(
             "validate_model",
@@ -801,19 +813,22 @@ def _cadence(
 ) -> None:
     """How often to log, evaluate and checkpoint: about LOG_POINTS, EVALUATIONS and CHECKPOINTS per
     run, spaced further where the measured step time says they would cost more than they protect."""
-    if p.value("monitor.track_per_step_metrics"):
+    if p.value(lambda cfg: cfg.monitor.track_per_step_metrics):
         p.because_of(
-            "logging_steps", 1, "monitor.track_per_step_metrics", "track_per_step_metrics: record every step"
+            "logging_steps",
+            1,
+            lambda cfg: cfg.monitor.track_per_step_metrics,
+            "track_per_step_metrics: record every step",
         )
-    elif p.is_auto("train.logging_steps"):
+    elif p.is_auto(lambda cfg: cfg.train.logging_steps):
         every = max(1, total_steps // LOG_POINTS)
         p.planned("logging_steps", every, f"about {LOG_POINTS} loss/LR points over {total_steps} steps")
     else:
-        p.from_config("logging_steps", "train.logging_steps")
+        p.from_config("logging_steps", lambda cfg: cfg.train.logging_steps)
     _eval_steps(p, total_steps, valid_tokens, step_s, eval_blocks, length, speed)
     _patience(p, p.decisions["eval_steps"].value, total_steps)
-    if not p.is_auto("train.save_steps"):
-        p.from_config("save_steps", "train.save_steps")
+    if not p.is_auto(lambda cfg: cfg.train.save_steps):
+        p.from_config("save_steps", lambda cfg: cfg.train.save_steps)
     elif step_s:
         every = max(math.ceil(total_steps / CHECKPOINTS), math.ceil(CHECKPOINT_INTERVAL_S / step_s))
         p.planned(
@@ -844,8 +859,8 @@ def _eval_steps(
             None,
             "no validation commits (a short history, or scrape.valid_commits is 0): the last step is kept",
         )
-    elif not p.is_auto("train.eval_steps"):
-        p.from_config("eval_steps", "train.eval_steps")
+    elif not p.is_auto(lambda cfg: cfg.train.eval_steps):
+        p.from_config("eval_steps", lambda cfg: cfg.train.eval_steps)
     elif step_s and eval_blocks and speed:
         # A validation is a forward pass over the validation blocks of each format (two by default).
         cost_s = min(valid_tokens, 2 * eval_blocks * length) / (FORWARD_SPEEDUP * speed.tokens_per_s)
@@ -879,8 +894,8 @@ def _eval_steps(
 def _patience(p: Decisions, eval_steps: int | None, total_steps: int) -> None:
     if eval_steps is None:
         p.planned("early_stopping_patience", None, "no validations during training: nothing to stop on")
-    elif not p.is_auto("train.early_stopping_patience"):
-        p.from_config("early_stopping_patience", "train.early_stopping_patience")
+    elif not p.is_auto(lambda cfg: cfg.train.early_stopping_patience):
+        p.from_config("early_stopping_patience", lambda cfg: cfg.train.early_stopping_patience)
     else:
         p.planned(
             "early_stopping_patience",
@@ -901,7 +916,7 @@ def evaluation_interval(total_steps: int, every: int) -> int | None:
 
 def _time_budget(p: Decisions, device: str, speed: Speed | None) -> float | None:
     """The training stage's wall-clock bound in seconds (None: no bound), and the speed it is met at."""
-    if p.is_auto("train.time_budget"):
+    if p.is_auto(lambda cfg: cfg.train.time_budget):
         if device == "cpu":
             budget = p.planned(
                 "time_budget_s",
@@ -912,11 +927,12 @@ def _time_budget(p: Decisions, device: str, speed: Speed | None) -> float | None
         else:
             budget = p.planned("time_budget_s", None, f"{device}: the whole history, no time bound")
     else:
-        budget = budget_seconds(p.value("train.time_budget"))
-        p.decisions["time_budget_s"] = Decision(
-            budget,
-            p.loaded.source_of("train.time_budget"),
-            f"train.time_budget {p.value('train.time_budget')}",
+        configured = p.value(lambda cfg: cfg.train.time_budget)
+        budget = p.because_of(
+            "time_budget_s",
+            budget_seconds(configured),
+            lambda cfg: cfg.train.time_budget,
+            f"train.time_budget {configured}",
         )
     if budget is None:
         p.planned("measured_tokens_per_s", None, "no time budget: nothing to measure for")
@@ -973,9 +989,10 @@ def _fit_budget(
 def _short_run_batch(p: Decisions, blocks: int, micro: int, accumulation: int, world: int) -> tuple[int, int]:
     """A bounded run takes enough optimizer steps to learn: a smaller effective batch when it would
     take fewer than MIN_BUDGET_STEPS."""
-    if any(
-        p.explicit(key)
-        for key in ("plan.effective_batch_size", "plan.batch_size", "plan.gradient_accumulation_steps")
+    if (
+        p.explicit(lambda cfg: cfg.plan.effective_batch_size)
+        or p.explicit(lambda cfg: cfg.plan.batch_size)
+        or p.explicit(lambda cfg: cfg.plan.gradient_accumulation_steps)
     ):
         return micro, accumulation
     target = max(world, blocks // MIN_BUDGET_STEPS)
@@ -995,21 +1012,26 @@ def _short_run_batch(p: Decisions, blocks: int, micro: int, accumulation: int, w
 def _trackers(p: Decisions) -> None:
     names = p.loaded.config.train.trackers  # each checked when the config was loaded
     if not names:
-        p.because_of("report_to", [], "train.report_to", "no experiment tracker (train.report_to is empty)")
+        p.because_of(
+            "report_to",
+            [],
+            lambda cfg: cfg.train.report_to,
+            "no experiment tracker (train.report_to is empty)",
+        )
         return
     where = f" (event files in OUTPUT_DIR/{TENSORBOARD_DIR})" if "tensorboard" in names else ""
     p.because_of(
         "report_to",
         names,
-        "train.report_to",
+        lambda cfg: cfg.train.report_to,
         f"the Trainer logs loss, learning rate and evaluations to {', '.join(names)}{where}; the plan is "
         "attached when training begins, the manifest when it ends",
     )
 
 
 def _lora_dropout(p: Decisions, device: str) -> None:
-    if not p.is_auto("lora.dropout"):
-        p.from_config("lora_dropout", "lora.dropout")
+    if not p.is_auto(lambda cfg: cfg.lora.dropout):
+        p.from_config("lora_dropout", lambda cfg: cfg.lora.dropout)
     elif device == "cpu":
         p.planned(
             "lora_dropout",
@@ -1028,14 +1050,14 @@ def _evaluation_bound(p: Decisions, device: str) -> int | None:
     config = p.loaded.config.eval
     p.from_config(
         "eval_samples",
-        "eval.samples",
+        lambda cfg: cfg.eval.samples,
         f"the {config.samples} newest held-out commits, asked both tasks before and after training: a commit "
         f"message of at most {config.message_tokens} new tokens and the next line of a change, greedy, "
         "generated in batches with the KV cache",
     )
     _validate_model(p, device)
-    if not p.is_auto("eval.max_blocks"):
-        return p.from_config("eval_blocks", "eval.max_blocks")
+    if not p.is_auto(lambda cfg: cfg.eval.max_blocks):
+        return p.from_config("eval_blocks", lambda cfg: cfg.eval.max_blocks)
     if device != "cpu":
         return p.planned(
             "eval_blocks", None, f"{device}: every held-out block (an evaluation costs little here)"

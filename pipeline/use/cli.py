@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -318,6 +319,9 @@ def command_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in flags.items() if value is not None}
 
 
+SILENT_RANK_GRACE_S = 2.0  # how long a silent rank waits before failing, so rank 0 is heard
+
+
 def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     """Run a command; an error the user can fix becomes one line on stderr and its exit code."""
     # Under torchrun every rank fails alike; only rank 0 says so, so the user reads one line.
@@ -332,6 +336,8 @@ def run_command(handler: Callable[[argparse.Namespace], int | None], args: argpa
     except USER_ERRORS as err:
         if speaks:
             print(f"repotune: error: {err}", file=sys.stderr)
+        else:  # torchrun stops every rank once one fails: let rank 0 say why before this one does
+            time.sleep(SILENT_RANK_GRACE_S)
         return err.exit_code
     except KeyboardInterrupt:
         if speaks:
