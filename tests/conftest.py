@@ -255,6 +255,21 @@ def assert_valid_manifest(document) -> None:
 
 
 PRETRAINED = "smollm2-135m"
+PRETRAINED_MODULES = ("tests/test_pretrained_e2e.py", "tests/test_quantization.py", "tests/test_take_home.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s two workers share the tests one at a time, except the modules that train or read the
+    built-in model: those go to one worker together, so the model is converted (about 15 s) and
+    `pretrained_run` trained once, not once per worker. (xdist's own `--dist loadgroup` marks a test by
+    rewriting its node id, which pytest 9.2 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PretrainedOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return PRETRAINED if nodeid.split("::", 1)[0] in PRETRAINED_MODULES else nodeid
+
+    return PretrainedOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -263,11 +278,11 @@ def pretrained_run(tmp_path_factory):
     return short_pretrained_run(tmp_path_factory.mktemp("pretrained"))
 
 
-PRETRAINED_COMMITS = 12
+PRETRAINED_COMMITS = 10
 
 
 def short_pretrained_run(root: Path, *overrides: str) -> Path:
-    """A few steps of the built-in pretrained model on 12 commits in one style, the newest held out;
+    """A few steps of the built-in pretrained model on PRETRAINED_COMMITS commits in one style, the newest held out;
     returns the output directory. `overrides`: more `--set` values."""
     repo = GitRepo(root / "repo")
     for index in range(1, PRETRAINED_COMMITS + 1):

@@ -23,6 +23,8 @@ from pipeline.train.probe import _store_speed, remembered_speed
 from pipeline.train.trainer import FollowFreeCores
 from tests.test_planner import TINY, cpu_machine, same_length
 
+pytestmark = pytest.mark.quiet_machine  # other processes' load is what they measure
+
 
 @pytest.fixture
 def busy_core():
