@@ -259,17 +259,17 @@ PRETRAINED_MODULES = ("tests/test_pretrained_e2e.py", "tests/test_quantization.p
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test`'s two workers share the tests one at a time, except the modules that train or read the
-    built-in model: those go to one worker together, so the model is converted (about 15 s) and
-    `pretrained_run` trained once, not once per worker. (xdist's own `--dist loadgroup` marks a test by
-    rewriting its node id, which pytest 9.2 no longer reads.)"""
+    """`make test`'s two workers take the suite a module at a time (a module's fixtures are built once,
+    not once per worker), and the modules that train or read the built-in model together, so the model is
+    converted (about 15 s) and `pretrained_run` trained once."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class PretrainedOnOneWorker(LoadScopeScheduling):
+    class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return PRETRAINED if nodeid.split("::", 1)[0] in PRETRAINED_MODULES else nodeid
+            module = nodeid.split("::", 1)[0]
+            return PRETRAINED if module in PRETRAINED_MODULES else module
 
-    return PretrainedOnOneWorker(config, log)
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")
