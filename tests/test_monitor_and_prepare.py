@@ -75,7 +75,8 @@ def test_ctrl_c_still_writes_the_report(tmp_path):
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    time.sleep(4)  # interpreter start-up, then a few samples
+    assert process.stderr.readline().decode().startswith("watching every 0.2 s until Ctrl-C")
+    time.sleep(1)  # a few samples
     process.send_signal(signal.SIGINT)
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 0

@@ -19,6 +19,7 @@ import psutil
 from pipeline.errors import PipelineError
 from pipeline.hardware import detect_hardware
 from pipeline.manifest import conform, mark_finished, new_manifest, write_json
+from pipeline.progress import say
 from pipeline.train.monitor import GPU_METRICS, HardwareMonitor, import_nvml
 
 SAMPLES_AT_LEAST = 10  # a short --duration gets its interval fitted to this many samples
@@ -46,6 +47,8 @@ def watch(
         interval_s, import_nvml(), process=process, on_sample=_print_sample if live else None
     )
     deadline = time.monotonic() + duration_s if duration_s else None
+    until = f"for {duration_s:g} s" if duration_s else "until Ctrl-C"
+    say(f"watching every {interval_s:g} s {until}{f' (or until pid {pid} exits)' if pid else ''}")
     with monitor:
         try:
             while (deadline is None or time.monotonic() < deadline) and (
