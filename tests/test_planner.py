@@ -322,7 +322,7 @@ overrides = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     counts=histograms,
     hardware=machines,
