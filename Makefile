@@ -47,14 +47,15 @@ run: $(INSTALLED)
 # Once. No test depends on the host: the few whose outcome could take the `host` fixture and run on a
 # CPU-only host and on a simulated H100 host (REPOTUNE_TEST_GPU=h100-80gb runs the whole suite as the latter).
 # The type check first (seconds): every stage call goes through Record.step, typed with a ParamSpec.
-# The suite runs once: on two workers (most tests wait on one core: imports, subprocesses, git; the
-# tests of the built-in model on one of them, tests/conftest.py says why), each with one thread for torch
-# (two workers with two threads each on two cores spend a third of their CPU time spinning: 205 s -> 184 s),
+# The suite runs once: on three workers (most tests wait on one core at most: imports, subprocesses, git,
+# a child's start-up; measured on 2 cores, a fresh clone's suite took 210 s on two workers, 183 s on three;
+# the tests of the built-in model on one of them, tests/conftest.py says why), each with one thread for
+# torch (two workers with two threads each on two cores spent a third of their CPU time spinning),
 # then the few that measure how busy the CPU is, alone (exit 5, "none selected", is fine when PYTEST_ARGS
 # picks none of them).
 test: $(INSTALLED)
 	$(BIN)/mypy
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 -m "not quiet_machine" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 -m "not quiet_machine" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m quiet_machine $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(INSTALLED)

@@ -259,7 +259,7 @@ PRETRAINED_MODULES = ("tests/test_pretrained_e2e.py", "tests/test_quantization.p
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test`'s two workers take the suite a module at a time (a module's fixtures are built once,
+    """`make test`'s workers take the suite a module at a time (a module's fixtures are built once,
     not once per worker), and the modules that train or read the built-in model together, so the model is
     converted (about 15 s) and `pretrained_run` trained once."""
     from xdist.scheduler import LoadScopeScheduling
