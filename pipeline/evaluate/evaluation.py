@@ -57,7 +57,7 @@ SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
 BOOTSTRAP_RESAMPLES = 1000
 EVALUATION_FILE = "evaluation.jsonl"
-EVALUATION_FORMAT = 2  # bump when prompts or scoring change: cached base-model scores are then not reused
+EVALUATION_FORMAT = 3  # bump when prompts or scoring change: cached base-model scores are then not reused
 CODE_CONTEXT_LINES = 6  # lines of the hunk before the one asked: prompts are most of the cost
 CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data line would be the whole prompt)
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
@@ -125,7 +125,6 @@ def generate_batched(
     prompts: Sequence[str],
     max_new_tokens: int,
     precision: str,
-    batch_size: int = 16,
     stop_at_newline: bool = False,
 ) -> list[str]:
     """Greedy continuations of `prompts`, batched with left padding and the KV cache (with
@@ -135,6 +134,10 @@ def generate_batched(
     from pipeline.train.model import autocast
 
     device = next(model.parameters()).device
+    # A CPU has memory to spare and does more per weight read in a larger batch (measured on 2 cores,
+    # smollm2-135m: 14% less time for the held-out commits' messages and next lines than with 16); a
+    # GPU's memory is what a larger batch could run out of.
+    batch_size = 32 if device.type == "cpu" else 16
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths pad less
     outputs: list[str] = [""] * len(prompts)
     side = tokenizer.padding_side
