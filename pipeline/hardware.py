@@ -74,26 +74,39 @@ class LoadMeter:
 def busiest_processes(window_s: float = 0.2, count: int = 3) -> tuple[str, ...]:
     """The processes other than this one (and its children) that used the most CPU over a short window."""
     ours = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}
-
-    def times() -> dict[int, tuple[str, float]]:
-        found = {}
-        for process in psutil.process_iter(["name", "cpu_times"]):
-            cpu = process.info["cpu_times"]
-            if process.pid not in ours and cpu is not None:
-                found[process.pid] = (process.info["name"] or "?", cpu.user + cpu.system)
-        return found
-
-    before = times()
+    before = cpu_seconds_of_others(ours)
     time.sleep(window_s)
-    after = times()
+    return busiest(before, cpu_seconds_of_others(ours), window_s, count)
+
+
+def cpu_seconds_of_others(ours: set[int]) -> dict[int, tuple[str, float]]:
+    """Each process not in `ours`: its name and the CPU seconds it has used so far."""
+    found = {}
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        cpu = process.info["cpu_times"]
+        if process.pid not in ours and cpu is not None:
+            found[process.pid] = (process.info["name"] or "?", cpu.user + cpu.system)
+    return found
+
+
+def busiest(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float, count: int = 3
+) -> tuple[str, ...]:
+    """The `count` processes that used the most CPU between two `cpu_seconds_of_others` readings taken
+    `seconds` apart, as `name (pid N): 1.0 core`."""
     used = sorted(
-        ((spent - before[pid][1]) / window_s, name, pid)
+        ((spent - before[pid][1]) / seconds, name, pid)
         for pid, (name, spent) in after.items()
         if pid in before and spent > before[pid][1]
     )[::-1]
     return tuple(
         f"{name} (pid {pid}): {cores:.1f} core" for cores, name, pid in used[:count] if cores >= 0.05
     )
+
+
+def free_cores(cores: int, busy: float) -> int:
+    """The cores that other processes, busy on `busy` cores' worth of them, leave free: at least one."""
+    return cores - min(cores - 1, round(busy))
 
 
 def detect_hardware(load: LoadMeter | None = None) -> Hardware:

@@ -27,7 +27,7 @@ from pipeline.data.examples import style_decisions
 from pipeline.data.packing import count_blocks
 from pipeline.decisions import Decisions
 from pipeline.errors import ConfigError
-from pipeline.hardware import GB
+from pipeline.hardware import GB, free_cores
 from pipeline.manifest import TENSORBOARD_DIR
 from pipeline.types import (
     DataStats,
@@ -729,13 +729,13 @@ def _cpu_threads(p: Decisions, hardware: Hardware) -> None:
         )
         p.planned("cpu_threads", cores, f"{cores} usable cores (other processes' load: {unmeasured})")
     else:
-        taken = min(cores - 1, round(busy))
+        free = free_cores(cores, busy)
         others = f" ({'; '.join(hardware.busy_processes)})" if hardware.busy_processes else ""
         p.planned(
             "cpu_threads",
-            cores - taken,
+            free,
             f"{cores} usable cores, other processes busy on {busy:.1f} of them when the run started{others}"
-            if taken
+            if free < cores
             else f"{cores} usable cores, idle when the run started (other processes: {busy:.1f} core)",
         )
     p.planned(

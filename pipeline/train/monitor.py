@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from pipeline.hardware import BUSY_CORES_NAMED, GB
+from pipeline.hardware import BUSY_CORES_NAMED, GB, busiest, cpu_seconds_of_others, free_cores
 from pipeline.manifest import utc_now
 
 SUMMARY_METRICS = (
@@ -157,25 +157,15 @@ class HardwareMonitor:
             pass
         return round(max(0.0, busy - ours) / 100, 2)
 
-    def _busiest(self, count: int = 3) -> list[str]:
+    def _busiest(self) -> list[str]:
         """The other processes that used the most CPU since the last busy sample (none at the first)."""
-        ours = {self._process.pid, *self._children}
         now = time.perf_counter()
-        seen: dict[int, tuple[str, float]] = {}
-        for process in psutil.process_iter(["name", "cpu_times"]):
-            times = process.info["cpu_times"]
-            if process.pid not in ours and times is not None:
-                seen[process.pid] = (process.info["name"] or "?", times.user + times.system)
+        seen = cpu_seconds_of_others({self._process.pid, *self._children})
         previous, since = self._others, self._others_at
         self._others, self._others_at = seen, now
         if not previous or now <= since:
             return []
-        used = sorted(
-            ((spent - previous[pid][1]) / (now - since), name, pid)
-            for pid, (name, spent) in seen.items()
-            if pid in previous and spent > previous[pid][1]
-        )[::-1]
-        return [f"{name} (pid {pid}): {cores:.1f} core" for cores, name, pid in used[:count] if cores >= 0.05]
+        return list(busiest(previous, seen, now - since))
 
     def free_cores(self, cores: int) -> int | None:
         """The cores other processes leave free, when the last two samples agree on it (one sample is one
@@ -183,7 +173,7 @@ class HardwareMonitor:
         recent = [sample["other_cores"] for sample in self.samples[-2:]]
         if len(recent) < 2 or None in recent:
             return None
-        free = {cores - min(cores - 1, round(other)) for other in recent}
+        free = {free_cores(cores, other) for other in recent}
         return free.pop() if len(free) == 1 else None
 
     def process_alive(self) -> bool:
