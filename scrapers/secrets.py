@@ -502,9 +502,8 @@ RULES: tuple[Rule, ...] = (
         rf"(?i){_NAME}[ \t]*(?::=|=>|[:=])[ \t]*[rbuf]?(['\"])((?:\\.|(?!\2)[^\n\\])+)\2",
         value_group=3,
     ),
-    _keyed(
-        "xml_secret", r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"
-    ),  # Maven's <password>...</password>
+    # An element named for a credential: Maven's <password>...</password>.
+    _keyed("xml_secret", r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"),
     _keyed(
         "netrc_password",
         r"(?i)(?<![A-Za-z0-9_])machine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+(password)[ \t]+(\S+)",

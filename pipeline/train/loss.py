@@ -5,6 +5,7 @@ learned get vocabulary-wide logits: most of a chat block is prompt."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -101,11 +102,7 @@ def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str
 
 
 def _stderr(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return None
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return math.sqrt(variance / len(values))
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
 
 
 def rounded(value: float | None) -> float | None:
