@@ -4,6 +4,7 @@ checkpoint kept."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,34 @@ def test_the_lookup_finds_the_commit_that_touched_the_same_names(tmp_path):
         "describe_36",
     } <= terms  # paths, changed names, their words
     assert "retry_fetch" not in terms  # an unchanged (context) line says what is near, not what changed
+
+
+def test_retrieval_keeps_jax_off_the_gpu(tmp_path, monkeypatch):
+    """Where JAX is installed, importing bm25s runs a JAX top-k, and JAX's first use takes 75% of every
+    GPU's memory: on an H100 every run then ran out of memory in training. JAX must start on the CPU."""
+    import types
+
+    import numpy as np
+
+    platforms_at_first_use = []
+
+    def top_k(scores, k):
+        platforms_at_first_use.append(os.environ.get("JAX_PLATFORMS"))
+        return np.sort(scores)[-k:], np.argsort(scores)[-k:]
+
+    jax = types.ModuleType("jax")
+    jax.lax = types.SimpleNamespace(top_k=top_k)
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    monkeypatch.setitem(sys.modules, "jax.lax", jax.lax)
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    for name in [name for name in sys.modules if name == "bm25s" or name.startswith("bm25s.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported anew, as in a fresh process
+
+    commits = scraped(topic_repo(tmp_path / "repo"), tmp_path / "out", eval_commits=4, valid_commits=4)
+    index = Index.build([c for c in commits if c.split != "eval"])
+    asked = next(c for c in commits if c.split == "eval" and "fetch" in c.message)
+    assert index.nearest(asked.diff, 1)[0].message == "Retry the fetch on timeout"
+    assert platforms_at_first_use == ["cpu"]  # bm25s' import-time warm-up; the search itself used numpy
 
 
 def test_intervals_and_paired_differences():

@@ -17,6 +17,7 @@ nothing executable.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -35,6 +36,17 @@ COMMITS_FILE = "commits.json"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _PATH_PART = re.compile(r"[/._\-]+")
+
+
+def _import_bm25s() -> Any:
+    """bm25s, kept off the GPU. Where JAX is installed, importing bm25s runs a JAX top-k, and JAX takes
+    75% of every GPU's memory for itself at its first use: on a GPU host training then ran out of memory
+    (seen on an H100 with the image's JAX). JAX stays on the CPU unless the user says otherwise, and the
+    top-k runs on numpy."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import bm25s
+
+    return bm25s
 
 
 def past_commits(records: Iterable[dict[str, Any]]) -> list[PastCommit]:
@@ -101,8 +113,7 @@ class Index:
 
     @classmethod
     def build(cls, commits: Sequence[PastCommit]) -> Index:
-        import bm25s
-
+        bm25s = _import_bm25s()
         started = time.perf_counter()
         retriever = bm25s.BM25()
         corpus = [identifiers(commit.diff) or [""] for commit in commits]  # bm25s needs a term per document
@@ -133,8 +144,9 @@ class Index:
         mask = np.zeros(len(self), dtype=np.float32)
         mask[older_than + 1 :] = 1.0
         documents, scores = self.retriever.retrieve(
-            [query], k=min(k, allowed), show_progress=False, n_threads=1, weight_mask=mask
-        )
+            [query], k=min(k, allowed), show_progress=False, n_threads=1, weight_mask=mask,
+            backend_selection="numpy",
+        )  # fmt: skip
         return [
             Neighbour(int(position), float(score), self.messages[position], self.shas[position])
             for position, score in zip(documents[0], scores[0], strict=True)
@@ -149,9 +161,7 @@ class Index:
 
     @classmethod
     def load(cls, directory: Path) -> Index:
-        import bm25s
-
-        retriever = bm25s.BM25.load(str(directory), show_progress=False, verbosity=0)
+        retriever = _import_bm25s().BM25.load(str(directory), show_progress=False, verbosity=0)
         commits = orjson.loads((directory / COMMITS_FILE).read_bytes())
         return cls(retriever, commits["shas"], commits["messages"], commits["paths"], 0.0)
 
