@@ -9,8 +9,16 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
-from tests.conftest import FAST_TRAINING, GitRepo, add_features, module_source, read_json
+from tests.conftest import (
+    FAST_TRAINING,
+    GitRepo,
+    add_features,
+    module_source,
+    read_json,
+    simulated_gpu_host,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -23,7 +31,7 @@ def torchrun(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},  # CPU ranks on any host
     )
 
 
@@ -73,6 +81,25 @@ def test_a_failure_on_rank_0_ends_every_rank_with_one_line(tmp_path):
         f"repotune: error: {tmp_path / 'plain'}: not a git repository (run `git init`, or pass the path of a clone)"
     ]
     assert read_json(tmp_path / "out" / "MANIFEST.json")["status"] == "failed"
+
+
+def test_more_processes_than_gpus_is_one_line():
+    """torchrun --nproc_per_node=2 on a one-GPU host: the second rank is told why, in one line (CUDA itself
+    says "invalid device ordinal" on that rank alone, and torchrun ends the other)."""
+    from pipeline.config import DistributedConfig
+    from pipeline.errors import PipelineError
+    from pipeline.train.distributed import Coordinator
+    from pipeline.types import Launch
+
+    launch = Launch(
+        world_size=2, reason="test", rank=1, local_rank=1, local_world_size=2, launcher="torchrun"
+    )
+    with simulated_gpu_host("h100-80gb"), pytest.raises(PipelineError) as raised:
+        Coordinator(launch, DistributedConfig()).start()
+    assert str(raised.value) == (
+        "2 processes on this node but 1 GPU(s): start one process per GPU (torchrun --nproc_per_node=1), "
+        "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+    )
 
 
 def test_single_process_commands_refuse_torchrun(tmp_path, sample_repo):

@@ -71,6 +71,13 @@ class Coordinator:
 
         self.backend = backend_for(self.config)
         if self.backend == "nccl":
+            gpus = torch.cuda.device_count()
+            if self.launch.local_rank >= gpus:  # CUDA would say "invalid device ordinal" on this rank alone
+                raise PipelineError(
+                    f"{self.launch.local_world_size} processes on this node but {gpus} GPU(s): start one "
+                    f"process per GPU (torchrun --nproc_per_node={gpus}), or hide the GPUs "
+                    "(CUDA_VISIBLE_DEVICES=) to train on the CPU"
+                )
             torch.cuda.set_device(self.launch.local_rank)
         if not dist.is_initialized():
             dist.init_process_group(backend=self.backend, timeout=TRAINING_TIMEOUT)
