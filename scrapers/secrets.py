@@ -166,6 +166,20 @@ def credential_name(name: str) -> bool:
     return last in _CREDENTIAL_WORDS or (last == "key" and before in _SECRET_KEY_KINDS)
 
 
+_PLAIN_SUFFIXES = frozenset({"", ".txt", ".pass", ".pwd", ".secret", ".secrets", ".token", ".cred", ".creds"})
+"""What a file holding nothing but a credential is called after its name: `db_password`, `.vault_pass`,
+`api_token.txt` (not `auth.py` or `password.md`, which are code and documents)."""
+
+
+def credential_file(path: str) -> bool:
+    """Whether a file is, by its name, a credential alone: `deploy/db_password.txt`, `.vault_pass`,
+    `GITHUB_TOKEN`. Its every line is one; nothing around it says so (`hunter2`, a line to itself)."""
+    name = path.rsplit("/", 1)[-1].lstrip(".")
+    dot = name.find(".")
+    stem, suffix = (name[:dot], name[dot:].lower()) if dot > 0 else (name, "")
+    return suffix in _PLAIN_SUFFIXES and credential_name(stem)
+
+
 _NOT_LITERALS = frozenset(
     {"true", "false", "yes", "no", "on", "off", "null", "none", "nil", "undefined", "required", "optional",
      "read", "write",
@@ -408,6 +422,19 @@ def _keyed(
 
 
 RULES: tuple[Rule, ...] = (
+    # A file that is a credential by its name (`db_password.txt`, `.vault_pass`): its lines, whatever
+    # they hold, up to the next file's header.
+    Rule(
+        "credential_file",
+        re.compile(
+            r"(?im)^diff --git a/([^\n]*?(?:pass|pwd|secret|token|cred|auth|key)[^/\n]*) b/[^\n]*\n"
+            r"((?!diff --git )[^\n]*(?:\n(?!diff --git |\Z)[^\n]*)*)"
+        ),
+        ("diff --git a/",),
+        group=2,
+        accept=lambda match: credential_file(match.group(1)),
+        multiline=True,
+    ),
     Rule(
         "private_key",
         re.compile(

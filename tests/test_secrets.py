@@ -35,6 +35,7 @@ SECRETS = {
     "google_api_key": "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
 }
 PRIVATE_KEY_BODY = "MIIEowIBAAKCAQEA0Zk3VxTq8pL2mN9rS4tU7wX1yZ3aB5cD7eF9gH1iJ3kL5mN7"
+PASSWORD_ALONE = "correct-horse-battery"  # a file's whole content: nothing but its name says what it is
 PRIVATE_KEY = f"-----BEGIN RSA PRIVATE KEY-----\n{PRIVATE_KEY_BODY}\nq2W4e6R8t0Y2u4I6o8P0a2S4d6F8g0H2j4K6l8Z0x2C4v6B8n0M2\n-----END RSA PRIVATE KEY-----\n"
 
 CONFIG_WITH_SECRETS = f'''"""Deployment settings."""
@@ -70,6 +71,20 @@ def test_private_key_block_is_redacted_whole_even_inside_a_diff():
     )
     text, _ = redact(cut_off)  # no END line in view: the key material is still removed
     assert "MIIEvQ" not in text and "Kx7mPq2Rs9Tu" not in text and text.endswith(" diff context\n")
+
+
+def test_a_file_that_is_a_credential_by_its_name_is_redacted_whole():
+    def diff(path: str, body: str) -> str:
+        return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n{body}"
+
+    for path in ("deploy/db_password.txt", ".vault_pass", "secrets/GITHUB_TOKEN", "api_token.txt"):
+        code, credential = diff("app.py", "-x = 1\n+x = 2"), diff(path, "-old\n+new")
+        text, counts = redact(f"Rotate it\n\n{code}\n{credential}")
+        assert text.endswith(f"diff --git a/{path} b/{path}\n<REDACTED:credential_file>"), path
+        assert "+x = 2" in text and counts == {"credential_file": 1}
+    # Code, documents and names that only mention a credential are read line by line, as before.
+    for path in ("requests/auth.py", "docs/password.md", "token.py", "password_hash.txt", "src/keys.txt"):
+        assert redact(diff(path, "+hunter2")) == (diff(path, "+hunter2"), {}), path
 
 
 @pytest.mark.parametrize(
@@ -189,20 +204,26 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
     repo = GitRepo(tmp_path / "leaky")
     repo.commit("Add package", {"app/__init__.py": "", "app/core.py": module_source(1)})
     planted = repo.commit(
-        "Add deployment settings", {"app/settings.py": CONFIG_WITH_SECRETS, "deploy/id_rsa": PRIVATE_KEY}
+        "Add deployment settings",
+        {
+            "app/settings.py": CONFIG_WITH_SECRETS,
+            "deploy/id_rsa": PRIVATE_KEY,
+            "deploy/db_password.txt": f"{PASSWORD_ALONE}\n",
+        },
     )
     rotated = repo.commit(
         f"Rotate key {SECRETS['aws_access_key_id']} after the leak", {"app/core.py": module_source(2)}
     )
     removed = repo.commit(
-        "Remove credentials from the repository", {"app/settings.py": None, "deploy/id_rsa": None}
+        "Remove credentials from the repository",
+        {"app/settings.py": None, "deploy/id_rsa": None, "deploy/db_password.txt": None},
     )
     for index in range(3, 8):
         repo.commit(f"Add compute_{index}", {f"app/feature_{index}.py": module_source(index)})
     out = tmp_path / "out"
     assert cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING).code == 0
 
-    needles = [value.encode() for value in SECRETS.values()] + [PRIVATE_KEY_BODY.encode()]
+    needles = [value.encode() for value in SECRETS.values()] + [PRIVATE_KEY_BODY.encode(), b"horse-battery"]
     for path in out.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
@@ -211,7 +232,7 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
     manifest = read_json(out / "MANIFEST.json")
     redactions = manifest["scrape"]["redactions"]
     # Each secret appears twice in the history: added, then deleted (the AWS id a third time, in a message).
-    assert redactions["private_key"] == 2
+    assert redactions["private_key"] == redactions["credential_file"] == 2
     assert redactions["aws_access_key_id"] == 3
     assert all(redactions[rule] == 2 for rule in SECRETS if rule != "aws_access_key_id")
     assert sorted(manifest["scrape"]["redacted_commits"]) == sorted([planted, rotated, removed])
