@@ -171,10 +171,19 @@ _PLAIN_SUFFIXES = frozenset({"", ".txt", ".pass", ".pwd", ".secret", ".secrets",
 `api_token.txt` (not `auth.py` or `password.md`, which are code and documents)."""
 
 
+_CREDENTIAL_FILES = frozenset({".pgpass", ".htpasswd", ".git-credentials"})
+"""Files whose every line holds a password or its hash by their format (`host:port:db:user:password`,
+`user:$apr1$...`, `https://user:password@host`)."""
+
+
 def credential_file(path: str) -> bool:
     """Whether a file is, by its name, a credential alone: `deploy/db_password.txt`, `.vault_pass`,
-    `GITHUB_TOKEN`. Its every line is one; nothing around it says so (`hunter2`, a line to itself)."""
-    name = path.rsplit("/", 1)[-1].lstrip(".")
+    `GITHUB_TOKEN`, `.pgpass`. Its every line is one; nothing around it says so (`hunter2`, a line to
+    itself)."""
+    name = path.rsplit("/", 1)[-1]
+    if name.lower() in _CREDENTIAL_FILES:
+        return True
+    name = name.lstrip(".")
     dot = name.find(".")
     stem, suffix = (name[:dot], name[dot:].lower()) if dot > 0 else (name, "")
     return suffix in _PLAIN_SUFFIXES and credential_name(stem)

@@ -77,7 +77,8 @@ def test_a_file_that_is_a_credential_by_its_name_is_redacted_whole():
     def diff(path: str, body: str) -> str:
         return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n{body}"
 
-    for path in ("deploy/db_password.txt", ".vault_pass", "secrets/GITHUB_TOKEN", "api_token.txt"):
+    for path in ("deploy/db_password.txt", ".vault_pass", "secrets/GITHUB_TOKEN", "api_token.txt", ".pgpass",
+                 "conf/.htpasswd"):  # fmt: skip
         code, credential = diff("app.py", "-x = 1\n+x = 2"), diff(path, "-old\n+new")
         text, counts = redact(f"Rotate it\n\n{code}\n{credential}")
         assert text.endswith(f"diff --git a/{path} b/{path}\n<REDACTED:credential_file>"), path
