@@ -81,10 +81,15 @@ def test_the_lookup_never_answers_from_a_held_out_or_a_newer_commit(tmp_path):
     assert index.nearest(commits[-1].diff, 5, older_than=len(index) - 1) == []  # nothing is older
 
 
-def test_the_lookup_finds_the_commit_that_touched_the_same_names(tmp_path):
+def fetch_asked(tmp_path: Path) -> tuple[Index, PastCommit]:
+    """The index of a topic repository's older commits, and its held-out commit about fetching."""
     commits = scraped(topic_repo(tmp_path / "repo"), tmp_path / "out", eval_commits=4, valid_commits=4)
     index = Index.build([c for c in commits if c.split != "eval"])
-    asked = next(c for c in commits if c.split == "eval" and "fetch" in c.message)
+    return index, next(c for c in commits if c.split == "eval" and "fetch" in c.message)
+
+
+def test_the_lookup_finds_the_commit_that_touched_the_same_names(tmp_path):
+    index, asked = fetch_asked(tmp_path)
     assert index.nearest(asked.diff, 1)[0].message == "Retry the fetch on timeout"
     terms = set(identifiers(asked.diff))
     assert {
@@ -118,9 +123,7 @@ def test_retrieval_keeps_jax_off_the_gpu(tmp_path, monkeypatch):
     for name in [name for name in sys.modules if name == "bm25s" or name.startswith("bm25s.")]:
         monkeypatch.delitem(sys.modules, name)  # imported anew, as in a fresh process
 
-    commits = scraped(topic_repo(tmp_path / "repo"), tmp_path / "out", eval_commits=4, valid_commits=4)
-    index = Index.build([c for c in commits if c.split != "eval"])
-    asked = next(c for c in commits if c.split == "eval" and "fetch" in c.message)
+    index, asked = fetch_asked(tmp_path)
     assert index.nearest(asked.diff, 1)[0].message == "Retry the fetch on timeout"
     assert platforms_at_first_use == ["cpu"]  # bm25s' import-time warm-up; the search itself used numpy
 

@@ -104,7 +104,7 @@ def training_speed(
     gradient_checkpointing: bool,
     per_answer: bool,
     threads: int,
-    batch: int = 1,
+    batch: int,
 ) -> Speed:
     """Tokens/s of a forward and backward on micro-batches of `batch` training blocks, as training will
     run them (through the per-answer loss when the plan averages per answer): SPEED_BLOCKS micro-batches
