@@ -129,6 +129,41 @@ def test_segments_attention_trains_as_sdpa_does(composed_max, monkeypatch):
         assert torch.allclose(gradients[1][name], expected, atol=1e-5), name
 
 
+@pytest.mark.parametrize("padded", [True, False])
+def test_segments_attention_generates_as_sdpa_does(padded):
+    """Generation (a padded prompt, then one token at a time over the KV cache, key heads shared by two
+    query heads each) gives the same scores with `segments` as with transformers' SDPA."""
+    from transformers import LlamaConfig
+
+    from pipeline.train.model import build_model
+
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [11, 12, 13, 14, 15]] if padded else [[5, 6, 7], [11, 12, 13]])
+    scores = []
+    for attention in ("sdpa", "segments"):
+        model = build_model("tiny", LlamaConfig(**config.to_dict()), seed=0, attn_implementation=attention)
+        model.config.use_cache = True
+        with torch.no_grad():
+            generated = model.eval().generate(
+                input_ids=prompts,
+                attention_mask=(prompts != 0).long(),
+                max_new_tokens=6,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        scores.append(torch.stack(generated.scores))
+    assert torch.allclose(scores[1], scores[0], atol=1e-5)
+
+
 def best_fit_decreasing_one_by_one(sizes: list[int], block_size: int) -> int:
     """The textbook algorithm, one segment at a time: the reference the bulk layout must equal."""
     rooms: list[int] = []

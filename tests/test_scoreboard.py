@@ -15,6 +15,7 @@ import pytest
 from pipeline.config import RetrievalConfig
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
+    _batches,
     next_line,
     paired_difference,
     score_code,
@@ -187,6 +188,16 @@ def test_the_code_task_asks_one_added_line_after_its_path_heading_and_the_lines_
         line,
     )
     assert code.text == before + "+"  # plain text: the path, the hunk heading, the lines before it
+
+
+def test_prompts_are_batched_with_those_of_similar_length():
+    """Padding costs as much as a prompt's own tokens: a long prompt does not join short ones, and no
+    batch holds more than its size."""
+    lengths = [90, 400, 100, 120, 95, 140, 130, 85]
+    batches = _batches(lengths, 3)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    assert [[lengths[i] for i in batch] for batch in batches] == [[85, 90, 95], [100, 120, 130], [140], [400]]
+    assert _batches([], 32) == []
 
 
 def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_path):
