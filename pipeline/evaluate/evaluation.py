@@ -135,8 +135,8 @@ def generate_batched(
 
     device = next(model.parameters()).device
     # A CPU has memory to spare and does more per weight read in a larger batch (measured on 2 cores,
-    # smollm2-135m, psf/requests' held-out commits: messages and next lines 66.6 s in batches of 32,
-    # 61.9 s in 64, 58.9 s in 100, with a KV cache as large); a GPU's memory is what a larger batch could
+    # smollm2-135m, psf/requests' held-out commits, messages and next lines: 65-71 s in batches of 32,
+    # 62-67 s in 64, 59 s in 100 with a KV cache as large); a GPU's memory is what a larger batch could
     # run out of.
     batch_size = 64 if device.type == "cpu" else 16
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
