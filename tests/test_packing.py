@@ -72,27 +72,32 @@ def test_best_fit_fills_blocks():
     assert real_tokens == 2 * 64  # no padding at all
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "segments", "segments, fused kernel"])
-def test_no_attention_across_packed_sequences(attention, monkeypatch):
-    """The same sequence gives the same logits alone or packed after another one, with the model built
-    and called as training builds and calls it (no `use_cache` argument: the Trainer passes none)."""
+def tiny_model(attention: str, **config):
+    """A two-layer Llama built as training builds it, attending with `attention`."""
     from transformers import LlamaConfig
 
     from pipeline.train.model import build_model
 
-    if attention == "segments, fused kernel":  # sequences longer than COMPOSED_MAX
-        attention = "segments"
-        monkeypatch.setattr("pipeline.train.attention.COMPOSED_MAX", 4)
-
-    config = LlamaConfig(
+    shape = LlamaConfig(
         vocab_size=50,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        **config,
     )
-    model = build_model("tiny", config, seed=0, attn_implementation=attention).eval()
+    return build_model("tiny", shape, seed=0, attn_implementation=attention)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "segments", "segments, fused kernel"])
+def test_no_attention_across_packed_sequences(attention, monkeypatch):
+    """The same sequence gives the same logits alone or packed after another one, with the model built
+    and called as training builds and calls it (no `use_cache` argument: the Trainer passes none)."""
+    if attention == "segments, fused kernel":  # sequences longer than COMPOSED_MAX
+        attention = "segments"
+        monkeypatch.setattr("pipeline.train.attention.COMPOSED_MAX", 4)
+
+    model = tiny_model(attention, num_key_value_heads=2).eval()
     first, second, third = [5, 6, 7, 8, 9], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27]
     packed, _ = pack([first, second, third], block_size=8)
     ids, positions = torch.tensor(packed["input_ids"]), torch.tensor(packed["position_ids"])
@@ -110,19 +115,12 @@ def test_no_attention_across_packed_sequences(attention, monkeypatch):
 @pytest.mark.parametrize("composed_max", [512, 4])
 def test_segments_attention_trains_as_sdpa_does(composed_max, monkeypatch):
     """Same loss and same gradients as transformers' SDPA with its packed-sequence mask."""
-    from transformers import LlamaConfig
-
-    from pipeline.train.model import build_model
-
     monkeypatch.setattr("pipeline.train.attention.COMPOSED_MAX", composed_max)
-    config = LlamaConfig(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
-    )
     packed, _ = pack([[5, 6, 7, 8, 9], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27]], block_size=8)
     batch = {name: torch.tensor(values) for name, values in packed.items()}
     gradients = []
     for attention in ("sdpa", "segments"):
-        model = build_model("tiny", LlamaConfig(**config.to_dict()), seed=0, attn_implementation=attention)
+        model = tiny_model(attention)
         model(**batch).loss.backward()
         gradients.append({name: p.grad for name, p in model.named_parameters()})
     for name, expected in gradients[0].items():
@@ -133,23 +131,10 @@ def test_segments_attention_trains_as_sdpa_does(composed_max, monkeypatch):
 def test_segments_attention_generates_as_sdpa_does(padded):
     """Generation (a padded prompt, then one token at a time over the KV cache, key heads shared by two
     query heads each) gives the same scores with `segments` as with transformers' SDPA."""
-    from transformers import LlamaConfig
-
-    from pipeline.train.model import build_model
-
-    config = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
-    )
     prompts = torch.tensor([[0, 0, 5, 6, 7], [11, 12, 13, 14, 15]] if padded else [[5, 6, 7], [11, 12, 13]])
     scores = []
     for attention in ("sdpa", "segments"):
-        model = build_model("tiny", LlamaConfig(**config.to_dict()), seed=0, attn_implementation=attention)
+        model = tiny_model(attention, num_key_value_heads=2, pad_token_id=0)
         model.config.use_cache = True
         with torch.no_grad():
             generated = model.eval().generate(

@@ -63,6 +63,7 @@ CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data li
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
 CODE_MIN_CHARS = 4  # nor when it is shorter than this without its spaces (a brace, a blank line)
 CODE_TOKENS = 32  # most tokens generated for one line
+PADDING_SLACK = 1.5  # a prompt longer than this many times a batch's shortest starts the next batch
 
 
 def task_prompts(
@@ -166,6 +167,20 @@ def generate_batched(
         tokenizer.padding_side = side
         model.train(was_training)
     return outputs
+
+
+def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
+    """The prompts' indices in batches of at most `size` prompts of similar token counts: every prompt of
+    a batch is padded to its longest, and padding costs as much as a prompt's own tokens (one long
+    prompt among short ones doubled the next-line task's cost)."""
+    batches: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        last = batches[-1] if batches else None
+        if last and len(last) < size and lengths[index] <= PADDING_SLACK * lengths[last[0]]:
+            last.append(index)
+        else:
+            batches.append([index])
+    return batches
 
 
 def _chrf_statistics(outputs: Sequence[str], references: Sequence[str]):
@@ -293,23 +308,6 @@ def _pct(count: int, total: int) -> float:
 
 
 SCORERS = {"message": score_messages, "code": score_code}
-
-
-PADDING_SLACK = 1.5  # a prompt longer than this many times a batch's shortest starts the next batch
-
-
-def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
-    """The prompts' indices in batches of at most `size` prompts of similar token counts: every prompt of
-    a batch is padded to its longest, and padding costs as much as a prompt's own tokens (one long
-    prompt among short ones doubled the next-line task's cost)."""
-    batches: list[list[int]] = []
-    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
-        last = batches[-1] if batches else None
-        if last and len(last) < size and lengths[index] <= PADDING_SLACK * lengths[last[0]]:
-            last.append(index)
-        else:
-            batches.append([index])
-    return batches
 
 
 def score_outputs(prompts: Sequence[TaskPrompt], outputs: dict[str, list[str]]) -> dict[str, Any]:
