@@ -201,7 +201,7 @@ class Suggester:
         return found[0].message if found else ""
 
     def select(self, diff: str, older_than: int = -1) -> str:
-        """The candidate the selector predicts closest to the message that will be written (the
+        """The candidate the selector ranks closest to the message that will be written (the
         lookup's when there is no selector)."""
         import numpy as np
 
