@@ -172,10 +172,9 @@ def _ci(scored: dict, key: str) -> str:
 
 
 def _delta(versus: dict, key: str) -> str:
-    if key not in versus:
-        return "-"
-    low, high = versus[f"{key}_ci95"]
-    return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"
+    from pipeline.evaluate.evaluation import difference_text
+
+    return difference_text(versus, key) if key in versus else "-"
 
 
 def _line(text: str) -> str:

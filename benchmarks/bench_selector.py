@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,8 +59,6 @@ def main() -> int:
 
 def report(name: str, sequences: Path) -> None:
     """The lookup and the selector on the older commits (pooled blocks) and on the held-out ones."""
-    import time
-
     from pipeline.config import load_config
     from pipeline.evaluate.suggestion import backtest, learn_past
 
@@ -90,20 +89,15 @@ def report(name: str, sequences: Path) -> None:
 
 
 def compare(lookup: list[str], selector: list[str], references: list[str]) -> str:
-    from pipeline.evaluate.evaluation import paired_difference, score_messages
+    from pipeline.evaluate.evaluation import difference_text, paired_difference, score_messages
 
     mine, theirs = score_messages(selector, references), score_messages(lookup, references)
     delta = paired_difference("message", lookup, selector, references)
     return (
         f"lookup {theirs['chrf']:.1f} / {theirs['edit_similarity']:.1f}, "
         f"selector {mine['chrf']:.1f} / {mine['edit_similarity']:.1f}, "
-        f"selector − lookup {_delta(delta, 'chrf')} / {_delta(delta, 'edit_similarity')} (chrF / edit similarity)"
+        f"selector − lookup {difference_text(delta, 'chrf')} / {difference_text(delta, 'edit_similarity')} (chrF / edit similarity)"
     )
-
-
-def _delta(versus: dict, key: str) -> str:
-    low, high = versus[f"{key}_ci95"]
-    return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ import orjson
 
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
-from pipeline.train.loss import held_out_loss
 from pipeline.types import (
     Evaluation,
     ModelFacts,
@@ -344,6 +343,8 @@ def evaluate(
     config: EvalConfig,
 ) -> Scores:
     """Held-out loss on every rank (the same on each); the tasks where there are prompts (rank 0)."""
+    from pipeline.train.loss import held_out_loss  # torch: scoring answers (benchmarks, reports) needs none
+
     started = time.perf_counter()
     with merged(model, plan.quantization):
         loss = held_out_loss(model, held_out, plan.batch_size, plan.precision)
@@ -705,7 +706,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
             line = f"  {label:<24} chrF {_with_ci(scored, 'chrf')}  ES {_with_ci(scored, 'edit_similarity')}"
             versus = scored.get("vs_nearest_commit")
             if versus:
-                line += f"  vs lookup {_delta(versus, 'chrf')} / {_delta(versus, 'edit_similarity')}"
+                line += f"  vs lookup {difference_text(versus, 'chrf')} / {difference_text(versus, 'edit_similarity')}"
             lines.append(line)
         if system:
             lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
@@ -716,7 +717,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
             f"next line of a change ({now['samples']} held-out commits): exact match "
             f"{was['exact_match_pct']:.1f}% → {now['exact_match_pct']:.1f}%, edit similarity "
             f"{was['edit_similarity']:.1f} → {now['edit_similarity']:.1f}"
-            + (f" ({_delta(now['vs_before'], 'edit_similarity')})" if now.get("vs_before") else "")
+            + (f" ({difference_text(now['vs_before'], 'edit_similarity')})" if now.get("vs_before") else "")
         )
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
@@ -729,6 +730,7 @@ def _with_ci(scored: dict[str, Any], key: str) -> str:
     return f"{scored[key]:5.1f} [{low:.1f}, {high:.1f}]"
 
 
-def _delta(versus: dict[str, Any], key: str) -> str:
+def difference_text(versus: dict[str, Any], key: str) -> str:
+    """A paired difference with its 95% interval, as every scoreboard prints it: `+1.2 [-0.7, +3.0]`."""
     low, high = versus[f"{key}_ci95"]
     return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"
