@@ -23,8 +23,8 @@ from pipeline.evaluate.evaluation import (
     score_past,
     task_prompts,
 )
-from pipeline.evaluate.retrieval import Index, identifiers, past_commits
-from pipeline.evaluate.suggestion import Suggester, learn_past
+from pipeline.evaluate.retrieval import Index, changed_paths, identifiers, past_commits
+from pipeline.evaluate.suggestion import RECENT_CANDIDATES, Suggester, learn_past, nearest_and_recent
 from pipeline.types import PastCommit, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
@@ -101,6 +101,19 @@ def test_the_lookup_finds_the_commit_that_touched_the_same_names(tmp_path):
         "describe_36",
     } <= terms  # paths, changed names, their words
     assert "retry_fetch" not in terms  # an unchanged (context) line says what is near, not what changed
+
+
+def test_the_selector_is_also_offered_the_newest_older_commits_to_the_same_files(tmp_path):
+    index, asked = fetch_asked(tmp_path)
+    query, paths = identifiers(asked.diff), changed_paths(asked.diff)
+    for older_than in (-1, 5):
+        found = nearest_and_recent(index, query, paths, 1, older_than)
+        nearest, recent = found[0], found[1:]
+        touching = [p for p in range(older_than + 1, len(index)) if "net/fetch.py" in index.paths[p]]
+        assert [n.position for n in recent] == [p for p in touching if p != nearest.position][
+            :RECENT_CANDIDATES
+        ]
+        assert all(n.position > older_than and n.score > 0 for n in found)
 
 
 def test_retrieval_keeps_jax_off_the_gpu(tmp_path, monkeypatch):

@@ -36,6 +36,8 @@ COMMITS_FILE = "commits.json"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _PATH_PART = re.compile(r"[/._\-]+")
+# Commits `newest_touching` looks through: a file untouched for that long has no current wording.
+RECENT_SCAN = 300
 
 
 def _import_bm25s() -> Any:
@@ -152,6 +154,29 @@ class Index:
             for position, score in zip(documents[0], scores[0], strict=True)
             if score > 0
         ]
+
+    def newest_touching(
+        self,
+        query: list[str],
+        paths: Sequence[str],
+        n: int,
+        older_than: int = -1,
+        skip: set[int] = frozenset(),
+    ) -> list[Neighbour]:
+        """The `n` newest commits older than `older_than` that changed one of `paths` (among the
+        RECENT_SCAN just older; none of the positions in `skip`), with their BM25 scores for `query`."""
+        wanted, found, scores = set(paths), [], None
+        for position in range(older_than + 1, min(len(self), older_than + 1 + RECENT_SCAN)):
+            if position in skip or not wanted.intersection(self.paths[position]):
+                continue
+            if scores is None:
+                scores = self.retriever.get_scores(query)
+            found.append(
+                Neighbour(position, float(scores[position]), self.messages[position], self.shas[position])
+            )
+            if len(found) == n:
+                break
+        return found
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """The suggestion system: the commit message a run offers for a new diff, made from the repository's
 own past.
 
-The lookup (`retrieval.nearest_commit`) offers the message of the most similar earlier commit. The
-selector offers the best of the `k` most similar ones: each candidate (a past message, and its subject
-line alone when it has a body) is described by what retrieval knows (its BM25 score, rank and margin,
+The lookup (`Suggester.lookup`) offers the message of the most similar earlier commit. The selector
+offers the best of the `k` most similar ones and of the newest commits to the diff's files (how that
+part of the repository is described now): each candidate (a past message, and its subject line alone
+when it has a body) is described by what retrieval knows (its BM25 score, rank and margin,
 its age, the files both commits touch, its length, how much the other candidates agree with it, how
 many of its words the new diff contains) and a gradient-boosted ranker (LightGBM's lambdarank) orders
 a diff's candidates by how close each is to the message that was really written. It learns on the
@@ -62,6 +63,19 @@ def candidates(neighbours: Sequence[Neighbour]) -> list[Candidate]:
         if subject != neighbour.message:
             found.append(Candidate(subject, neighbour, rank, True))
     return found
+
+
+def nearest_and_recent(
+    index: Index, query: list[str], query_paths: list[str], k: int, older_than: int
+) -> list[Neighbour]:
+    """The `k` commits most like a diff (BM25), then the RECENT_CANDIDATES newest older ones that changed
+    one of its files: how this part of the repository is described now, which BM25's nearest, often
+    years older, may not show."""
+    found = index.nearest_terms(query, k, older_than)
+    if not found:
+        return found
+    skip = {neighbour.position for neighbour in found}
+    return found + index.newest_touching(query, query_paths, RECENT_CANDIDATES, older_than, skip)
 
 
 def features(
@@ -147,11 +161,11 @@ def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorCo
     for position, commit in enumerate(commits):
         if commit.split != "train" or position < start:
             continue
-        query = identifiers(commit.diff)
-        found = candidates(index.nearest_terms(query, config.k, position))
+        query, paths = identifiers(commit.diff), changed_paths(commit.diff)
+        found = candidates(nearest_and_recent(index, query, paths, config.k, position))
         if len(found) < 2:
             continue
-        rows += features(index, query, changed_paths(commit.diff), position, found)
+        rows += features(index, query, paths, position, found)
         labels += [
             int(closeness(candidate.message, commit.message) // CLOSENESS_GRADE) for candidate in found
         ]
@@ -185,6 +199,11 @@ def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorCo
     return lightgbm.train(parameters, data, num_boost_round=200), learned
 
 
+# Newest commits to a diff's files offered beside its k nearest (`nearest_and_recent`). Measured against none
+# on the 400 commits older than the validation ones (pooled backtest blocks), chrF / edit similarity with
+# paired 95% intervals: psf/requests +1.1 [+0.4, +1.8] / +0.6 [-0.3, +1.7], pallets/flask +0.5 [-0.1, +1.3]
+# / +1.1 [+0.2, +2.0], encode/httpx +0.5 / +0.7, pallets/click +0.0 / +0.5; 2 gained less, 1 nothing.
+RECENT_CANDIDATES = 4
 MIN_SELECTOR_COMMITS = 50  # fewer commits to learn from than this, and the selector is not trusted
 CLOSENESS_GRADE = 10  # closeness points per relevance grade the ranker learns (0–100: grades 0–10)
 
@@ -205,13 +224,13 @@ class Suggester:
         lookup's when there is no selector)."""
         import numpy as np
 
-        query = identifiers(diff)
-        found = candidates(self.index.nearest_terms(query, self.k, older_than))
+        query, paths = identifiers(diff), changed_paths(diff)
+        found = candidates(nearest_and_recent(self.index, query, paths, self.k, older_than))
         if not found:
             return ""
         if self.selector is None:
             return found[0].message
-        rows = features(self.index, query, changed_paths(diff), older_than, found)
+        rows = features(self.index, query, paths, older_than, found)
         predicted = self.selector.predict(np.asarray(rows, dtype=np.float64))
         return found[int(np.argmax(predicted))].message
 
