@@ -278,6 +278,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
     facts = {
         "index": index.to_manifest(),
         "k": config.k,
+        "recent": RECENT_CANDIDATES,
         "selector": None
         if selector is None
         else {
