@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,7 +161,7 @@ class Index:
         paths: Sequence[str],
         n: int,
         older_than: int = -1,
-        skip: set[int] = frozenset(),
+        skip: Container[int] = (),
     ) -> list[Neighbour]:
         """The `n` newest commits older than `older_than` that changed one of `paths` (among the
         RECENT_SCAN just older; none of the positions in `skip`), with their BM25 scores for `query`."""
