@@ -202,7 +202,9 @@ def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorCo
 # Newest commits to a diff's files offered beside its k nearest (`nearest_and_recent`). Measured against none
 # on the 400 commits older than the validation ones (pooled backtest blocks), chrF / edit similarity with
 # paired 95% intervals: psf/requests +1.1 [+0.4, +1.8] / +0.6 [-0.3, +1.7], pallets/flask +0.5 [-0.1, +1.3]
-# / +1.1 [+0.2, +2.0], encode/httpx +0.5 / +0.7, pallets/click +0.0 / +0.5; 2 gained less, 1 nothing.
+# / +1.1 [+0.2, +2.0], encode/httpx +0.5 / +0.7, pallets/click +0.0 / +0.5; 2 gained less, 1 nothing, 8
+# no more (against 4: +0.3 / +0.5, +0.1 / +0.3, -0.1 / -0.9 [-1.6, -0.2], -0.2 / -0.6), and the newest
+# commits to the same directories, not files, lost (-0.5 / +0.1, -0.7 / -1.4 [-2.5, -0.2], +0.5 / -0.7, +0.3 / +0.2).
 RECENT_CANDIDATES = 4
 MIN_SELECTOR_COMMITS = 50  # fewer commits to learn from than this, and the selector is not trusted
 CLOSENESS_GRADE = 10  # closeness points per relevance grade the ranker learns (0–100: grades 0–10)
