@@ -7,7 +7,8 @@ commits most like a new diff.
   (`parse_url` → `parse_url`, `parse`, `url`), its file paths' parts and its hunk headings' names:
   the strongest cheap retriever for commit messages (NNGen, Liu et al. ASE 2018; arXiv 2410.09662). A
   query names the newest commit its answers may come from (`older_than`), so a held-out commit is
-  never answered from itself, from another held-out commit or from its future.
+  never answered from itself, from another held-out commit or from its future. It also finds the
+  newest older commits to a diff's files (`newest_touching`), the selector's other candidates.
 - the lookup (`pipeline.evaluate.suggestion.Suggester.lookup`) every evaluation scores beside the model: the message of the most
   similar earlier commit. A second for a whole history, no model.
 
