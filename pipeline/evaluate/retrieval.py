@@ -166,8 +166,11 @@ class Index:
     ) -> list[Neighbour]:
         """The `n` newest commits older than `older_than` that changed one of `paths` (among the
         RECENT_SCAN just older; none of the positions in `skip`), with their BM25 scores for `query`."""
-        wanted, found, scores = set(paths), [], None
+        wanted, scores = set(paths), None
+        found: list[Neighbour] = []
         for position in range(older_than + 1, min(len(self), older_than + 1 + RECENT_SCAN)):
+            if len(found) == n:
+                break
             if position in skip or not wanted.intersection(self.paths[position]):
                 continue
             if scores is None:
@@ -175,8 +178,6 @@ class Index:
             found.append(
                 Neighbour(position, float(scores[position]), self.messages[position], self.shas[position])
             )
-            if len(found) == n:
-                break
         return found
 
     def save(self, directory: Path) -> None:
