@@ -190,22 +190,26 @@ class BlockDataset:
     def __getitem__(self, index: int) -> dict[str, Any]:
         import torch
 
-        if self._arrays is None:
-            self._arrays = {
-                name: np.load(self.directory / f"{self.split}_{name}.npy", mmap_mode="r") for name in ARRAYS
-            }
-        return {name: torch.from_numpy(self._arrays[name][index].astype(np.int64)) for name in ARRAYS}
+        arrays = self._opened()
+        return {name: torch.from_numpy(arrays[name][index].astype(np.int64)) for name in ARRAYS}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_arrays": None}
 
+    def _opened(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = {
+                name: np.load(self.directory / f"{self.split}_{name}.npy", mmap_mode="r") for name in ARRAYS
+            }
+        return self._arrays
+
     def digest(self) -> str:
-        """sha256 of the blocks' token ids, positions and labels: what scoring them depends on, whatever
-        run or tool version packed them."""
+        """sha256 of the blocks' shape, token ids, positions and labels: what scoring them depends on,
+        whatever run or tool version packed them."""
         digest = hashlib.sha256()
-        for name in ARRAYS:
-            array = np.load(self.directory / f"{self.split}_{name}.npy", mmap_mode="r")[: self.blocks]
-            digest.update(np.ascontiguousarray(array).tobytes())
+        for array in self._opened().values():
+            blocks = np.ascontiguousarray(array[: self.blocks])
+            digest.update(repr(blocks.shape).encode() + blocks.tobytes())
         return digest.hexdigest()
 
 

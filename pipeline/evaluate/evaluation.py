@@ -380,7 +380,7 @@ def base_scores_key(
     prompts: Sequence[TaskPrompt],
 ) -> str:
     """What the base model's scores depend on: the model, the held-out blocks' tokens, the questions,
-    how they are answered and scored (EVALUATION_FORMAT), and the precision they are computed in. Not
+    how they are answered and scored (EVALUATION_FORMAT, the answers' length), the precision. Not
     the token cache's key: it names the tool's commit, and a new version of repotune that scores the
     same tokens the same way would pay for the base model again (a minute of a 10-minute run on 2 cores)."""
     payload = {
@@ -390,13 +390,7 @@ def base_scores_key(
         "held_out": {name: blocks.digest() for name, blocks in sorted(held_out.items())},
         "libraries": [importlib.metadata.version(name) for name in ("torch", "transformers", "peft")],
         "prompts": [[p.task, p.commit, p.text] for p in prompts],
-        "eval": [
-            config.message_tokens,
-            plan.eval_blocks,
-            plan.precision,
-            plan.sequence_length,
-            plan.truncate_at,
-        ],
+        "eval": [config.message_tokens, plan.precision],  # the blocks' count and shape are in their digest
     }
     return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
 
