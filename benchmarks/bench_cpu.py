@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # its report reads pipeline's helpers, installed or not
 PEER = ROOT.parent / "shared" / "peers" / "plain_lora_loop.py"
 MODEL = "smollm2-135m"
 
