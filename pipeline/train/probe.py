@@ -95,6 +95,13 @@ def cuda_step(model, dataset, precision: str, largest: int) -> Callable[[int], t
 SPEED_BLOCKS = (
     3  # training blocks timed, spread over the data: blocks differ (a long change, many short messages)
 )
+# A first pass shorter than this warms every timed micro-batch, not only the first. On an H200, passes
+# timed after one warm-up took 0.61 s where training's steps took 0.19 s, and each new micro-batch size
+# cost the batch probe about 0.3 s once (0.29 s at 2 blocks, 0.32 s at 16; its very first pass 1.9 s):
+# a shape's first pass seems to pay for loading and choosing its kernels (this warm-up is not yet
+# measured on a GPU). On 2 fp32 cores a pass costs about 7 s and its first one only allocates: two more
+# would add 14 s to a run for nothing.
+WARM_EVERY_BELOW_S = 3.0
 
 
 def training_speed(
@@ -108,9 +115,9 @@ def training_speed(
 ) -> Speed:
     """Tokens/s of a forward and backward on micro-batches of `batch` training blocks, as training will
     run them (through the per-answer loss when the plan averages per answer): SPEED_BLOCKS micro-batches
-    spread over the data, after one untimed pass that allocates and picks kernels. Blocks differ: the
-    first packed block holds the longest answers, whose logits cost most, so timing it alone undersold a
-    typical step by a third."""
+    spread over the data, after untimed passes that allocate and pick kernels (each of them first where
+    a pass is cheap, see WARM_EVERY_BELOW_S). Blocks differ: the first packed block holds the longest
+    answers, whose logits cost most, so timing it alone undersold a typical step by a third."""
     import torch
 
     from pipeline.train.loss import answer_logits, per_answer_loss
@@ -130,21 +137,27 @@ def training_speed(
         with autocast(device.type, precision):
             loss = per_answer_loss(*answer_logits(model, inputs)) if per_answer else model(**inputs).loss
         loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the clock waits for the backward's kernels, not only their launch
         model.zero_grad(set_to_none=True)
         return time.perf_counter() - started, int(inputs["position_ids"].numel())
 
     try:
-        one_pass(chosen[0])  # allocates and picks kernels: not what a step costs
+        first, _ = one_pass(chosen[0])  # allocates and picks kernels: not what a step costs
+        if first < WARM_EVERY_BELOW_S:
+            for index in chosen[1:]:
+                one_pass(index)
         timed = [one_pass(index) for index in chosen]
     finally:
         model.train(was_training)
         if gradient_checkpointing:
             model.gradient_checkpointing_disable()
     seconds, tokens = sum(t for t, _ in timed), sum(n for _, n in timed)
+    warm = "a warm-up pass" if first >= WARM_EVERY_BELOW_S else "a warm-up pass on each"
     return Speed(
         tokens / seconds,
         f"forward and backward passes on {len(chosen)} micro-batches of {batch} training block(s) spread "
-        f"over the data ({tokens} tokens, after a warm-up pass) in {precision}",
+        f"over the data ({tokens} tokens, after {warm}) in {precision}",
     )
 
 
