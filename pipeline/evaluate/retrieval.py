@@ -18,8 +18,8 @@ nothing executable.
 
 from __future__ import annotations
 
-import os
 import re
+import sys
 import time
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
@@ -42,13 +42,22 @@ RECENT_SCAN = 300
 
 
 def _import_bm25s() -> Any:
-    """bm25s, kept off the GPU. Where JAX is installed, importing bm25s runs a JAX top-k, and JAX takes
-    75% of every GPU's memory for itself at its first use: on a GPU host training then ran out of memory
-    (seen on an H100 with the image's JAX). JAX stays on the CPU unless the user says otherwise, and the
-    top-k runs on numpy."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import bm25s
-
+    """bm25s without JAX. Where JAX is installed, importing bm25s imports it and runs a JAX top-k. JAX
+    then takes 75% of every GPU's memory at its first use (on an H100 training ran out of memory), and
+    the data loader forks its workers from a process running JAX's threads (on an H200 JAX warned of a
+    deadlock at every run). The top-k runs on numpy, so JAX is hidden while bm25s is imported: bm25s finds no JAX and
+    takes its numpy path. A JAX the process imported before stays as it was."""
+    hidden = {name: sys.modules.get(name) for name in ("jax", "jax.lax")}
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # `import jax.lax` raises ImportError
+    try:
+        import bm25s
+    finally:
+        for name, module in hidden.items():
+            if module is None:
+                del sys.modules[name]
+            else:
+                sys.modules[name] = module
     return bm25s
 
 
