@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # its report reads pipeline's helpers, installed or not
+sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 PEER = ROOT.parent / "shared" / "peers" / "plain_lora_loop.py"
 MODEL = "smollm2-135m"
 

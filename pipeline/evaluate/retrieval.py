@@ -45,8 +45,8 @@ def _import_bm25s() -> Any:
     """bm25s without JAX. Where JAX is installed, importing bm25s imports it and runs a JAX top-k. JAX
     then takes 75% of every GPU's memory at its first use (on an H100 training ran out of memory), and
     the data loader forks its workers from a process running JAX's threads (on an H200 JAX warned of a
-    deadlock at every run). The top-k runs on numpy, so JAX is hidden while bm25s is imported: bm25s finds no JAX and
-    takes its numpy path. A JAX the process imported before stays as it was."""
+    deadlock at every run). The top-k runs on numpy, so JAX is hidden while bm25s is imported: bm25s
+    finds no JAX and takes its numpy path. A JAX the process imported before stays as it was."""
     hidden = {name: sys.modules.get(name) for name in ("jax", "jax.lax")}
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # `import jax.lax` raises ImportError

@@ -144,7 +144,8 @@ def training_speed(
 
     try:
         first, _ = one_pass(chosen[0])  # allocates and picks kernels: not what a step costs
-        if first < WARM_EVERY_BELOW_S:
+        warm_each = first < WARM_EVERY_BELOW_S
+        if warm_each:
             for index in chosen[1:]:
                 one_pass(index)
         timed = [one_pass(index) for index in chosen]
@@ -153,11 +154,10 @@ def training_speed(
         if gradient_checkpointing:
             model.gradient_checkpointing_disable()
     seconds, tokens = sum(t for t, _ in timed), sum(n for _, n in timed)
-    warm = "a warm-up pass" if first >= WARM_EVERY_BELOW_S else "a warm-up pass on each"
     return Speed(
         tokens / seconds,
         f"forward and backward passes on {len(chosen)} micro-batches of {batch} training block(s) spread "
-        f"over the data ({tokens} tokens, after {warm}) in {precision}",
+        f"over the data ({tokens} tokens, after a warm-up pass{' on each' if warm_each else ''}) in {precision}",
     )
 
 
