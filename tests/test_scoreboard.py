@@ -24,6 +24,7 @@ from pipeline.evaluate.evaluation import (
 )
 from pipeline.evaluate.retrieval import Index, changed_paths, identifiers, past_commits
 from pipeline.evaluate.suggestion import RECENT_CANDIDATES, Suggester, learn_past, nearest_and_recent
+from pipeline.evaluate.versions import anchors, moved
 from pipeline.types import PastCommit, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
@@ -114,6 +115,56 @@ def test_the_selector_is_also_offered_the_newest_older_commits_to_the_same_files
         ]
         assert all(n.position > older_than and n.score > 0 for n in found)
     assert index.newest_touching(query, paths, 0) == []
+
+
+def release(repo: GitRepo, version: str) -> None:
+    """A release commit as many projects write them: the number in the package and in the changelog."""
+    repo.commit(
+        f"Release version {version}",
+        {
+            "pkg/__init__.py": f'__version__ = "{version}"\n',
+            "CHANGES.rst": f"Version {version}\n-------------\n",
+        },
+    )
+
+
+def test_the_selector_moves_a_past_release_message_to_the_new_version(tmp_path):
+    repo = topic_repo(tmp_path / "repo", commits=12)
+    release(repo, "2.1.0")
+    repo.commit("Retry the fetch on timeout", {"net/fetch.py": "retry_fetch(timeout, attempts)\n"})
+    release(repo, "2.2.0")
+    scraped(repo, tmp_path / "out", eval_commits=1, valid_commits=1)
+    past = learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(selector_history=0), 0)
+    (asked,) = past.split("eval")
+    # The lookup is the baseline, as the past wrote it; the selector's choice says what this diff writes.
+    assert past.suggester.lookup(asked.diff) == "Release version 2.1.0"
+    assert past.suggester.select(asked.diff) == "Release version 2.2.0"
+    past.suggester.save(tmp_path / "adapter")
+    assert Suggester.load(tmp_path / "adapter").select(asked.diff) == "Release version 2.2.0"
+
+
+@pytest.mark.parametrize(
+    ("package", "changelog", "expected"),
+    [
+        ("3.0.0", "3.0.0", "Version 3.0.0 (#12)"),  # both anchors write one number: it moves
+        ("3.0.0", "2.9.9", "Version 1.4.2 (#12)"),  # they disagree: nothing moves
+        ("1.4.2", "1.4.2", "Version 1.4.2 (#12)"),  # the same number: nothing to move
+    ],
+)
+def test_a_number_moves_only_where_its_anchors_agree_on_one(package, changelog, expected):
+    def diff(package_version, changelog_version):
+        return (
+            "diff --git a/pkg/__init__.py b/pkg/__init__.py\n--- a/pkg/__init__.py\n+++ b/pkg/__init__.py\n"
+            f'@@ -1 +1 @@\n-__version__ = "0.0.1"\n+__version__ = "{package_version}"\n'
+            "diff --git a/CHANGES.rst b/CHANGES.rst\n--- a/CHANGES.rst\n+++ b/CHANGES.rst\n"
+            f"@@ -0,0 +1 @@\n+Version {changelog_version}\n"
+        )
+
+    found = anchors("Version 1.4.2 (#12)", diff("1.4.2", "1.4.2"))
+    assert found == [("1.4.2", '__version__ = "'), ("1.4.2", "Version ")]
+    assert moved("Version 1.4.2 (#12)", found, diff(package, changelog)) == expected
+    assert moved("Version 1.4.21", found, diff(package, changelog)) == "Version 1.4.21"  # another number
+    assert anchors("Version 1.4.2", '+    "1.4.2",\n') == []  # a quote alone would anchor anywhere
 
 
 def test_retrieval_leaves_jax_alone(tmp_path, monkeypatch):

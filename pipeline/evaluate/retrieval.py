@@ -12,8 +12,8 @@ commits most like a new diff.
 - the lookup (`pipeline.evaluate.suggestion.Suggester.lookup`) every evaluation scores beside the model: the message of the most
   similar earlier commit. A second for a whole history, no model.
 
-Saved beside the adapter (`retrieval/`): bm25s' arrays and the commits' messages and paths (JSON),
-nothing executable.
+Saved beside the adapter (`retrieval/`): bm25s' arrays and the commits' messages, paths and version
+anchors (JSON), nothing executable.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from pipeline.data.examples import prompt_content
+from pipeline.evaluate.versions import anchors
 from pipeline.types import PastCommit
 from scrapers.formats import prompt_and_response
 
@@ -113,14 +114,21 @@ class Neighbour:
 
 
 class Index:
-    """BM25 over the identifiers of each commit's diff, newest first, with the commits' messages and
-    paths beside it: what the lookup and the suggestion system answer from."""
+    """BM25 over the identifiers of each commit's diff, newest first, with the commits' messages, paths
+    and version anchors (`pipeline.evaluate.versions`) beside it: what the lookup and the suggestion
+    system answer from."""
 
     def __init__(
-        self, retriever, shas: list[str], messages: list[str], paths: list[list[str]], seconds: float
+        self,
+        retriever,
+        shas: list[str],
+        messages: list[str],
+        paths: list[list[str]],
+        anchors: list[list[list[str]]],
+        seconds: float,
     ):
         self.retriever = retriever
-        self.shas, self.messages, self.paths = shas, messages, paths
+        self.shas, self.messages, self.paths, self.anchors = shas, messages, paths, anchors
         self.build_seconds = seconds
 
     @classmethod
@@ -135,6 +143,7 @@ class Index:
             [commit.sha for commit in commits],
             [commit.message for commit in commits],
             [changed_paths(commit.diff) for commit in commits],
+            [[list(pair) for pair in anchors(commit.message, commit.diff)] for commit in commits],
             time.perf_counter() - started,
         )
 
@@ -192,14 +201,16 @@ class Index:
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.retriever.save(str(directory), show_progress=False)
-        commits = {"shas": self.shas, "messages": self.messages, "paths": self.paths}
+        commits = {"shas": self.shas, "messages": self.messages, "paths": self.paths, "anchors": self.anchors}
         (directory / COMMITS_FILE).write_bytes(orjson.dumps(commits))
 
     @classmethod
     def load(cls, directory: Path) -> Index:
         retriever = _import_bm25s().BM25.load(str(directory), show_progress=False, verbosity=0)
         commits = orjson.loads((directory / COMMITS_FILE).read_bytes())
-        return cls(retriever, commits["shas"], commits["messages"], commits["paths"], 0.0)
+        # An index saved before version anchors existed moves no numbers.
+        moving = commits.get("anchors") or [[] for _ in commits["shas"]]
+        return cls(retriever, commits["shas"], commits["messages"], commits["paths"], moving, 0.0)
 
     def to_manifest(self) -> dict[str, Any]:
         return {

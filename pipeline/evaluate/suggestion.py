@@ -9,7 +9,8 @@ its age, the files both commits touch, its length, how much the other candidates
 many of its words the new diff contains) and a gradient-boosted ranker (LightGBM's lambdarank) orders
 a diff's candidates by how close each is to the message that was really written. It learns on the
 repository's own older commits, each answered only from commits older than itself, so it never sees a
-validation or held-out commit.
+validation or held-out commit. The candidate it offers has its version numbers moved to the new diff's
+(`pipeline.evaluate.versions`: "Version 0.39.1" for a diff that writes 0.47.3 becomes "Version 0.47.3").
 
 Which system a run offers (`lookup`, `selector`, or the fine-tuned model's own answer) is decided on
 the validation commits, never on the held-out ones, and recorded with the scores that decided it.
@@ -30,6 +31,7 @@ import orjson
 
 from pipeline.config import RetrievalConfig
 from pipeline.evaluate.retrieval import INDEX_DIR, Index, Neighbour, changed_paths, identifiers, past_commits
+from pipeline.evaluate.versions import moved
 from pipeline.types import Past, PastCommit
 
 SELECTOR_FILE = "selector.txt"
@@ -223,18 +225,18 @@ class Suggester:
 
     def select(self, diff: str, older_than: int = -1) -> str:
         """The candidate the selector ranks closest to the message that will be written (the
-        lookup's when there is no selector)."""
+        lookup's when there is no selector), its version numbers moved to `diff`'s."""
         import numpy as np
 
         query, paths = identifiers(diff), changed_paths(diff)
         found = candidates(nearest_and_recent(self.index, query, paths, self.k, older_than))
         if not found:
             return ""
-        if self.selector is None:
-            return found[0].message
-        rows = features(self.index, query, paths, older_than, found)
-        predicted = self.selector.predict(np.asarray(rows, dtype=np.float64))
-        return found[int(np.argmax(predicted))].message
+        chosen = found[0]
+        if self.selector is not None:
+            rows = features(self.index, query, paths, older_than, found)
+            chosen = found[int(np.argmax(self.selector.predict(np.asarray(rows, dtype=np.float64))))]
+        return moved(chosen.message, self.index.anchors[chosen.neighbour.position], diff)
 
     def suggest(self, diff: str, system: str | None = None) -> str:
         """The message `system` (default: the run's) suggests for a new diff from the past: the
