@@ -141,6 +141,12 @@ def test_the_selector_moves_a_past_release_message_to_the_new_version(tmp_path):
     assert past.suggester.select(asked.diff) == "Release version 2.2.0"
     past.suggester.save(tmp_path / "adapter")
     assert Suggester.load(tmp_path / "adapter").select(asked.diff) == "Release version 2.2.0"
+    # An index an earlier version saved has no anchors: it loads, and moves nothing.
+    saved = tmp_path / "adapter" / "retrieval" / "commits.json"
+    saved.write_bytes(
+        orjson.dumps({k: v for k, v in orjson.loads(saved.read_bytes()).items() if k != "anchors"})
+    )
+    assert Suggester.load(tmp_path / "adapter").select(asked.diff) == "Release version 2.1.0"
 
 
 @pytest.mark.parametrize(

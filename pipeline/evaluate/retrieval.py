@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from pipeline.data.examples import prompt_content
-from pipeline.evaluate.versions import anchors
+from pipeline.evaluate import versions
 from pipeline.types import PastCommit
 from scrapers.formats import prompt_and_response
 
@@ -143,7 +143,7 @@ class Index:
             [commit.sha for commit in commits],
             [commit.message for commit in commits],
             [changed_paths(commit.diff) for commit in commits],
-            [[list(pair) for pair in anchors(commit.message, commit.diff)] for commit in commits],
+            [[list(pair) for pair in versions.anchors(commit.message, commit.diff)] for commit in commits],
             time.perf_counter() - started,
         )
 
@@ -209,8 +209,8 @@ class Index:
         retriever = _import_bm25s().BM25.load(str(directory), show_progress=False, verbosity=0)
         commits = orjson.loads((directory / COMMITS_FILE).read_bytes())
         # An index saved before version anchors existed moves no numbers.
-        moving = commits.get("anchors") or [[] for _ in commits["shas"]]
-        return cls(retriever, commits["shas"], commits["messages"], commits["paths"], moving, 0.0)
+        saved_anchors = commits.get("anchors") or [[] for _ in commits["shas"]]
+        return cls(retriever, commits["shas"], commits["messages"], commits["paths"], saved_anchors, 0.0)
 
     def to_manifest(self) -> dict[str, Any]:
         return {
