@@ -30,26 +30,28 @@ MIN_ANCHOR_CHARS = 2  # an anchor needs this many characters besides spaces (a l
 def anchors(message: str, diff: str) -> list[tuple[str, str]]:
     """(number, the text before it) for each number of `message` at each place its commit's `diff` adds
     it: what `moved` looks for in a new diff."""
-    found: list[tuple[str, str]] = []
-    numbers = {match.group(1) for match in _VERSION.finditer(message)}
-    if not numbers:
-        return found
-    lines = _added(diff)
-    for number in sorted(numbers):
+    numbers = sorted({match.group(1) for match in _VERSION.finditer(message)})
+    lines = _added(diff) if numbers else []  # most messages name no number: the diff is not read
+    found: dict[tuple[str, str], None] = {}  # in order, once each
+    for number in numbers:
+        exact = _exactly(number)
         for line in lines:
-            for match in _exactly(number).finditer(line):
+            for match in exact.finditer(line):
                 anchor = line[: match.start()].lstrip()[-ANCHOR_CHARS:]
-                if len(anchor.strip()) >= MIN_ANCHOR_CHARS and (number, anchor) not in found:
-                    found.append((number, anchor))
-    return found
+                if len(anchor.strip()) >= MIN_ANCHOR_CHARS:
+                    found[(number, anchor)] = None
+    return list(found)
 
 
 def moved(message: str, its_anchors: Sequence[Sequence[str]], diff: str) -> str:
     """`message` with each of its anchored numbers replaced by the one number that `diff`'s added lines
     write after the same anchors; unchanged where they write none, several, or the same one."""
+    if not its_anchors:
+        return message  # most past messages name no number: the diff is not read
     lines = _added(diff)
     for number in sorted({number for number, _ in its_anchors}):
-        if not _exactly(number).search(message):
+        exact = _exactly(number)
+        if not exact.search(message):
             continue  # the candidate is the subject alone, and the number was in the body
         shape = r"\d+" + r"\.\d+" * number.count(".")
         written: set[str] = set()
@@ -58,7 +60,7 @@ def moved(message: str, its_anchors: Sequence[Sequence[str]], diff: str) -> str:
             for line in lines:
                 written.update(match.group(1) for match in after.finditer(line))
         if len(written) == 1 and number not in written:
-            message = _exactly(number).sub(written.pop(), message)
+            message = exact.sub(written.pop(), message)
     return message
 
 
