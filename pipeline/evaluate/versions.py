@@ -12,8 +12,9 @@ Measured against the selector's choice as written, on the 400 commits older than
 ones and the 100 held-out ones of six repositories: it changes up to 48 of 400 answers, none for the
 worse on either metric, +0.0 to +0.5 chrF and edit similarity on the older commits and up to +1.9 /
 +2.3 held out (docs/evaluation.md). Moving every candidate's numbers before the ranker learns and
-chooses was noise either way; moving the file names a message gives, anchoring on removed lines
-too, or moving a number without an anchor to the one the new diff introduces gained nothing.
+chooses was noise either way; moving the file names a message gives, or any name (identifier,
+handle, package) by the same anchors, anchoring on removed lines too, or moving a number without an
+anchor to the one the new diff introduces gained nothing.
 """
 
 from __future__ import annotations
