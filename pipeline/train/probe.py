@@ -100,8 +100,8 @@ SPEED_BLOCKS = (
 # cost the batch probe about 0.3 s once (0.29 s at 2 blocks, 0.32 s at 16; its very first pass 1.9 s):
 # a shape's first pass seems to pay for loading and choosing its kernels. With each warmed, a fresh H200
 # timed 97,651 tokens/s where training then ran at 72,966 (the optimizer and validations are not in a
-# pass), and planned the 3 epochs that fit where it had planned 1. On 2 fp32 cores a pass costs about 7 s and its first one only allocates: two more
-# would add 14 s to a run for nothing.
+# pass), and planned the 3 epochs that fit where it had planned 1. On 2 fp32 cores a pass costs about
+# 7 s and its first one only allocates: two more would add 14 s to a run for nothing.
 WARM_EVERY_BELOW_S = 3.0
 
 
