@@ -25,7 +25,7 @@ from pipeline.evaluate.evaluation import (
 from pipeline.evaluate.retrieval import Index, changed_paths, identifiers, past_commits
 from pipeline.evaluate.suggestion import RECENT_CANDIDATES, Suggester, learn_past, nearest_and_recent
 from pipeline.evaluate.versions import anchors, moved
-from pipeline.types import PastCommit, TextStyle
+from pipeline.types import Past, PastCommit, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
 from tests.conftest import GitRepo, module_source
@@ -297,6 +297,28 @@ def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_
         ".txt",
         ".jsonl",
     }
+
+
+def test_the_backtests_selectors_learn_from_the_grades_the_runs_selector_made(tmp_path, monkeypatch):
+    """Each training commit is graded once (its candidates, their features, their closeness to the
+    message): the backtest's selectors learn on commits the run's selector graded, and learn the same
+    as they would grading them again."""
+    import pipeline.evaluate.suggestion as suggestion
+
+    topic_repo(tmp_path / "repo", commits=120)
+    scraped(GitRepo(tmp_path / "repo"), tmp_path / "out", eval_commits=10, valid_commits=10)
+    config = RetrievalConfig(k=5)
+    past = learn_past(tmp_path / "out" / "sequences.jsonl", config, 0)
+    learned = [grades for grades in past.suggester.graded.values() if grades is not None]
+    assert len(learned) == past.facts["selector"]["commits"] == 98  # the 2 oldest: fewer than 2 older commits
+    graded, real = [], suggestion.closeness
+    monkeypatch.setattr(
+        suggestion, "closeness", lambda output, reference: graded.append(1) or real(output, reference)
+    )
+    blocks = suggestion.backtest(past, config, 0)
+    assert len(blocks) == 4 and all("selector" in block for block in blocks) and graded == []
+    again = Suggester(past.suggester.index, past.suggester.selector, config.k)
+    assert suggestion.backtest(Past(past.commits, again, past.facts), config, 0) == blocks and graded
 
 
 def test_keep_best_restores_the_best_weights_and_stops_when_validation_stops_improving():

@@ -148,14 +148,40 @@ class SelectorConfig:
     seed: int
 
 
-def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorConfig, start: int = 0):
+Grades = tuple[list[list[float]], list[int]]
+"""A training commit's candidates as a selector learns them: their FEATURES rows and their grades."""
+Graded = dict[int, Grades | None]
+"""Grades by index position (None where fewer than two candidates were found)."""
+
+
+def _grade(index: Index, commit: PastCommit, position: int, k: int) -> Grades | None:
+    """The candidates for `commit`, answered from the commits older than itself: their rows, and how close
+    each is to the message written, in grades of CLOSENESS_GRADE points."""
+    query, paths = identifiers(commit.diff), changed_paths(commit.diff)
+    found = candidates(nearest_and_recent(index, query, paths, k, position))
+    if len(found) < 2:
+        return None
+    grades = [int(closeness(candidate.message, commit.message) // CLOSENESS_GRADE) for candidate in found]
+    return features(index, query, paths, position, found), grades
+
+
+def fit_selector(
+    index: Index,
+    commits: Sequence[PastCommit],
+    config: SelectorConfig,
+    start: int = 0,
+    graded: Graded | None = None,
+):
     """A LightGBM ranker over FEATURES that orders each commit's candidates by `closeness`, learned on the
     newest `config.history` training commits of `commits` (at their index positions: the index's own
     order) from position `start` on, each answered from the commits older than itself, and how many it
-    learned from; None when there are too few to learn from."""
+    learned from; None when there are too few to learn from. `graded` keeps each commit's rows and
+    grades for the next selector learned on the same index and k: the backtest's selectors learn on
+    commits the run's has graded (grading them anew took 23 s of junegunn/fzf's 37 on 2 cores)."""
     import lightgbm
     import numpy as np
 
+    graded = {} if graded is None else graded
     rows: list[list[float]] = []
     labels: list[int] = []
     groups: list[int] = []  # each commit's candidates: the ranker compares them with each other only
@@ -163,15 +189,15 @@ def fit_selector(index: Index, commits: Sequence[PastCommit], config: SelectorCo
     for position, commit in enumerate(commits):
         if commit.split != "train" or position < start:
             continue
-        query, paths = identifiers(commit.diff), changed_paths(commit.diff)
-        found = candidates(nearest_and_recent(index, query, paths, config.k, position))
-        if len(found) < 2:
+        if position not in graded:
+            graded[position] = _grade(index, commit, position, config.k)
+        entry = graded[position]
+        if entry is None:
             continue
-        rows += features(index, query, paths, position, found)
-        labels += [
-            int(closeness(candidate.message, commit.message) // CLOSENESS_GRADE) for candidate in found
-        ]
-        groups.append(len(found))
+        commit_rows, grades = entry
+        rows += commit_rows
+        labels += grades
+        groups.append(len(grades))
         learned += 1
         if learned == config.history:
             break
@@ -216,8 +242,12 @@ class Suggester:
     """The repository's past for new diffs: the index, the selector (if one was learned) and the system
     the run chose; `suggest` answers with the chosen retrieval system."""
 
-    def __init__(self, index: Index, selector, k: int, system: str = "selector"):
+    def __init__(
+        self, index: Index, selector, k: int, system: str = "selector", graded: Graded | None = None
+    ):
         self.index, self.selector, self.k, self.system = index, selector, k, system
+        self.graded: Graded = {} if graded is None else graded
+        """What the selector learned from, kept for the backtest's selectors (not saved)."""
 
     def lookup(self, diff: str, older_than: int = -1) -> str:
         found = self.index.nearest(diff, 1, older_than)
@@ -274,8 +304,9 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
     known = [commit for commit in commits if commit.split != "eval"]
     index = Index.build(known)
     started = time.perf_counter()
+    graded: Graded = {}
     selector, learned = (
-        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed))
+        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed), graded=graded)
         if config.selector_history
         else (None, 0)
     )
@@ -291,7 +322,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
             "features": list(FEATURES),
         },
     }
-    return Past(commits, Suggester(index, selector, config.k), facts)
+    return Past(commits, Suggester(index, selector, config.k, graded=graded), facts)
 
 
 BACKTEST_BLOCKS = (
@@ -319,7 +350,7 @@ def backtest(past: Past, config: RetrievalConfig, seed: int) -> list[dict[str, A
         if block:  # the run's selector learned on these commits: learn one on older ones only
             history = SelectorConfig(config.k, min(config.selector_history, BACKTEST_HISTORY), seed)
             selector, _ = (
-                fit_selector(suggester.index, known, history, start=high)
+                fit_selector(suggester.index, known, history, start=high, graded=suggester.graded)
                 if config.selector_history
                 else (None, 0)
             )
