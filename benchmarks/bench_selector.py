@@ -15,7 +15,9 @@ orders them):
 - the held-out commits, as a run answers them.
 
 Prints chrF and edit similarity of each, with 95% bootstrap intervals, and the paired difference
-selector − lookup with its interval: a gain inside it is noise. For changes to retrieval and the selector,
+selector − lookup with its interval: a gain inside it is noise. Also times the backtest two ways, its
+selectors reusing the grades the run's selector made of their commits (as a run does) and grading them
+anew (the baseline), and says whether the answers are the same. For changes to retrieval and the selector,
 which `bench_learning.py` shows only with a training run per repository. Exit 0, or 2 when a scrape fails.
 """
 
@@ -78,7 +80,7 @@ def report(name: str, sequences: Path) -> None:
         f"{name}: {past.facts['index']['commits']} commits indexed, selector learned on "
         f"{(past.facts['selector'] or {}).get('commits', 0)} in {learned - started:.1f} s, {len(blocks)} older "
         f"blocks in {tested - learned:.1f} s (grading their commits anew: {regraded:.1f} s, "
-        f"{regraded / (tested - learned):.1f}×, {'the same' if anew == every else 'DIFFERENT'} answers)"
+        f"{regraded / max(tested - learned, 1e-9):.1f}×, {'the same' if anew == every else 'DIFFERENT'} answers)"
     )
     held = past.split("eval")
     answered = {

@@ -177,7 +177,8 @@ def fit_selector(
     order) from position `start` on, each answered from the commits older than itself, and how many it
     learned from; None when there are too few to learn from. `graded` keeps each commit's rows and
     grades for the next selector learned on the same index and k: the backtest's selectors learn on
-    commits the run's has graded (grading them anew took 23 s of junegunn/fzf's 37 on 2 cores)."""
+    commits the run's has graded (on junegunn/fzf, 2 cores, the backtest took 23.2 s grading them anew
+    and 10.0 s reusing them)."""
     import lightgbm
     import numpy as np
 
