@@ -176,9 +176,8 @@ def fit_selector(
     newest `config.history` training commits of `commits` (at their index positions: the index's own
     order) from position `start` on, each answered from the commits older than itself, and how many it
     learned from; None when there are too few to learn from. `graded` keeps each commit's rows and
-    grades for the next selector learned on the same index and k: the backtest's selectors learn on
-    commits the run's has graded (on junegunn/fzf, 2 cores, the backtest took 23.2 s grading them anew
-    and 10.0 s reusing them)."""
+    grades for the next selector on the same index and k: the backtest's learn on commits the run's has
+    graded (junegunn/fzf, 2 cores: the backtest took 23.2 s grading them anew, 10.0 s reusing them)."""
     import lightgbm
     import numpy as np
 
