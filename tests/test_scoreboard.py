@@ -313,7 +313,7 @@ def test_the_backtests_selectors_learn_from_the_grades_the_runs_selector_made(tm
     assert len(learned) == past.facts["selector"]["commits"] == 98  # the 2 oldest: fewer than 2 older commits
     graded, real = [], suggestion.closeness
     monkeypatch.setattr(
-        suggestion, "closeness", lambda output, reference: graded.append(1) or real(output, reference)
+        suggestion, "closeness", lambda outputs, reference: graded.append(1) or real(outputs, reference)
     )
     blocks = suggestion.backtest(past, config, 0)
     assert len(blocks) == 4 and all("selector" in block for block in blocks) and graded == []
