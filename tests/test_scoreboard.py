@@ -311,14 +311,14 @@ def test_the_backtests_selectors_learn_from_the_grades_the_runs_selector_made(tm
     past = learn_past(tmp_path / "out" / "sequences.jsonl", config, 0)
     learned = [grades for grades in past.suggester.graded.values() if grades is not None]
     assert len(learned) == past.facts["selector"]["commits"] == 98  # the 2 oldest: fewer than 2 older commits
-    graded, real = [], suggestion.closeness
+    grading, real = [], suggestion.closeness
     monkeypatch.setattr(
-        suggestion, "closeness", lambda outputs, reference: graded.append(1) or real(outputs, reference)
+        suggestion, "closeness", lambda outputs, reference: grading.append(1) or real(outputs, reference)
     )
     blocks = suggestion.backtest(past, config, 0)
-    assert len(blocks) == 4 and all("selector" in block for block in blocks) and graded == []
+    assert len(blocks) == 4 and all("selector" in block for block in blocks) and grading == []
     again = Suggester(past.suggester.index, past.suggester.selector, config.k)
-    assert suggestion.backtest(Past(past.commits, again, past.facts), config, 0) == blocks and graded
+    assert suggestion.backtest(Past(past.commits, again, past.facts), config, 0) == blocks and grading
 
 
 def test_keep_best_restores_the_best_weights_and_stops_when_validation_stops_improving():

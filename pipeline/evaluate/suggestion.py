@@ -175,8 +175,8 @@ def fit_selector(
     index: Index,
     commits: Sequence[PastCommit],
     config: SelectorConfig,
+    graded: Graded,
     start: int = 0,
-    graded: Graded | None = None,
 ):
     """A LightGBM ranker over FEATURES that orders each commit's candidates by `closeness`, learned on the
     newest `config.history` training commits of `commits` (at their index positions: the index's own
@@ -187,7 +187,6 @@ def fit_selector(
     import lightgbm
     import numpy as np
 
-    graded = {} if graded is None else graded
     rows: list[list[float]] = []
     labels: list[int] = []
     groups: list[int] = []  # each commit's candidates: the ranker compares them with each other only
@@ -312,7 +311,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
     started = time.perf_counter()
     graded: Graded = {}
     selector, learned = (
-        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed), graded=graded)
+        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed), graded)
         if config.selector_history
         else (None, 0)
     )
@@ -356,7 +355,7 @@ def backtest(past: Past, config: RetrievalConfig, seed: int) -> list[dict[str, A
         if block:  # the run's selector learned on these commits: learn one on older ones only
             history = SelectorConfig(config.k, min(config.selector_history, BACKTEST_HISTORY), seed)
             selector, _ = (
-                fit_selector(suggester.index, known, history, start=high, graded=suggester.graded)
+                fit_selector(suggester.index, known, history, suggester.graded, start=high)
                 if config.selector_history
                 else (None, 0)
             )
