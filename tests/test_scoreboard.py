@@ -23,9 +23,15 @@ from pipeline.evaluate.evaluation import (
     task_prompts,
 )
 from pipeline.evaluate.retrieval import Index, changed_paths, identifiers, past_commits
-from pipeline.evaluate.suggestion import RECENT_CANDIDATES, Suggester, learn_past, nearest_and_recent
+from pipeline.evaluate.suggestion import (
+    RECENT_CANDIDATES,
+    Suggester,
+    backtest,
+    learn_past,
+    nearest_and_recent,
+)
 from pipeline.evaluate.versions import anchors, moved
-from pipeline.types import Past, PastCommit, TextStyle
+from pipeline.types import Past, PastCommit, Scores, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
 from tests.conftest import GitRepo, module_source
@@ -254,6 +260,39 @@ def test_the_code_task_asks_one_added_line_after_its_path_heading_and_the_lines_
         line,
     )
     assert code.text == before + "+"  # plain text: the path, the hunk heading, the lines before it
+
+
+def test_the_model_suggests_only_where_its_gain_on_the_validation_commits_clears_its_interval(tmp_path):
+    """On 100 commits a model that ties with retrieval can come out ahead: the fine-tuned model replaces
+    the retrieval system only where the lower end of its gain's 95% interval is above zero."""
+    repo = GitRepo(tmp_path / "repo")
+    for n in range(80):  # the nearest past commit's message is right but for its numbers
+        repo.commit(
+            f"Rename widget_{n} to gadget_{n}", {f"w/part_{n % 4}.py": f"gadget_{n} = 1\n" + module_source(n)}
+        )
+    scraped(repo, tmp_path / "out", eval_commits=10, valid_commits=10)
+    past = learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(k=5), 0)
+    prompts = task_prompts(past.split("eval"), None, RAW, 100, None)
+    held_out = Scores(None, None, {"message": [c.message for c in past.split("eval")]})
+
+    def system(validation_answers: list[str]) -> dict:
+        answers = Scores(None, None, {"message": validation_answers})
+        return score_past(past, prompts, held_out, RetrievalConfig(), 0, answers).system
+
+    written = [c.message for c in past.split("valid")]
+    right = system(written)  # every validation commit's message, where retrieval has its numbers wrong
+    assert (
+        right["name"] == "model" and right["model_gain"]["mean_ci95"][0] > 0 and " beats " in right["reason"]
+    )
+    retrieval = score_past(past, prompts, held_out, RetrievalConfig(), 0).system["name"]
+    theirs = backtest(past, RetrievalConfig(), 0)[0][retrieval]
+    assert all(answer != message for answer, message in zip(theirs, written, strict=True))
+    one_better = system([written[0], *theirs[1:]])  # ahead, by one commit of ten: within the noise
+    assert one_better["name"] == retrieval and one_better["model_gain"]["mean"] > 0
+    assert (
+        one_better["model_gain"]["mean_ci95"][0] <= 0
+        and "must clear its 95% interval" in one_better["reason"]
+    )
 
 
 def test_prompts_are_batched_with_those_of_similar_length():

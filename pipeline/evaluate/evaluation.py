@@ -265,30 +265,44 @@ def paired_difference(
 ) -> dict[str, Any]:
     """`system` − `baseline` on the same samples, with 95% paired bootstrap intervals: chrF and edit
     similarity for messages, exact match and edit similarity for code."""
+    result: dict[str, Any] = {}
+    for key, (point, resampled) in _paired_resampled(task, baseline, system, references).items():
+        result[key], result[f"{key}_ci95"] = round(point, 2), _interval(resampled)
+    return result
+
+
+def mean_gain(baseline: Sequence[str], system: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """`system` − `baseline` in the mean of chrF and edit similarity (what a suggestion system is chosen
+    by), with its 95% paired bootstrap interval."""
+    paired = _paired_resampled("message", baseline, system, references)
+    (chrf, chrfs), (similarity, similarities) = paired["chrf"], paired["edit_similarity"]
+    return {"mean": round((chrf + similarity) / 2, 2), "mean_ci95": _interval((chrfs + similarities) / 2)}
+
+
+def _paired_resampled(
+    task: str, baseline: Sequence[str], system: Sequence[str], references: Sequence[str]
+) -> dict[str, tuple[float, Any]]:
+    """Each metric's paired difference, and its value in each of the run's bootstrap resamples."""
     import numpy as np
 
     wanted = [r.strip() for r in references]
     ours, theirs = [o.strip() for o in system], [o.strip() for o in baseline]
     resamples = _resamples(len(wanted))
     similarity = _edit_similarities(ours, wanted) - _edit_similarities(theirs, wanted)
-    result = {
-        "edit_similarity": round(float(similarity.mean()), 2),
-        "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
-    }
+    result = {"edit_similarity": (float(similarity.mean()), similarity[resamples].mean(axis=1))}
     if task == "message":
         metric, mine = _chrf_statistics(ours, wanted)
         _, other = _chrf_statistics(theirs, wanted)
-        result["chrf"] = round(_chrf(metric, mine) - _chrf(metric, other), 2)
-        result["chrf_ci95"] = _interval(
-            [_chrf(metric, mine[rows]) - _chrf(metric, other[rows]) for rows in resamples]
+        result["chrf"] = (
+            _chrf(metric, mine) - _chrf(metric, other),
+            np.asarray([_chrf(metric, mine[rows]) - _chrf(metric, other[rows]) for rows in resamples]),
         )
     else:
         exact = 100 * (
             np.asarray([o == r for o, r in zip(ours, wanted, strict=True)], dtype=float)
             - np.asarray([o == r for o, r in zip(theirs, wanted, strict=True)], dtype=float)
         )
-        result["exact_match_pct"] = round(float(exact.mean()), 2)
-        result["exact_match_pct_ci95"] = _interval(exact[resamples].mean(axis=1))
+        result["exact_match_pct"] = (float(exact.mean()), exact[resamples].mean(axis=1))
     return result
 
 
@@ -496,6 +510,7 @@ def _choose_system(
         "validation_commits": sum(block["commits"] for block in both),
         "blocks": len(both),
         "validation": means,
+        "model_gain": None,
     }
     if config.system != "auto":
         return config.system, {"name": config.system, "reason": "set by retrieval.system", **facts}
@@ -510,14 +525,23 @@ def _choose_system(
     reason = f"best mean of chrF and edit similarity over {len(both)} blocks of {both[0]['commits']} commits older than the held-out ones ({listed})"
     if model_answers and model_answers.outputs.get("message") and blocks:
         first = blocks[0]
-        model = score_messages(model_answers.outputs["message"], first["references"])
-        retrieval = score_messages(first.get(best) or first["lookup"], first["references"])
+        answers, theirs = model_answers.outputs["message"], first.get(best) or first["lookup"]
+        model, retrieval = (
+            score_messages(answers, first["references"]),
+            score_messages(theirs, first["references"]),
+        )
         means["model"] = {key: model[key] for key in ("chrf", "edit_similarity")}
-        verdict = mean(model) > mean(retrieval)
+        # Only a gain clear of its interval: on 100 commits a model that merely ties can come out ahead,
+        # and on pallets/flask five fine-tunes ahead of the selector by 0.3-1.6 points on the validation
+        # commits (intervals from -2.8 to +5.3) lost 2.0-5.4 points to it on the held-out ones.
+        facts["model_gain"] = gain = mean_gain(theirs, answers, first["references"])
+        low, high = gain["mean_ci95"]
+        verdict = low > 0
         reason += (
             f"; on the validation commits the fine-tuned model (chrF {model['chrf']:.1f} / ES "
             f"{model['edit_similarity']:.1f}) {'beats' if verdict else 'does not beat'} the {best} (chrF "
-            f"{retrieval['chrf']:.1f} / ES {retrieval['edit_similarity']:.1f})"
+            f"{retrieval['chrf']:.1f} / ES {retrieval['edit_similarity']:.1f}): {gain['mean']:+.1f} "
+            f"[{low:+.1f}, {high:+.1f}] in their mean{'' if verdict else ', a gain must clear its 95% interval'}"
         )
         best = "model" if verdict else best
     return best, {"name": best, "reason": reason, **facts}

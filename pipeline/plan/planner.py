@@ -790,7 +790,7 @@ def _validate_model(p: Decisions, device: str) -> None:
             "validate_model",
             True,
             f"{device}{'' if budget else ', no time budget'}: the fine-tuned model answers the validation "
-            "commits too, so it makes the suggestions where it beats the repository's past there",
+            "commits too, so it makes the suggestions where it beats the repository's past there beyond noise",
         )
     else:
         p.planned(
