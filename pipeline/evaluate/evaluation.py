@@ -493,7 +493,7 @@ def _choose_system(
     """The system a run suggests with, and the scores that chose it: as configured, or the retrieval
     system with the best mean of chrF and edit similarity over the validation block and the blocks
     older than it, then the fine-tuned model instead where it beats that system on the validation
-    commits (the only ones it answered)."""
+    commits (the only ones it answered) by more than the 95% interval of its gain."""
     from pipeline.evaluate.suggestion import backtest
 
     blocks = backtest(past, config, seed) if config.system == "auto" else []
@@ -524,27 +524,36 @@ def _choose_system(
     )
     reason = f"best mean of chrF and edit similarity over {len(both)} blocks of {both[0]['commits']} commits older than the held-out ones ({listed})"
     if model_answers and model_answers.outputs.get("message") and blocks:
-        first = blocks[0]
-        answers, theirs = model_answers.outputs["message"], first.get(best) or first["lookup"]
-        model, retrieval = (
-            score_messages(answers, first["references"]),
-            score_messages(theirs, first["references"]),
+        verdict, means["model"], facts["model_gain"], said = _model_against(
+            blocks[0], best, model_answers.outputs["message"]
         )
-        means["model"] = {key: model[key] for key in ("chrf", "edit_similarity")}
-        # Only a gain clear of its interval: on 100 commits a model that merely ties can come out ahead,
-        # and on pallets/flask five fine-tunes ahead of the selector by 0.3-1.6 points on the validation
-        # commits (intervals from -2.8 to +5.3) lost 2.0-5.4 points to it on the held-out ones.
-        facts["model_gain"] = gain = mean_gain(theirs, answers, first["references"])
-        low, high = gain["mean_ci95"]
-        verdict = low > 0
-        reason += (
-            f"; on the validation commits the fine-tuned model (chrF {model['chrf']:.1f} / ES "
-            f"{model['edit_similarity']:.1f}) {'beats' if verdict else 'does not beat'} the {best} (chrF "
-            f"{retrieval['chrf']:.1f} / ES {retrieval['edit_similarity']:.1f}): {gain['mean']:+.1f} "
-            f"[{low:+.1f}, {high:+.1f}] in their mean{'' if verdict else ', a gain must clear its 95% interval'}"
-        )
+        reason += said
         best = "model" if verdict else best
     return best, {"name": best, "reason": reason, **facts}
+
+
+def _model_against(
+    block: dict[str, Any], retrieval: str, answers: list[str]
+) -> tuple[bool, dict[str, float], dict[str, Any], str]:
+    """Whether the fine-tuned model beats the `retrieval` system on the validation commits (`block`), its
+    scores there, its gain in the mean of chrF and edit similarity with the interval, and what to say.
+    Only a gain clear of its interval counts: on 100 commits a model that merely ties can come out ahead,
+    and on pallets/flask five fine-tunes ahead of the selector by 0.3-1.6 points on the validation
+    commits (intervals from -2.8 to +5.3) lost 2.0-5.4 points to it on the held-out ones."""
+    theirs = block.get(retrieval) or block["lookup"]
+    model = score_messages(answers, block["references"])
+    other = score_messages(theirs, block["references"])
+    gain = mean_gain(theirs, answers, block["references"])
+    low, high = gain["mean_ci95"]
+    verdict = low > 0
+    unclear = ", within its 95% interval: a gain must clear it" if gain["mean"] > 0 and not verdict else ""
+    said = (
+        f"; on the validation commits the fine-tuned model (chrF {model['chrf']:.1f} / ES "
+        f"{model['edit_similarity']:.1f}) {'beats' if verdict else 'does not beat'} the {retrieval} (chrF "
+        f"{other['chrf']:.1f} / ES {other['edit_similarity']:.1f}): {gain['mean']:+.1f} "
+        f"[{low:+.1f}, {high:+.1f}] in their mean{unclear}"
+    )
+    return verdict, {key: model[key] for key in ("chrf", "edit_similarity")}, gain, said
 
 
 def base_scores_cache(config: EvalConfig, facts: ModelFacts, continuing: bool) -> Path | None:
