@@ -28,6 +28,7 @@ from scrapers.config import (
     SEQUENCE_FORMATS,
     Auto,
     ScrapeConfig,
+    rule,
 )
 
 SHIPPED_CONFIG_PATH = Path(__file__).resolve().parent.parent / "training_config.yaml"
@@ -111,6 +112,12 @@ class TrainConfig:
     time_budget: str | int | float | None = "auto"
     """Wall-clock bound on the training stage: `10m`, `90s`, `1h`, a number of seconds, or none; auto: 10m
     on a CPU, none on a GPU. Within it the planner trains the newest commits that fit, at measured speed."""
+    newest_sequences: int | None = field(
+        default=None, metadata=rule(lambda v: v is None or v > 0, "must be > 0 or null")
+    )
+    """Train on this many of the newest training sequences alone (a commit gives one per format); null: all,
+    or what a time budget fits. Every commit is still indexed, retrieved from and scored on, unlike
+    `scrape.max_commits`, which reads fewer commits for all of them."""
     learning_rate: float | Auto = field(default="auto", metadata=POSITIVE)
     """Peak learning rate; auto is 5e-3 for the random tiny model and 2e-4 for a pretrained one."""
     lr_scheduler: Literal["linear", "cosine", "constant_with_warmup"] = "cosine"

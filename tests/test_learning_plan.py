@@ -97,6 +97,26 @@ def test_a_budget_trains_the_newest_sequences_that_fit_and_says_what_is_left_out
     assert plan.learning_rate == 5e-4 and "short run" in plan.decisions["learning_rate"].reason
 
 
+def test_the_newest_sequences_alone_are_trained_when_asked_and_a_budget_cuts_further():
+    data = newest_first(1000, 512)
+    asked = {"train.newest_sequences": 300, "train.time_budget": "none"}
+    plan = make_plan(data, cpu_machine(), SMOLLM2, load_config(None, flags=asked))
+    assert (plan.train_sequences, plan.train_blocks) == (300, 300)
+    decided = plan.decisions["train_sequences"]
+    assert decided.source != "planned"
+    assert "keeps the newest 300 of 1000 (the 700 older ones are left out" in decided.reason
+    # A time budget that fits fewer still (187, as above) keeps the newest of those, and says both.
+    flags = {"train.newest_sequences": 300}
+    both = make_plan(
+        data, cpu_machine(), SMOLLM2, load_config(None, flags=flags), speed=Speed(200.0, "a test")
+    )
+    assert both.train_sequences == 187 and "newest 300 of 1000" in both.decisions["train_sequences"].reason
+    assert "the newest 187 of 300 sequences" in both.decisions["train_sequences"].reason
+    more = {"train.newest_sequences": 5000, "train.time_budget": "none"}  # more than there are: all
+    every = make_plan(data, cpu_machine(), SMOLLM2, load_config(None, flags=more))
+    assert every.train_sequences == 1000 and every.decisions["train_sequences"].source == "planned"
+
+
 def test_a_budget_that_fits_everything_changes_nothing():
     loaded = load_config(None)
     data = newest_first(40, 512)

@@ -392,10 +392,16 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
     out = tmp_path / "out"
     args = ["--repo", tmp_path / "repo", "--output-dir", out, "--model", "tiny", "--budget", "none",
             "--set", "scrape.format=[diff, message]", "--set", "train.epochs=1",
-            "--set", "train.max_sequence_length=128", "--set", "eval.message_tokens=8"]  # fmt: skip
+            "--set", "train.max_sequence_length=128", "--set", "eval.message_tokens=8",
+            "--set", "train.newest_sequences=20"]  # fmt: skip
     result = cli(*args)
     assert result.code == 0, result.err
     manifest = orjson.loads((out / "MANIFEST.json").read_bytes())
+    # Training covers the newest 20 sequences alone; the index (below) still covers every commit.
+    assert manifest["training_parameters"]["train_sequences"] == 20
+    left_out = manifest["dataset"]["left_out"]
+    assert left_out["sequences"] == manifest["dataset"]["train_sequences"] - 20
+    assert "train.newest_sequences keeps the newest 20 of" in left_out["reason"]
     evaluation = manifest["training_report"]["evaluation"]
     tasks = evaluation["tasks"]
     lookup, after = tasks["nearest_commit"]["message"], tasks["after"]["message"]

@@ -266,8 +266,8 @@ def held_out_splits(
 
 
 def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:
-    """The training blocks the plan keeps: all, or those of the newest sequences a time budget fits
-    (packed apart and cached under their count)."""
+    """The training blocks the plan keeps: all, or those of the newest sequences a time budget fits or
+    `train.newest_sequences` keeps (packed apart and cached under their count)."""
     kept, total = plan.train_sequences, prepared.stats.sequences
     if kept >= total:
         return packed
@@ -279,9 +279,12 @@ def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:
         prepared.tokenizer.pad_token_id,
         plan.truncate_at,
     )
+    decided = plan.decisions.get("train_sequences")
     left_out = {
         "sequences": total - kept,
         "tokens": prepared.stats.tokens - sum(prepared.stats.newest_first[:kept]),
-        "reason": "time budget (train.time_budget)",
+        "reason": "time budget (train.time_budget)"
+        if decided is None or decided.source == "planned"
+        else decided.reason,
     }
     return replace(packed, train=newest, left_out=left_out)

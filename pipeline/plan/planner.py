@@ -112,6 +112,8 @@ class Context:
     precision: str = "fp32"
     sequence_length: int = 0
     blocks: int = 0
+    all_sequences: int = 0
+    """Training sequences before `train.newest_sequences` kept the newest alone."""
     quantization: str = "none"
     micro: int = 1
     accumulation: int = 1
@@ -166,6 +168,11 @@ def _compute(c: Context) -> None:
 
 
 def _blocks(c: Context) -> None:
+    c.all_sequences = c.data.sequences
+    newest = c.p.value(lambda cfg: cfg.train.newest_sequences)
+    # The newest sequences' lengths are known once the history is tokenized (a plan from a sample has none).
+    if newest and newest < c.data.sequences and len(c.data.newest_first) == c.data.sequences:
+        c.data = DataStats.from_lengths(c.data.newest_first[:newest])
     c.sequence_length = _sequence_length(c.p, c.data, c.model)
     cut = _truncate_at(c.p, c.style, c.sequence_length, c.device, c.data)
     if cut:
@@ -198,6 +205,15 @@ def _budget(c: Context) -> None:
         c.blocks, c.epochs = fitted, epochs
     else:
         p.planned("train_sequences", c.data.sequences, f"all {c.data.sequences} training sequences")
+    if c.data.sequences < c.all_sequences:
+        decided, older = p.decisions["train_sequences"], c.all_sequences - c.data.sequences
+        p.because_of(
+            "train_sequences",
+            decided.value,
+            lambda cfg: cfg.train.newest_sequences,
+            f"train.newest_sequences keeps the newest {c.data.sequences} of {c.all_sequences} (the {older} "
+            f"older ones are left out; every commit is still indexed); {decided.reason}",
+        )
     p.planned(
         "effective_batch_size",
         c.micro * c.accumulation * c.world,
