@@ -172,8 +172,8 @@ class EvalConfig:
     """Held-out blocks per format scored for loss; auto: all on a GPU, bounded by time on a CPU."""
     validate_model: bool | Auto = "auto"
     """The fine-tuned model also answers the validation commits, so the suggestion system can be the
-    model where it beats the repository's past there beyond its 95% interval; auto: on a GPU or without a time budget (on a
-    CPU with a budget it would cost as long again as the held-out commits)."""
+    model where it beats the repository's past there beyond its 95% interval; auto: on a GPU or without
+    a time budget (on a CPU with a budget it would cost as long again as the held-out commits)."""
     cache_base_scores: bool = True
     """Keep the base model's scores per model and held-out set (~/.cache/repotune/evaluations), so a
     second run on the same commits evaluates only the fine-tuned model."""

@@ -170,7 +170,7 @@ def _compute(c: Context) -> None:
 def _blocks(c: Context) -> None:
     c.all_sequences = c.data.sequences
     newest = c.p.value(lambda cfg: cfg.train.newest_sequences)
-    # The newest sequences' lengths are known once the history is tokenized (a plan from a sample has none).
+    # Only where the lengths' newest-first order is known (statistics built from counts alone have none).
     if newest and newest < c.data.sequences and len(c.data.newest_first) == c.data.sequences:
         c.data = DataStats.from_lengths(c.data.newest_first[:newest])
     c.sequence_length = _sequence_length(c.p, c.data, c.model)
