@@ -25,10 +25,10 @@ from scrapers.config import (
     FRACTION_OR_AUTO,
     NON_NEGATIVE,
     POSITIVE,
+    POSITIVE_OR_NULL,
     SEQUENCE_FORMATS,
     Auto,
     ScrapeConfig,
-    rule,
 )
 
 SHIPPED_CONFIG_PATH = Path(__file__).resolve().parent.parent / "training_config.yaml"
@@ -112,9 +112,7 @@ class TrainConfig:
     time_budget: str | int | float | None = "auto"
     """Wall-clock bound on the training stage: `10m`, `90s`, `1h`, a number of seconds, or none; auto: 10m
     on a CPU, none on a GPU. Within it the planner trains the newest commits that fit, at measured speed."""
-    newest_sequences: int | None = field(
-        default=None, metadata=rule(lambda v: v is None or v > 0, "must be > 0 or null")
-    )
+    newest_sequences: int | None = field(default=None, metadata=POSITIVE_OR_NULL)
     """Train on this many of the newest training sequences alone (a commit gives one per format); null: all,
     or what a time budget fits. Every commit is still indexed, retrieved from and scored on, unlike
     `scrape.max_commits`, which reads fewer commits for all of them."""

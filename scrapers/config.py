@@ -27,6 +27,7 @@ def _non_negative(value) -> bool:
 
 POSITIVE = rule(_positive, "must be > 0")
 NON_NEGATIVE = rule(_non_negative, "must be >= 0")
+POSITIVE_OR_NULL = rule(lambda v: v is None or v > 0, "must be > 0 or null")
 FRACTION = rule(lambda v: 0 <= v < 1, "must be in [0, 1)")
 FRACTION_OR_AUTO = rule(lambda v: v == "auto" or 0 <= v < 1, "must be in [0, 1) or auto")
 
@@ -85,9 +86,7 @@ class ScrapeConfig:
     """Only commits after this date (anything `git log --since` accepts)."""
     until: str | None = None
     """Only commits before this date."""
-    max_commits: int | None = field(
-        default=None, metadata=rule(lambda v: v is None or v > 0, "must be > 0 or null")
-    )
+    max_commits: int | None = field(default=None, metadata=POSITIVE_OR_NULL)
     """Read at most this many commits, newest first; null reads the whole history."""
     include_merges: bool = False
     """Keep merge commits (their diff against the first parent)."""

@@ -279,12 +279,11 @@ def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:
         prepared.tokenizer.pad_token_id,
         plan.truncate_at,
     )
-    decided = plan.decisions.get("train_sequences")
+    # Where a setting (train.newest_sequences) decided it, its reason says which; the planner's is the budget's.
+    decided = plan.decisions["train_sequences"]
     left_out = {
         "sequences": total - kept,
         "tokens": prepared.stats.tokens - sum(prepared.stats.newest_first[:kept]),
-        "reason": "time budget (train.time_budget)"
-        if decided is None or decided.source == "planned"
-        else decided.reason,
+        "reason": "time budget (train.time_budget)" if decided.source == "planned" else decided.reason,
     }
     return replace(packed, train=newest, left_out=left_out)
