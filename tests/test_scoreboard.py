@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from pipeline.config import RetrievalConfig
+from pipeline.errors import ModelLoadError
+from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     _batches,
@@ -24,6 +26,7 @@ from pipeline.evaluate.evaluation import (
 )
 from pipeline.evaluate.retrieval import Index, changed_paths, identifiers, past_commits
 from pipeline.evaluate.suggestion import (
+    FEATURES,
     RECENT_CANDIDATES,
     Suggester,
     backtest,
@@ -177,6 +180,86 @@ def test_a_number_moves_only_where_its_anchors_agree_on_one(package, changelog, 
     assert moved("Version 1.4.2 (#12)", found, diff(package, changelog)) == expected
     assert moved("Version 1.4.21", found, diff(package, changelog)) == "Version 1.4.21"  # another number
     assert anchors("Version 1.4.2", '+    "1.4.2",\n') == []  # a quote alone would anchor anywhere
+
+
+def added(path: str, *lines: str) -> str:
+    """A diff that adds `lines` to `path`."""
+    body = "".join(f"+{line}\n" for line in lines)
+    return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1,0 +1,{len(lines)} @@\n{body}"
+
+
+@pytest.mark.parametrize(
+    ("diff", "expected"),
+    [
+        (  # reStructuredText: a wrapped entry, its role and its second sentence left out
+            added("CHANGES.rst", "", "-   All teardown callbacks are", "    called, even if any raise an error.",
+                  "    :pr:`5928`", "-   The next entry."),
+            "All teardown callbacks are called, even if any raise an error",
+        ),
+        (added("CHANGES.rst", "Version 3.1.3", "-------------", "", "Unreleased"), "Version 3.1.3"),  # a release
+        (added("CHANGELOG.md", "## [Unreleased]", "* Drop Python 3.8 support (#3592)."), "Drop Python 3.8 support"),
+        (added("docs/History.md", "- Fix `req.fresh` for QUERY [#7366](https://x/7366)"), "Fix `req.fresh` for QUERY"),
+        (added("src/history.go", "func keep() {}"), None),  # code named history, not a changelog
+        (added("CHANGES.rst", "-----", "Fix"), None),  # a rule and a marker: no entry
+        (added("README.md", "- Fix the docs."), None),
+    ],
+)  # fmt: skip
+def test_the_changelog_entry_is_the_first_sentence_a_diff_adds_to_a_changelog(diff, expected):
+    assert entry(diff) == expected
+
+
+def changelog_repo(path: Path, commits: int) -> GitRepo:
+    """A history whose every commit also says what it did in CHANGES.rst, capitalised and with its
+    pull request: the past's messages are about other changes, the entry about this one."""
+    repo, entries = GitRepo(path), []
+    for n in range(commits):
+        verb, noun = ["Teach", "Stop", "Let"][n % 3], ["parser", "cache", "router", "codec"][n % 4]
+        entries.insert(0, f"-   {verb} the {noun} about frame {n}. :pr:`{1000 + n}`")
+        repo.commit(
+            f"{verb.lower()} the {noun} about frame {n}",
+            {
+                f"{noun}/frame_{n}.py": module_source(n),
+                "CHANGES.rst": "Unreleased\n\n" + "\n".join(entries) + "\n",
+            },
+        )
+    return repo
+
+
+def test_the_selector_is_offered_the_diffs_own_changelog_entry_and_learns_when_to_choose_it(tmp_path):
+    changelog_repo(tmp_path / "repo", commits=70)
+    scraped(GitRepo(tmp_path / "repo"), tmp_path / "out", eval_commits=4, valid_commits=4)
+    past = learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(k=5), 0)
+    held_out = past.split("eval")
+    # No past commit wrote these messages; the entries the diffs add say them, in the changelog's case.
+    assert [past.suggester.select(c.diff) for c in held_out] == [
+        c.message[0].upper() + c.message[1:] for c in held_out
+    ]
+    assert all(past.suggester.lookup(c.diff) != c.message for c in held_out)
+    # An adapter saved before the changelog entry was offered: its selector reads the features it learned
+    # on, and it is never offered the entry; one that reads a feature this version lacks is refused.
+    import lightgbm
+    import numpy as np
+
+    past.suggester.save(tmp_path / "adapter")
+    graded = [grades for grades in past.suggester.graded.values() if grades is not None]
+    legacy = lightgbm.train(
+        {"objective": "lambdarank", "verbosity": -1, "min_data_in_leaf": 5},
+        lightgbm.Dataset(
+            np.asarray([row[:-1] for rows, _ in graded for row in rows]),
+            np.asarray([grade for _, grades in graded for grade in grades]),
+            group=[len(grades) for _, grades in graded],
+        ),
+        num_boost_round=5,
+    )
+    legacy.save_model(str(tmp_path / "adapter" / "retrieval" / "selector.txt"))
+    system = tmp_path / "adapter" / "retrieval" / "system.json"
+    facts = orjson.loads(system.read_bytes())
+    system.write_bytes(orjson.dumps({**facts, "features": list(FEATURES[:-1])}))
+    old = Suggester.load(tmp_path / "adapter")
+    assert all(old.select(c.diff) != entry(c.diff) for c in held_out)
+    system.write_bytes(orjson.dumps({**facts, "features": [*FEATURES, "stars"]}))
+    with pytest.raises(ModelLoadError, match="stars"):
+        Suggester.load(tmp_path / "adapter")
 
 
 def test_retrieval_leaves_jax_alone(tmp_path, monkeypatch):

@@ -2,15 +2,18 @@
 own past.
 
 The lookup (`Suggester.lookup`) offers the message of the most similar earlier commit. The selector
-offers the best of the `k` most similar ones and of the newest commits to the diff's files (how that
-part of the repository is described now): each candidate (a past message, and its subject line alone
-when it has a body) is described by what retrieval knows (its BM25 score, rank and margin,
-its age, the files both commits touch, its length, how much the other candidates agree with it, how
-many of its words the new diff contains) and a gradient-boosted ranker (LightGBM's lambdarank) orders
-a diff's candidates by how close each is to the message that was really written. It learns on the
+offers the best of the `k` most similar ones, of the newest commits to the diff's files (how that
+part of the repository is described now) and of the entry the diff adds to a changelog
+(`pipeline.evaluate.changelog`: the one candidate that knows the change, where the past cannot). Each
+candidate (a past message, its subject line alone when it has a body, the entry) is described by
+what retrieval knows (its BM25 score, rank and margin, its age, the files both commits touch, its
+length, how much the other candidates agree with it, how many of its words the new diff contains,
+whether it is the entry) and a gradient-boosted ranker (LightGBM's lambdarank) orders a diff's
+candidates by how close each is to the message that was really written. It learns on the
 repository's own older commits, each answered only from commits older than itself, so it never sees a
-validation or held-out commit. The candidate it offers has its version numbers moved to the new diff's
-(`pipeline.evaluate.versions`: "Version 0.39.1" for a diff that writes 0.47.3 becomes "Version 0.47.3").
+validation or held-out commit. A past message it offers has its version numbers moved to the new
+diff's (`pipeline.evaluate.versions`: "Version 0.39.1" for a diff that writes 0.47.3 becomes
+"Version 0.47.3").
 
 Which system a run offers (`lookup`, `selector`, or the fine-tuned model's own answer) is decided on
 the validation commits, never on the held-out ones, and recorded with the scores that decided it.
@@ -30,6 +33,8 @@ from typing import Any
 import orjson
 
 from pipeline.config import RetrievalConfig
+from pipeline.errors import ModelLoadError
+from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.retrieval import INDEX_DIR, Index, Neighbour, changed_paths, identifiers, past_commits
 from pipeline.evaluate.versions import moved
 from pipeline.types import Past, PastCommit
@@ -41,29 +46,35 @@ _WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
 FEATURES = (
     "bm25_score", "rank", "score_share_of_top", "top_margin", "age_commits_log", "shared_paths",
     "chars", "lines", "agreement", "query_terms_log", "query_files", "subject_only",
-    "words_in_diff_share", "words_in_diff", "words",
+    "words_in_diff_share", "words_in_diff", "words", "changelog",
 )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A past message offered for a diff, with what retrieval knows about it."""
+    """A message offered for a diff, with what retrieval knows about it: a past message, or the diff's
+    own changelog entry (which carries the nearest commit's retrieval facts, marked `changelog`)."""
 
     message: str
     neighbour: Neighbour
     rank: int
     subject_only: bool
+    changelog: bool = False
 
 
-def candidates(neighbours: Sequence[Neighbour]) -> list[Candidate]:
+def candidates(neighbours: Sequence[Neighbour], diff: str) -> list[Candidate]:
     """Each neighbour's message, and its subject line alone when it has a body (a body written for
-    another change is often what a suggestion should leave out)."""
+    another change is often what a suggestion should leave out); then the entry `diff` adds to a
+    changelog, where it adds one (`pipeline.evaluate.changelog`)."""
     found = []
     for rank, neighbour in enumerate(neighbours):
         found.append(Candidate(neighbour.message, neighbour, rank, False))
         subject = neighbour.message.split("\n", 1)[0].strip()
         if subject != neighbour.message:
             found.append(Candidate(subject, neighbour, rank, True))
+    written = entry(diff) if found else None
+    if written:
+        found.append(Candidate(written, neighbours[0], len(neighbours), True, changelog=True))
     return found
 
 
@@ -122,6 +133,7 @@ def features(
                 in_diff / len(words) if words else 0.0,
                 in_diff,
                 len(words),
+                float(candidate.changelog),
             ]
         )
     return rows
@@ -162,7 +174,7 @@ def _grade(index: Index, commit: PastCommit, position: int, k: int) -> Grades | 
     """The candidates for `commit`, answered from the commits older than itself: their rows, and how close
     each is to the message written, in grades of CLOSENESS_GRADE points."""
     query, paths = identifiers(commit.diff), changed_paths(commit.diff)
-    found = candidates(nearest_and_recent(index, query, paths, k, position))
+    found = candidates(nearest_and_recent(index, query, paths, k, position), commit.diff)
     if len(found) < 2:
         return None
     grades = [
@@ -248,11 +260,20 @@ class Suggester:
     the run chose; `suggest` answers with the chosen retrieval system."""
 
     def __init__(
-        self, index: Index, selector, k: int, system: str = "selector", graded: Graded | None = None
+        self,
+        index: Index,
+        selector,
+        k: int,
+        system: str = "selector",
+        graded: Graded | None = None,
+        feature_names: Sequence[str] = FEATURES,
     ):
         self.index, self.selector, self.k, self.system = index, selector, k, system
         self.graded: Graded = {} if graded is None else graded
         """What the selector learned from, kept for the backtest's selectors (not saved)."""
+        self.feature_names = tuple(feature_names)
+        """What the selector reads: FEATURES, or the fewer an earlier version's selector learned on
+        (one saved before the changelog entry was offered is never offered it)."""
 
     def lookup(self, diff: str, older_than: int = -1) -> str:
         found = self.index.nearest(diff, 1, older_than)
@@ -264,13 +285,17 @@ class Suggester:
         import numpy as np
 
         query, paths = identifiers(diff), changed_paths(diff)
-        found = candidates(nearest_and_recent(self.index, query, paths, self.k, older_than))
+        neighbours = nearest_and_recent(self.index, query, paths, self.k, older_than)
+        found = candidates(neighbours, diff if "changelog" in self.feature_names else "")
         if not found:
             return ""
         chosen = found[0]
         if self.selector is not None:
-            rows = features(self.index, query, paths, older_than, found)
-            chosen = found[int(np.argmax(self.selector.predict(np.asarray(rows, dtype=np.float64))))]
+            rows = np.asarray(features(self.index, query, paths, older_than, found), dtype=np.float64)
+            read = rows[:, [FEATURES.index(name) for name in self.feature_names]]
+            chosen = found[int(np.argmax(self.selector.predict(read)))]
+        if chosen.changelog:
+            return chosen.message  # its numbers are the diff's own
         return moved(chosen.message, self.index.anchors[chosen.neighbour.position], diff)
 
     def suggest(self, diff: str, system: str | None = None) -> str:
@@ -283,7 +308,7 @@ class Suggester:
         self.index.save(directory / INDEX_DIR)
         if self.selector is not None:
             self.selector.save_model(str(directory / INDEX_DIR / SELECTOR_FILE))
-        facts = {"system": self.system, "k": self.k, "features": list(FEATURES)}
+        facts = {"system": self.system, "k": self.k, "features": list(self.feature_names)}
         (directory / INDEX_DIR / SYSTEM_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
 
     @classmethod
@@ -297,7 +322,13 @@ class Suggester:
             if (where / SELECTOR_FILE).exists()
             else None
         )
-        return cls(Index.load(where), selector, facts["k"], facts["system"])
+        unknown = sorted(set(facts["features"]) - set(FEATURES))
+        if unknown:
+            raise ModelLoadError(
+                f"{where}: its selector reads {', '.join(unknown)}, which this version of repotune does "
+                "not compute; train again with this version, or use the repotune that trained it"
+            )
+        return cls(Index.load(where), selector, facts["k"], facts["system"], feature_names=facts["features"])
 
 
 def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past:
