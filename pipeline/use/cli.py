@@ -149,7 +149,8 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
         choices=["lookup", "selector", "model"],
         help="with --task message: who answers (default: the system the run chose on its validation "
         "commits, see MANIFEST.json .training_report.evaluation.system): the message of the most similar "
-        "past commit, the selector's choice among the similar past commits, or the fine-tuned model",
+        "past commit, the selector's choice among the similar past commits' messages and the diff's "
+        "changelog entry, or the fine-tuned model",
     )
     parser.add_argument(
         "--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)"
