@@ -74,6 +74,7 @@ def candidates(neighbours: Sequence[Neighbour], diff: str) -> list[Candidate]:
             found.append(Candidate(subject, neighbour, rank, True))
     written = entry(diff) if found else None
     if written:
+        # Ranked after every past commit, one line as a subject alone is (the form it was measured in).
         found.append(Candidate(written, neighbours[0], len(neighbours), True, changelog=True))
     return found
 
