@@ -188,6 +188,12 @@ def added(path: str, *lines: str) -> str:
     return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1,0 +1,{len(lines)} @@\n{body}"
 
 
+def new_file(path: str, *lines: str, mode: str = "100644") -> str:
+    """A diff that adds the file `path`, of `lines`."""
+    body = "".join(f"+{line}\n" for line in lines)
+    return f"diff --git a/{path} b/{path}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
 @pytest.mark.parametrize(
     ("diff", "expected"),
     [
@@ -202,6 +208,28 @@ def added(path: str, *lines: str) -> str:
         (added("src/history.go", "func keep() {}"), None),  # code named history, not a changelog
         (added("CHANGES.rst", "-----", "Fix"), None),  # a rule and a marker: no entry
         (added("README.md", "- Fix the docs."), None),
+        (  # a towncrier news fragment: the file is the entry
+            added("src/attr/_make.py", "x = 1") + new_file("changelog.d/1606.change.md",
+                  "The dunder methods of `attrs.evolve()` aren't mangled anymore."),
+            "The dunder methods of `attrs.evolve()` aren't mangled anymore",
+        ),
+        (  # aiohttp's fragments credit their authors, who are not the change
+            new_file("CHANGES/13509.bugfix.rst", "Fixed multipart base64 edge cases -- by :user:`a` and :user:`b`."),
+            "Fixed multipart base64 edge cases",
+        ),
+        (new_file("CHANGES/13510.bugfix.rst", "13509.bugfix.rst", mode="120000"), None),  # a link to another's text
+        (  # a changeset: its front matter names the packages
+            new_file(".changeset/cuddly-mugs-end.md", "---", '"@changesets/write": patch', "---", "",
+                     "Remove two spaces from the last line."),
+            "Remove two spaces from the last line",
+        ),
+        (new_file(".changeset/README.md", "# Changesets", "", "Hello and welcome! This folder has"), None),
+        (new_file("news/2026-11-26-launch.md", "We launched the new site."), None),  # news, not a fragment
+        (new_file("changelog/12.doc.rst", ".. note::", "Documented `--confcutdir`."), "Documented `--confcutdir`"),
+        (  # a role that names what changed is kept as its text; one that names an issue or a person is not
+            added("CHANGES.rst", "-   :py:class:`~flask.Flask` takes :option:`-c` (see :ref:`the docs <cfg>`). :issue:`12`"),
+            "`Flask` takes `-c` (see the docs)",
+        ),
     ],
 )  # fmt: skip
 def test_the_changelog_entry_is_the_first_sentence_a_diff_adds_to_a_changelog(diff, expected):
