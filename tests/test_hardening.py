@@ -217,3 +217,20 @@ def test_the_recorded_command_is_what_the_user_typed(cli, sample_repo, tmp_path)
     cli(*typed, "--set", "scrape.max_commits=1")
     run = read_json(tmp_path / "out" / "MANIFEST.json")["run"]
     assert (run["command"], run["argv"]) == ("run", [*typed, "--set", "scrape.max_commits=1"])
+
+
+def test_tokenizer_workers_stop_quietly_under_the_pipelines_signal_handlers(capfd):
+    """A run raises on SIGTERM to record an interruption. Forked tokenizer workers that kept that handler
+    printed a traceback each when their pool stopped them at the end of a large history's tokenizing
+    (pytest-dev/pytest's 23,478 sequences), and could have kept the pool waiting for them."""
+    from pipeline.data.token_cache import _encoded
+    from pipeline.record.run import _signals_interrupt
+    from pipeline.types import TextStyle
+    from tests.test_learning_plan import CharTokenizer
+
+    chunks = [(["diff"] * 4, [f"Fix {n}\n\n+x = {n}\n" for n in range(4)]) for _ in range(8)]
+    with _signals_interrupt():
+        for _ in range(10):  # whether a worker is stopped by the signal or by the pool's last task is a race
+            parts = list(_encoded(chunks, (CharTokenizer(), TextStyle("raw", "all"), (64, 32)), 2))
+            assert [len(lengths) for _, _, lengths in parts] == [4] * 8
+    assert "Traceback" not in capfd.readouterr().err
