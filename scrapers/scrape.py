@@ -317,7 +317,8 @@ def worker_signals() -> None:
     handlers (the pipeline raises on SIGTERM to record an interruption); in a worker blocked on the
     pool's task queue such a handler turned the pool's own SIGTERM at shutdown into a worker that never
     exits, and a pool that waits for it forever, or into a traceback on the run's output (the
-    tokenizer's workers, on pytest-dev/pytest's history). Ctrl-C is the parent's to handle."""
+    tokenizer's workers, on pytest-dev/pytest's history; a worker stopped before it gets here is the
+    pipeline handler's to end quietly). Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

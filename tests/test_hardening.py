@@ -4,8 +4,12 @@ oversized messages, quoted secrets, and the command line recorded as typed."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -222,7 +226,8 @@ def test_the_recorded_command_is_what_the_user_typed(cli, sample_repo, tmp_path)
 def test_tokenizer_workers_stop_quietly_under_the_pipelines_signal_handlers(capfd):
     """A run raises on SIGTERM to record an interruption. Forked tokenizer workers that kept that handler
     printed a traceback each when their pool stopped them at the end of a large history's tokenizing
-    (pytest-dev/pytest's 23,478 sequences), and could have kept the pool waiting for them."""
+    (pytest-dev/pytest's 23,478 sequences), and could have kept the pool waiting for them; one stopped
+    before its initializer ran did so still (CI, on a busy machine)."""
     from pipeline.data.token_cache import _encoded
     from pipeline.record.run import _signals_interrupt
     from pipeline.types import TextStyle
@@ -233,4 +238,14 @@ def test_tokenizer_workers_stop_quietly_under_the_pipelines_signal_handlers(capf
         for _ in range(10):  # whether a worker is stopped by the signal or by the pool's last task is a race
             parts = list(_encoded(chunks, (CharTokenizer(), TextStyle("raw", "all"), (64, 32)), 2))
             assert [len(lengths) for _, _, lengths in parts] == [4] * 8
+        # A worker stopped before its pool's initializer ran still has the run's handler: it ends quietly.
+        worker = multiprocessing.get_context("fork").Process(target=_stopped_at_once)
+        worker.start()
+        worker.join()
+    assert worker.exitcode == 128 + signal.SIGTERM
     assert "Traceback" not in capfd.readouterr().err
+
+
+def _stopped_at_once() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # the handler runs before this ends

@@ -296,7 +296,13 @@ def _signals_interrupt() -> Iterator[None]:
     """SIGINT and SIGTERM end any stage with the manifest saying `interrupted` and where (training
     replaces this with its own handler, which saves a checkpoint first)."""
 
+    owner = os.getpid()
+
     def stop(signum, frame):
+        if os.getpid() != owner:
+            # A worker forked from this process (scraping, tokenizing), stopped by its pool before it set
+            # its own dispositions (`scrapers.scrape.worker_signals`): end as the signal would, quietly.
+            os._exit(128 + signum)
         raise Interrupted(f"interrupted by {signal.Signals(signum).name}", signum)
 
     try:
