@@ -306,19 +306,13 @@ _WORKER_PROGRESS = None
 
 
 def _set_worker_progress(counter) -> None:
-    """A worker's start: the shared progress counter, and `worker_signals`."""
+    """A worker's start: the shared progress counter, and the default signal dispositions back. A
+    forked worker inherits the parent's handlers (the pipeline raises on SIGTERM to record an
+    interruption); in a worker blocked on the pool's task queue such a handler turned the pool's own
+    SIGTERM at shutdown into a worker that never exits, and a pool that waits for it forever. Ctrl-C is
+    the parent's to handle."""
     global _WORKER_PROGRESS
     _WORKER_PROGRESS = counter
-    worker_signals()
-
-
-def worker_signals() -> None:
-    """The default signal dispositions back in a pool's worker. A forked worker inherits the parent's
-    handlers (the pipeline raises on SIGTERM to record an interruption); in a worker blocked on the
-    pool's task queue such a handler turned the pool's own SIGTERM at shutdown into a worker that never
-    exits, and a pool that waits for it forever, or into a traceback on the run's output (the
-    tokenizer's workers, on pytest-dev/pytest's history; a worker stopped before it gets here is the
-    pipeline handler's to end quietly). Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

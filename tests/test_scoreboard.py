@@ -182,16 +182,16 @@ def test_a_number_moves_only_where_its_anchors_agree_on_one(package, changelog, 
     assert anchors("Version 1.4.2", '+    "1.4.2",\n') == []  # a quote alone would anchor anywhere
 
 
-def added(path: str, *lines: str) -> str:
-    """A diff that adds `lines` to `path`."""
+def added(path: str, *lines: str, mode: str | None = None) -> str:
+    """A diff that adds `lines` to `path` (with `mode`, as a new file of that mode)."""
     body = "".join(f"+{line}\n" for line in lines)
-    return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1,0 +1,{len(lines)} @@\n{body}"
+    new, old, start = (f"new file mode {mode}\n", "/dev/null", "0,0") if mode else ("", f"a/{path}", "1,0")
+    return f"diff --git a/{path} b/{path}\n{new}--- {old}\n+++ b/{path}\n@@ -{start} +1,{len(lines)} @@\n{body}"
 
 
 def new_file(path: str, *lines: str, mode: str = "100644") -> str:
     """A diff that adds the file `path`, of `lines`."""
-    body = "".join(f"+{line}\n" for line in lines)
-    return f"diff --git a/{path} b/{path}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+    return added(path, *lines, mode=mode)
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ from pipeline.manifest import provenance_hash
 from pipeline.progress import Progress, say
 from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle, TokenCache
 from scrapers.errors import RepositoryError
-from scrapers.scrape import SPLITS, worker_signals
+from scrapers.scrape import SPLITS
 
 CACHE_FORMAT = 4  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
@@ -190,7 +190,6 @@ def _encoded(chunks: list[tuple[list[str], list[str]]], encoder: tuple, processe
 def _set_encoder(encoder: tuple) -> None:
     global _ENCODER
     _ENCODER = encoder
-    worker_signals()
 
 
 def _encode_chunk(chunk: tuple[list[str], list[str]]):

@@ -53,8 +53,10 @@ _ROLE = re.compile(r"(?::[a-z]+)?:([a-z]+):`([^`]*)`")  # :pr:`5928`, :class:`~f
 # Roles that name a pull request, an issue, a commit or a person: not the change, and left out. Any other
 # role names what changed (:class:`~flask.Flask`, :option:`-c`), and is kept as its text, in code quotes.
 _PROSE = {"ref", "doc", "term"}
-_REFERENCES = {"pr", "pull", "issue", "issues", "gh", "ghissue", "ghpull", "bug", "commit", "sha", "user"}
-_REFERENCES |= {"ghuser", "cve"}
+_REFERENCES = {
+    "pr", "pull", "issue", "issues", "gh", "ghissue", "ghpull", "bug", "commit", "sha", "user", "ghuser",
+    "cve",
+}  # fmt: skip
 _ISSUE = re.compile(r"\s*\(?\[?#\d+\]?(?:\([^)]*\))?\)?")  # (#123), #123, [#123](https://…)
 _SENTENCE_END = re.compile(r"(?<=[a-z0-9`)])\.\s")  # not after a capital: "Use e.g. X", "v. 2"
 _FRONT_MATTER = re.compile(r"^(@@ -0,0 [^\n]*\n)\+---\n(?:\+[^\n]*\n)*?\+---\n", re.MULTILINE)  # a new file's
