@@ -298,8 +298,22 @@ def _run_shards(tasks: list[ShardTask], total: int, label: str, cores: int) -> l
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
     pool = context.Pool(min(len(tasks), cores), initializer=_set_worker_progress, initargs=(counter,))
-    with pool, _progress_bar(counter, total, label):
+    with ending_quietly(pool), _progress_bar(counter, total, label):
         return pool.map(_scrape_with_progress, tasks)
+
+
+@contextmanager
+def ending_quietly(pool: multiprocessing.pool.Pool) -> Iterator[multiprocessing.pool.Pool]:
+    """`pool`, whose workers end with their last task when the block is done, and are stopped only when it
+    is interrupted. Leaving `with pool` stops them with SIGTERM, which could hang: a worker still being
+    forked (on a busy machine the others can do every task before it first runs) loses the signal to
+    Python's after-fork reset and then waits for a task forever (the suite met it twice in a row)."""
+    try:
+        yield pool
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()  # interrupted: stop them (after join, nothing is left to stop)
 
 
 _WORKER_PROGRESS = None

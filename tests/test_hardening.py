@@ -235,7 +235,7 @@ def test_tokenizer_workers_stop_quietly_under_the_pipelines_signal_handlers(capf
 
     chunks = [(["diff"] * 4, [f"Fix {n}\n\n+x = {n}\n" for n in range(4)]) for _ in range(8)]
     with _signals_interrupt():
-        for _ in range(10):  # whether a worker is stopped by the signal or by the pool's last task is a race
+        for _ in range(10):  # each pool ends its workers with its last task, not with a signal
             parts = list(_encoded(chunks, (CharTokenizer(), TextStyle("raw", "all"), (64, 32)), 2))
             assert [len(lengths) for _, _, lengths in parts] == [4] * 8
         # A worker stopped before it has run anything (the race CI met on a busy machine) ends quietly too.

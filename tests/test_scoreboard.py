@@ -186,7 +186,9 @@ def added(path: str, *lines: str, mode: str | None = None) -> str:
     """A diff that adds `lines` to `path` (with `mode`, as a new file of that mode)."""
     body = "".join(f"+{line}\n" for line in lines)
     new, old, start = (f"new file mode {mode}\n", "/dev/null", "0,0") if mode else ("", f"a/{path}", "1,0")
-    return f"diff --git a/{path} b/{path}\n{new}--- {old}\n+++ b/{path}\n@@ -{start} +1,{len(lines)} @@\n{body}"
+    return (
+        f"diff --git a/{path} b/{path}\n{new}--- {old}\n+++ b/{path}\n@@ -{start} +1,{len(lines)} @@\n{body}"
+    )
 
 
 def new_file(path: str, *lines: str, mode: str = "100644") -> str:

@@ -39,7 +39,7 @@ from pipeline.manifest import provenance_hash
 from pipeline.progress import Progress, say
 from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle, TokenCache
 from scrapers.errors import RepositoryError
-from scrapers.scrape import SPLITS
+from scrapers.scrape import SPLITS, ending_quietly
 
 CACHE_FORMAT = 4  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
@@ -183,7 +183,7 @@ def _encoded(chunks: list[tuple[list[str], list[str]]], encoder: tuple, processe
 
     # fork shares the loaded tokenizer and modules; elsewhere each worker unpickles the tokenizer once.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with context.Pool(processes, initializer=_set_encoder, initargs=(encoder,)) as pool:
+    with ending_quietly(context.Pool(processes, initializer=_set_encoder, initargs=(encoder,))) as pool:
         yield from pool.imap(_encode_chunk, chunks)
 
 
