@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import LoadedConfig
 from pipeline.record.run import Record, open_run
-from pipeline.types import Data, Evaluation, Loaded, Machine, Packed, Plan, Prepared, TrainOutcome
+from pipeline.types import Data, Evaluation, Loaded, Machine, Plan, Prepared, TrainOutcome
 from pipeline.use.cli import (
     Command,
     command_flags,
@@ -46,9 +47,9 @@ def run(args: argparse.Namespace) -> None:
 
     loaded = loaded_config(args)
     with open_run(loaded, "run", args.argv, distributed=True) as record:
-        data = record.shared(lambda: prepare_data(record, loaded, args.repos))
-        model, plan, packed = fit_to_machine(record, loaded, data, args.resume)
-        outcome, suggester = train_and_evaluate(record, loaded, data, model, plan, packed, args.resume)
+        data = record.shared(lambda: prepare_data(record, loaded, args.repos, ahead=True))
+        model, data = fit_to_machine(record, loaded, data, args.resume)
+        outcome, suggester = train_and_evaluate(record, loaded, data, model, args.resume)
         if record.writes:
             record.step(
                 "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester,
@@ -64,23 +65,26 @@ def prepare_data(
     repos: list[str],
     hardware_profile: str | None = None,
     sample: int | None = None,
+    ahead: bool = False,
 ) -> Data:
     """Scrape (or reuse the scrape) → tokenize → plan → pack: what training needs from the history
-    (with `sample`, token statistics estimated from that many sequences unless they are cached)."""
+    (with `sample`, token statistics estimated from that many sequences unless they are cached; with
+    `ahead`, a history not cached yet tokenized only as far back as a time budget could train)."""
     from pipeline.data.dataset import pack
     from pipeline.data.sources import scrape as scrape_sources
     from pipeline.data.token_cache import prepare
     from pipeline.hardware import machine
-    from pipeline.plan.planner import plan_for
+    from pipeline.plan.planner import plan_for, tokenize_ahead
     from pipeline.train.model import DATA_LIBRARIES, load_libraries
 
     config = loaded.config
     scraped = record.step("scrape", scrape_sources, repos, config.scrape, record.output_dir, record.previous)
     record.step("imports", load_libraries, DATA_LIBRARIES)
-    prepared = record.step(
-        "tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir), sample
-    )
     planned_for = record.step("detect", machine, hardware_profile, record.launch, record.load)
+    prepared = record.step(
+        "tokenize", prepare, scraped, loaded, record.cache_root(config.output.cache_dir), sample,
+        tokenize_ahead(planned_for, loaded) if ahead else None,
+    )  # fmt: skip
     plan = record.step("plan", plan_for, prepared, planned_for, loaded)
     packed = record.step("pack", pack, prepared, plan)
     return Data(scraped, prepared, planned_for, plan, packed)
@@ -88,33 +92,53 @@ def prepare_data(
 
 def fit_to_machine(
     record: Record, loaded: LoadedConfig, data: Data, resume: bool, continue_from: Path | None = None
-) -> tuple[Loaded, Plan, Packed]:
+) -> tuple[Loaded, Data]:
     """Load the model (with `continue_from`'s adapter, for an update), measure what the plan needs from
     this machine (the largest micro-batch that fits a GPU, the training speed for a time budget) and plan
-    again, keep the blocks that plan trains on."""
+    again (tokenizing the rest of the history if the budget reaches past what was tokenized ahead of it),
+    keep the blocks that plan trains on."""
     from pipeline.data.dataset import keep_newest
     from pipeline.plan.planner import format_plan
     from pipeline.progress import say
     from pipeline.train.model import TRAINING_LIBRARIES, load_libraries, load_model
     from pipeline.train.probe import measure, resumed_speed
 
-    config, prepared = loaded.config, data.prepared
+    config = loaded.config
     record.step("imports_training", load_libraries, TRAINING_LIBRARIES)
     model = record.step(
-        "load_model", load_model, config.train.model, prepared, data.plan, config.lora, record.launch,
+        "load_model", load_model, config.train.model, data.prepared, data.plan, config.lora, record.launch,
         record.output_dir, continue_from,
     )  # fmt: skip
     resumed = resumed_speed(record.previous) if resume else None
     plan = record.step(
-        "measure", measure, prepared, data.machine, loaded, data.plan, model.model, data.packed.train, resumed
-    )
-    packed = record.step("pack", keep_newest, data.packed, prepared, plan)
+        "measure", measure, data.prepared, data.machine, loaded, data.plan, model.model, data.packed.train,
+        resumed,
+    )  # fmt: skip
+    if data.prepared.tokenized is not None and plan.train_sequences > data.prepared.tokenized:
+        data = tokenize_the_rest(record, loaded, data, plan)
+        plan = data.plan
+    packed = record.step("pack", keep_newest, data.packed, data.prepared, plan)
     say(format_plan(plan))
-    return model, plan, packed
+    return model, replace(data, plan=plan, packed=packed)
+
+
+def tokenize_the_rest(record: Record, loaded: LoadedConfig, data: Data, measured: Plan) -> Data:
+    """This machine trains faster than the history tokenized ahead of its budget assumed: tokenize all of
+    it, plan again at the speed measured, pack."""
+    from pipeline.data.dataset import pack
+    from pipeline.data.token_cache import prepare
+    from pipeline.plan.planner import plan_for
+    from pipeline.progress import say
+
+    say(f"the budget trains more than the newest {data.prepared.tokenized:,} sequences: tokenizing the rest")
+    cache_root = record.cache_root(loaded.config.output.cache_dir)
+    prepared = record.step("tokenize_rest", prepare, data.scraped, loaded, cache_root)
+    plan = record.step("plan", plan_for, prepared, data.machine, loaded, measured.probe, speed=measured.speed)
+    return replace(data, prepared=prepared, plan=plan, packed=record.step("pack", pack, prepared, plan))
 
 
 def train_and_evaluate(
-    record: Record, loaded: LoadedConfig, data: Data, model: Loaded, plan: Plan, packed: Packed, resume: bool
+    record: Record, loaded: LoadedConfig, data: Data, model: Loaded, resume: bool
 ) -> tuple[TrainOutcome, Any]:
     """Index the repository's past, evaluate on the held-out commits, train (resuming, retrying an
     out-of-memory), evaluate again beside the lookup and the suggestion system; the training's outcome
@@ -138,7 +162,7 @@ def train_and_evaluate(
     from pipeline.train.probe import remember_speed
     from pipeline.train.trainer import Job
 
-    config, prepared = loaded.config, data.prepared
+    config, prepared, plan, packed = loaded.config, data.prepared, data.plan, data.packed
     held_out = held_out_blocks(packed, plan.eval_blocks)
     past = (
         record.step("retrieval", learn_past, data.scraped.sequences_path, config.retrieval, plan.seed)
@@ -253,11 +277,20 @@ def update(args: argparse.Namespace) -> None:
         say(f"updating {parent.directory} with {len(parent.commits_added)} new commits")
         data = prepare_data(record, loaded, [parent.repo])
         check_tokenizer(parent, data.prepared)
-        model, plan, packed = fit_to_machine(record, loaded, data, False, parent.adapter_dir)
-        earlier = parent_held_out(parent, data.prepared, loaded, plan, record.output_dir / "parent_held_out")
-        loss_only = (model.model, earlier, (), plan, data.prepared, loaded.config.eval)  # no task prompts
+        model, data = fit_to_machine(record, loaded, data, False, parent.adapter_dir)
+        earlier = parent_held_out(
+            parent, data.prepared, loaded, data.plan, record.output_dir / "parent_held_out"
+        )
+        loss_only = (
+            model.model,
+            earlier,
+            (),
+            data.plan,
+            data.prepared,
+            loaded.config.eval,
+        )  # no task prompts
         kept = record.step("evaluate_parent_before", evaluate, *loss_only)
-        outcome, suggester = train_and_evaluate(record, loaded, data, model, plan, packed, False)
+        outcome, suggester = train_and_evaluate(record, loaded, data, model, False)
         after = record.step("evaluate_parent_after", evaluate, *loss_only)
         record.add(parent.lineage(forgetting(kept, after)))
         say(describe_forgetting(parent.directory, kept, after))
@@ -294,7 +327,7 @@ def plan(args: argparse.Namespace) -> None:
         if needs_measuring(
             decided, data.machine, loaded
         ):  # (it loads the model: a time budget on this machine)
-            decided = fit_to_machine(record, loaded, data, resume=False)[1]
+            decided = fit_to_machine(record, loaded, data, resume=False)[1].plan
         record.finish("planned")
     print(format_plan(decided))
     record.announce()

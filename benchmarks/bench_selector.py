@@ -24,12 +24,11 @@ which `bench_learning.py` shows only with a training run per repository. Exit 0,
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from cli_scrape import scraped
 
 
 def main() -> int:
@@ -40,22 +39,8 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    for repo in args.repos:
-        output = Path(args.output_dir) / Path(repo).resolve().name
-        command = [
-            sys.executable,
-            str(ROOT / "run_pipeline.py"),
-            "scrape",
-            "--repo",
-            repo,
-            "--output-dir",
-            str(output),
-        ]
-        print("$ " + " ".join(command), flush=True)
-        if subprocess.run(command, stdout=subprocess.DEVNULL).returncode != 0:
-            print(f"scraping {repo} failed", file=sys.stderr)
-            return 2
-        report(Path(repo).resolve().name, output / "sequences.jsonl")
+    for name, output in scraped(args.repos, args.output_dir):
+        report(name, output / "sequences.jsonl")
     return 0
 
 

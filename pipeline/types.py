@@ -359,8 +359,12 @@ class Prepared:
     style: TextStyle
     """How records became tokens (evaluation prompts are rendered the same way)."""
     estimate: str | None = None
-    """How the statistics were estimated from a sample (`plan` on a history not tokenized yet); None:
-    every sequence was tokenized."""
+    """How the statistics were estimated: from a sample (`plan` on a history not tokenized yet), or the
+    older sequences' from their characters (tokenized ahead of a time budget); None: every sequence was
+    tokenized."""
+    tokenized: int | None = None
+    """How many training sequences, newest first, are in the cache when not all are (tokenized ahead of a
+    time budget: the statistics of the others are estimates); None: all, or a sample."""
 
 
 @dataclass(frozen=True)
@@ -390,7 +394,8 @@ class Packed:
 
 @dataclass(frozen=True)
 class Data:
-    """What training needs from the history, prepared once (by rank 0 under torchrun)."""
+    """What training needs from the history, prepared once (by rank 0 under torchrun); once fitted to the
+    machine, with the plan measured there and the blocks it keeps."""
 
     scraped: Scraped
     prepared: Prepared

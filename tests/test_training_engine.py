@@ -133,6 +133,54 @@ def test_second_run_hits_the_token_cache_and_a_change_misses_it(cli, tmp_path):
     assert third["hit"] is False and third["key"] != first["key"]
 
 
+def test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_when_it_trains_more(
+    cli, tmp_path, monkeypatch
+):
+    """A first run on a long history tokenized all of it (pytest's 23,478 sequences: 1 to 2 minutes on 2
+    cores) to train the newest 146; it now tokenizes ahead of the budget, and all when the speed measured
+    reaches past that. The speed is the seam: how fast this machine trains decides which path a run takes."""
+    from pipeline.plan import planner
+    from pipeline.train import probe
+    from pipeline.types import Speed
+
+    repo = history_repo(tmp_path / "repo", commits=16)
+    monkeypatch.setattr(planner, "AHEAD_TOKENS_PER_S", 5)  # 240 tokens for a 1-minute budget: a few sequences
+    monkeypatch.setattr(probe, "remembered_speed", lambda *args: (None, ""))
+    monkeypatch.setattr(probe, "remember_speed", lambda *args: None)
+    options = (
+        "--repo", repo.path, "--model", "smollm2-135m", "--budget", "1m", "--set", "train.epochs=1",
+        "--set", "train.max_sequence_length=64", "--set", "eval.samples=0", "--set", "eval.max_blocks=1",
+        "--set", "eval.message_tokens=4", "--set", "scrape.format=message", "--set", "scrape.eval_commits=1",
+        "--set", "scrape.valid_commits=0",
+    )  # fmt: skip
+
+    def run_at(tokens_per_s: float, out: Path):
+        monkeypatch.setattr(
+            probe, "training_speed", lambda *args: Speed(tokens_per_s, "a test's measurement")
+        )
+        result = cli(*options, "--output-dir", out)
+        assert result.code == 0, result.err
+        return result, read_json(out / "MANIFEST.json")
+
+    slow, manifest = run_at(1.0, tmp_path / "slow")  # one block fits: the newest sequence
+    dataset, total = manifest["dataset"], manifest["scrape"]["split"]["train_sequences"]
+    tokenized = int(Path(dataset["cache"]["dir"]).name.rsplit("-newest", 1)[1])
+    assert 1 <= tokenized < total and dataset["train_sequences"] == total
+    assert dataset["cache"]["dir"].endswith(f"tokens-{dataset['cache']['key']}-newest{tokenized}")
+    assert dataset["estimate"].startswith(f"the newest {tokenized} of {total} training sequences tokenized")
+    assert f"token statistics: the newest {tokenized} of {total}" in slow.err
+    assert manifest["training_parameters"]["train_sequences"] == 1
+    assert dataset["left_out"]["sequences"] == total - 1 and "tokenize_rest_s" not in manifest["timings"]
+
+    fast, manifest = run_at(1e6, tmp_path / "fast")  # everything fits: the rest is tokenized, then trained
+    dataset = manifest["dataset"]
+    assert f"the budget trains more than the newest {tokenized} sequences: tokenizing the rest" in fast.err
+    assert manifest["timings"]["tokenize_rest_s"] > 0 and dataset["estimate"] is None
+    assert dataset["cache"]["dir"].endswith(f"tokens-{dataset['cache']['key']}")
+    assert manifest["training_parameters"]["train_sequences"] == dataset["train_sequences"] == total
+    assert dataset["left_out"] is None
+
+
 def test_nan_loss_stops_the_run_with_its_step(cli, tmp_path):
     repo = history_repo(tmp_path / "repo", commits=6)
     out = tmp_path / "out"

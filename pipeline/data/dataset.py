@@ -236,13 +236,15 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
         method += f"; a sequence longer than {cut} tokens keeps its first {cut}"
     else:
         method += f"; a sequence longer than {length} tokens is split into {length}-token pieces"
-    # One vectorised pass (a fraction of a second on thousands of commits): a line when done, no bar.
-    if prepared.estimate is None:  # (a sample's blocks are not the data's)
+    # A sample's blocks are not the data's; the newest sequences' are (keep_newest takes those it trains).
+    sample = prepared.estimate is not None and prepared.tokenized is None
+    if not sample:  # one vectorised pass (a fraction of a second on thousands of commits): a line, no bar
         say(
-            f"packed {prepared.counts['train_sequences']:,} training sequences into {train.blocks:,} blocks of "
-            f"{length} tokens ({train.efficiency:.1%} filled) in {time.perf_counter() - started:.2f} s"
+            f"packed {prepared.tokenized or prepared.counts['train_sequences']:,} training sequences into "
+            f"{train.blocks:,} blocks of {length} tokens ({train.efficiency:.1%} filled) in "
+            f"{time.perf_counter() - started:.2f} s"
         )
-    return Packed(train, held_out, method, validation=validation, sample=prepared.estimate is not None)
+    return Packed(train, held_out, method, validation=validation, sample=sample)
 
 
 def held_out_splits(

@@ -20,12 +20,14 @@ Layout of one entry (`cache_dir/tokens-<key>/`):
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ CACHE_FORMAT = 4  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
 TOKENIZE_CHUNK = 256  # sequences per unit of work (and of progress)
 PLAN_SAMPLE = 1000  # training sequences `plan` tokenizes to estimate a larger history it has not cached
+AHEAD_CHARS_PER_TOKEN = 4  # to choose what holds a budget's tokens: code averages about 3.2 (smollm2-135m)
 
 
 def cache_stats(cache: TokenCache) -> DataStats:
@@ -87,7 +90,7 @@ def cache_key(
     return provenance_hash(payload)[:20]
 
 
-def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, int]]) -> TokenCache:
+def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, Any]]) -> TokenCache:
     """The cache entry for `key`: loaded if complete, else made by `build(directory)`, which returns
     the entry's counts for meta.json, and renamed into place."""
     started = time.perf_counter()
@@ -207,11 +210,20 @@ def _encode_chunk(chunk: tuple[list[str], list[str]]):
     return flat_ids, flat_masks, lengths
 
 
-def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: int | None = None) -> Prepared:
+def prepare(
+    scraped: Scraped,
+    loaded: LoadedConfig,
+    cache_root: Path,
+    sample: int | None = None,
+    ahead: int | None = None,
+) -> Prepared:
     """Tokenize the sequences into the provenance-keyed cache (or load them from it), and describe the
     model for the planner (its config only: no weights are loaded). With `sample`, a history of more
     training sequences than that which is not in the cache yet is estimated from every k-th sequence
-    (`plan`: a dry run answers in seconds and pays for no tokenization that nothing uses)."""
+    (`plan`: a dry run answers in seconds and pays for no tokenization that nothing uses). With `ahead`,
+    a history not in the cache yet is tokenized from its newest training sequence until about that many
+    tokens, the rest estimated from their characters (a time budget trains the newest; a run whose
+    budget reaches further tokenizes them all)."""
     from pipeline.base_models import (
         describe_model,
         load_saved_tokenizer,
@@ -235,47 +247,106 @@ def prepare(scraped: Scraped, loaded: LoadedConfig, cache_root: Path, sample: in
     key = cache_key(
         scraped.summary["provenance_key"], model_name, tokenizer_recipe(pretrained), style, max_tokens
     )
-    every = math.ceil(total / sample) if sample and total > sample else 1
-    if every > 1 and (cache_root / f"tokens-{key}" / "meta.json").exists():
-        every = 1  # tokenized already: the real statistics cost nothing
-    if every > 1:
-        key = f"{key}-every{every}"
-    build = functools.partial(_build, scraped, pretrained, style, max_tokens, every)
-    cache = open_or_build(cache_root, key, build)
+    every, newest = 1, None
+    if not (cache_root / f"tokens-{key}" / "meta.json").exists():  # else the real statistics cost nothing
+        every = math.ceil(total / sample) if sample and total > sample else 1
+        # (The tiny model's tokenizer is trained on every training sequence: it tokenizes them all.)
+        newest = _holding(scraped.sequences_path, ahead, total) if ahead and pretrained is not None else None
+    directory = f"{key}-every{every}" if every > 1 else f"{key}-newest{newest}" if newest else key
+    build = functools.partial(_build, scraped, pretrained, style, max_tokens, every, newest)
+    # The key names the data, whatever part of it is tokenized: a checkpoint's fingerprint holds it.
+    cache = replace(open_or_build(cache_root, directory, build), key=key)
     tokenizer = load_saved_tokenizer(cache.directory / "tokenizer")
     config = model_config(model_name, tokenizer)
-    stats, counts, estimate = _statistics(cache, every, scraped.summary["split"])
+    stats, counts, estimate, tokenized = _statistics(cache, every, scraped.summary["split"])
     facts = describe_model(model_name, config, tokenizer)
-    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate)
+    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate, tokenized)
+
+
+def _holding(path: Path, tokens: int, total: int) -> int | None:
+    """How many of the newest training sequences hold about `tokens` tokens (at AHEAD_CHARS_PER_TOKEN
+    characters a token, which code rarely has: more rather than fewer); None: all `total` of them. Reads
+    the sequences only that far."""
+    train = (record for record in read_sequences(path) if record["split"] == "train")
+    characters = itertools.accumulate(len(record["text"]) for record in train)
+    wanted = tokens * AHEAD_CHARS_PER_TOKEN
+    count = next((n for n, chars in enumerate(characters, 1) if chars >= wanted), total)
+    return count if count < total else None
 
 
 def _build(
-    scraped: Scraped, pretrained, style: TextStyle, max_tokens, every: int, staging: Path
-) -> dict[str, int]:
+    scraped: Scraped, pretrained, style: TextStyle, max_tokens, every: int, newest: int | None, staging: Path
+) -> dict[str, Any]:
     """A cache entry in `staging` (only on a miss: a hit reads none of the sequences), from every `every`-th
-    sequence of each split; the tiny model's tokenizer is trained here on the training split."""
+    sequence of each split, or from the `newest` training sequences and the held-out splits (the older
+    ones' lengths estimated from their characters); the tiny model's tokenizer is trained here on the
+    training split."""
     from pipeline.base_models import train_tiny_tokenizer
 
     records = list(read_sequences(scraped.sequences_path))
     if every > 1:  # every k-th of each split, newest first as they are listed
         records = [r for split in SPLITS for r in [r for r in records if r["split"] == split][::every]]
+    rest: list[dict[str, Any]] = []
+    if newest:  # newest first as they are listed
+        train = [r for r in records if r["split"] == "train"]
+        rest = train[newest:]
+        records = [*train[:newest], *(r for r in records if r["split"] != "train")]
     tokenizer = (
         pretrained
         if pretrained is not None
         else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
     )
     tokenizer.save_pretrained(staging / "tokenizer")
-    return tokenize_sequences(records, tokenizer, style, max_tokens, staging)
+    counts: dict[str, Any] = tokenize_sequences(records, tokenizer, style, max_tokens, staging)
+    if rest:
+        lengths = read_split(staging, "train").column("length").to_numpy()
+        counts["estimated_lengths"] = _estimated_lengths(records[:newest], lengths, rest)
+    return counts
+
+
+def _estimated_lengths(tokenized: list[dict[str, Any]], lengths, rest: list[dict[str, Any]]) -> list[int]:
+    """The token counts of the `rest`, read off the `tokenized` sequences' `lengths`: interpolated at their
+    number of characters among those of the same format (a chat prompt's cut and the template keep counts
+    far from proportional to characters), beyond the longest in proportion to it."""
+    import numpy as np
+
+    formats = np.asarray([record["format"] for record in tokenized])
+    characters = np.asarray([len(record["text"]) for record in tokenized])
+    estimates = np.zeros(len(rest))
+    wanted = np.asarray([len(record["text"]) for record in rest])
+    asked = np.asarray([record["format"] for record in rest])
+    for name in set(asked.tolist()):
+        same = formats == name if (formats == name).any() else np.ones(len(formats), dtype=bool)
+        order = np.argsort(characters[same], kind="stable")
+        xs, ys = characters[same][order], lengths[same][order]
+        chars = wanted[asked == name]
+        estimates[asked == name] = np.where(
+            chars <= xs[-1], np.interp(chars, xs, ys), ys[-1] * chars / max(1, xs[-1])
+        )
+    return np.maximum(1, np.rint(estimates)).astype(int).tolist()
 
 
 def _statistics(
     cache: TokenCache, every: int, split: dict[str, int]
-) -> tuple[DataStats, dict[str, int], str | None]:
+) -> tuple[DataStats, dict[str, int], str | None, int | None]:
     """The training split's token statistics and every split's counts (scaled to the whole history when
-    they come from every k-th sequence, and then how), and one line saying where they came from."""
+    they come from every k-th sequence, with the older sequences' estimated lengths when only the newest
+    are tokenized, and then how), one line saying where they came from, and how many training sequences
+    are tokenized when not all are."""
     meta = cache_meta(cache)
     counts = {f"{name}_{what}": meta[f"{name}_{what}"] for name in SPLITS for what in ("sequences", "tokens")}
     stats, estimate = cache_stats(cache), None
+    if "estimated_lengths" in meta:
+        tokenized, rest = stats.sequences, meta["estimated_lengths"]
+        stats = DataStats.from_lengths([*stats.newest_first, *rest])
+        counts.update(train_sequences=stats.sequences, train_tokens=stats.tokens)
+        estimate = (
+            f"the newest {tokenized:,} of {stats.sequences:,} training sequences tokenized (more than a time "
+            f"budget trains here), the {len(rest):,} older ones' lengths estimated from their characters; a "
+            "longer budget or `prepare` tokenizes them all"
+        )
+        say(f"token statistics: {estimate} ({cache.seconds:.1f} s)")
+        return stats, counts, estimate, tokenized
     if every > 1:
         stats, counts = _scaled(stats, counts, every, split)
         estimate = (
@@ -290,7 +361,7 @@ def _statistics(
         )
     else:
         say(f"token cache {'hit' if cache.hit else 'built'}: {cache.directory} ({cache.seconds:.2f} s)")
-    return stats, counts, estimate
+    return stats, counts, estimate, None
 
 
 def _scaled(

@@ -67,6 +67,7 @@ CPU_EVAL_BLOCKS = (
 )
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
 BUDGET_TRAIN_SHARE = 0.8  # of a time budget, for training; the rest loads, evaluates and saves
+AHEAD_TOKENS_PER_S = 2000  # what a run tokenizes ahead of a budget assumes: 10× what 2 cores train (130-190)
 FORWARD_SPEEDUP = 3  # a forward pass alone runs about 3× a training step's tokens/s (no backward)
 EVAL_COST_RATIO = 20  # an evaluation inside training may cost at most 1/20 of the time between two
 CHECKPOINT_INTERVAL_S = 60.0  # at most one checkpoint per minute of training
@@ -142,10 +143,26 @@ def make_plan(
     return Plan.from_decisions(context.p.decisions, probe, speed)
 
 
+def tokenize_ahead(machine: Machine, loaded: LoadedConfig) -> int | None:
+    """Training tokens worth tokenizing before the speed is measured, newest first: what the time budget
+    would train at AHEAD_TOKENS_PER_S, which CPUs rarely reach (a first run on a long history then
+    tokenizes a few percent of it); None: all (no budget, or several processes, which plan apart)."""
+    if machine.launch.world_size > 1:
+        return None
+    budget = _time_budget(Decisions(loaded), _device_kind(machine.hardware), None)
+    return None if budget is None else int(budget * BUDGET_TRAIN_SHARE * AHEAD_TOKENS_PER_S)
+
+
+def _device_kind(hardware: Hardware) -> str:
+    if hardware.cuda_usable and hardware.gpus:
+        return "cuda"
+    return "mps" if hardware.mps else "cpu"
+
+
 def _device(c: Context) -> None:
     hardware, p = c.hardware, c.p
     c.gpu = min(hardware.gpus, key=lambda g: g.memory_gb) if hardware.gpus else None
-    if hardware.cuda_usable and c.gpu:
+    if _device_kind(hardware) == "cuda" and c.gpu:
         count, gpu = len(hardware.gpus), c.gpu
         c.device = p.planned(
             "device", "cuda", f"{count} CUDA GPU(s), smallest: {gpu.name} with {gpu.memory_gb:g} GB"
