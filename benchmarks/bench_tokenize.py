@@ -22,7 +22,11 @@ import time
 from pathlib import Path
 
 import orjson
-from cli_scrape import scraped
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
+
+from benchmarks.cli_scrape import scraped  # noqa: E402
 
 
 def main() -> int:
