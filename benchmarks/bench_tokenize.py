@@ -15,7 +15,6 @@ sequences are the whole history's newest. Exit 0, 1 when they differ, 2 when a s
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time
@@ -65,7 +64,6 @@ def compare(name: str, output: Path, budget: str) -> bool:
             seconds = time.perf_counter() - started
             lengths = read_split(prepared.cache.directory, "train").column("length").to_numpy().tolist()
             results[how] = (seconds, prepared, lengths)
-            shutil.rmtree(root, ignore_errors=True)
     (fast, newest, tokenized), (slow, whole, everything) = results["ahead"], results["whole"]
     print(f"\n{name}: {whole.stats.sequences:,} training sequences, budget {budget} → {ahead} tokens ahead")
     print(

@@ -320,14 +320,11 @@ _WORKER_PROGRESS = None
 
 
 def _set_worker_progress(counter) -> None:
-    """A worker's start: the shared progress counter, and the default signal dispositions back. A
-    forked worker inherits the parent's handlers (the pipeline raises on SIGTERM to record an
-    interruption); in a worker blocked on the pool's task queue such a handler turned the pool's own
-    SIGTERM at shutdown into a worker that never exits, and a pool that waits for it forever. Ctrl-C is
-    the parent's to handle."""
+    """A worker's start: the shared progress counter, and Ctrl-C left to the parent (a terminal sends it
+    to every process of the group; the parent stops the pool). A SIGTERM ends a worker as the run's
+    handler ends any process forked from it (`pipeline.record.run`), quietly."""
     global _WORKER_PROGRESS
     _WORKER_PROGRESS = counter
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

@@ -300,9 +300,9 @@ def _signals_interrupt() -> Iterator[None]:
 
     def stop(signum, frame):
         if os.getpid() != owner:
-            # A worker forked from this process (scraping, tokenizing) inherits this handler: when its pool
-            # stops it, it ends as the signal would, quietly (raising printed a traceback per worker, and
-            # a worker blocked on its pool's queue could keep the pool waiting for it).
+            # A worker forked from this process (scraping, tokenizing) inherits this handler: when an
+            # interrupted pool stops it, it ends as the signal would, quietly (raising printed a traceback
+            # per worker, and a worker blocked on its pool's queue could keep the pool waiting for it).
             os._exit(128 + signum)
         raise Interrupted(f"interrupted by {signal.Signals(signum).name}", signum)
 
