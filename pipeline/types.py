@@ -239,6 +239,9 @@ class Speed:
     tokens_per_s: float
     how: str
     """How it was measured, e.g. `forward and backward passes on 3 training blocks spread over the data`."""
+    cores_gflops: float | None = None
+    """How fast the CPU's cores multiplied matrices (GFLOP/s) just before this run trained (None on a
+    GPU): a later run scales the speed this run leaves by how much faster its cores run."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import orjson
 import pytest
 import torch
 
@@ -19,9 +20,12 @@ from pipeline.hardware import LoadMeter, detect_hardware
 from pipeline.plan.planner import make_plan
 from pipeline.train.monitor import HardwareMonitor
 from pipeline.train.performance import throughput_report
-from pipeline.train.probe import _store_speed, remembered_speed
+from pipeline.train.probe import _store_speed, cores_pace, remembered_speed
 from pipeline.train.trainer import FollowFreeCores
+from pipeline.types import Speed
+from tests.conftest import FAST_TRAINING, read_json
 from tests.test_planner import TINY, cpu_machine, same_length
+from tests.test_training_engine import history_repo
 
 pytestmark = pytest.mark.quiet_machine  # other processes' load is what they measure
 
@@ -105,11 +109,58 @@ def test_training_follows_the_free_cores_and_records_each_change():
 
 def test_a_remembered_speed_holds_only_while_the_load_is_the_same(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    _store_speed("key", 560.0, 0.0)
-    speed, _ = remembered_speed("key", 0.3)
+    _store_speed("key", 560.0, 0.0, None)
+    speed, _ = remembered_speed("key", 0.3, None)
     assert speed.tokens_per_s == 560.0
-    speed, why = remembered_speed("key", 1.0)
+    speed, why = remembered_speed("key", 1.0, None)
     assert speed is None and "(560.0 tokens/s) had 0.0 cores taken by other processes, now 1.0" in why
+
+
+def test_a_remembered_speed_follows_the_pace_of_the_cores(tmp_path, monkeypatch):
+    """The same idle cores trained 103 tokens/s one afternoon and 142 three hours later: the speed an
+    earlier run measured is scaled by how fast the cores multiply matrices now against then, and measured
+    again when they differ more than a pace can say."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _store_speed("key", 100.0, 0.0, 110.0)
+    speed, _ = remembered_speed("key", 0.0, 143.0)
+    assert speed.tokens_per_s == pytest.approx(130.0) and speed.cores_gflops == 143.0
+    assert "(100.0 tokens/s), × 1.30 for its cores' pace now (143.0 GFLOP/s, 110.0 then)" in speed.how
+    speed, why = remembered_speed("key", 0.0, 50.0)
+    assert speed is None and "the cores ran 110.0 GFLOP/s for the speed remembered from" in why
+    assert why.endswith("(100.0 tokens/s), now 50.0")
+    _store_speed("key", 100.0, 0.0, None)  # remembered before the pace was: used as it is, and paced on
+    speed, _ = remembered_speed("key", 0.0, 143.0)
+    assert speed.tokens_per_s == 100.0 and speed.cores_gflops == 143.0
+    assert cores_pace(1) > 0
+
+
+def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_plans_at_the_pace_it_finds(
+    cli, tmp_path, monkeypatch
+):
+    from pipeline.train import probe
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    measured: list[int] = []
+    passes = Speed(1e6, "a test's passes")
+    monkeypatch.setattr(probe, "training_speed", lambda *args: measured.append(1) or passes)
+    repo = history_repo(tmp_path / "repo", commits=24)
+
+    def run_at(pace: float) -> dict:
+        monkeypatch.setattr(probe, "cores_pace", lambda threads: pace)
+        out = tmp_path / f"at-{pace:g}"
+        options = ("--budget", "10m", "--set", "train.epochs=1")  # 20 steps: enough to remember a speed
+        result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, *options)
+        assert result.code == 0, result.err
+        return read_json(out / "MANIFEST.json")["training_parameters"]
+
+    first = run_at(100.0)
+    (entry,) = orjson.loads((tmp_path / "cache/repotune/speeds.json").read_bytes()).values()
+    assert entry["cores_gflops"] == 100.0 and measured == [1] and first["measured_tokens_per_s"] == 1e6
+    second = run_at(130.0)
+    assert measured == [1] and second["measured_tokens_per_s"] == round(entry["tokens_per_s"] * 1.3, 1)
+    assert second["decisions"]["measured_tokens_per_s"]["reason"].endswith(
+        f"({entry['tokens_per_s']} tokens/s), × 1.30 for its cores' pace now (130.0 GFLOP/s, 100.0 then)"
+    )
 
 
 def test_advice_on_a_shared_cpu_says_what_took_it():

@@ -7,7 +7,8 @@
   out-of-memory on the CPU; `cuda_step` is the real one.
 - Training speed (for a time budget): what a finished run measured on this
   machine for the same model and plan (kept in `~/.cache/repotune/speeds.json`)
-  while other processes took about as much of the CPU as they do now, or
+  while other processes took about as much of the CPU as they do now, scaled
+  by how much faster or slower the cores multiply matrices now than then, or
   else a real forward and backward on training blocks, on the machine as it is.
 """
 
@@ -184,23 +185,61 @@ def speed_key(hardware, model_name: str, plan: Plan) -> str:
 
 
 SAME_LOAD_CORES = 0.5  # a remembered speed holds while other processes take within this many cores of then
+# The same 2 cores trained 103 tokens/s one afternoon and 142 three hours later, with no other process
+# on them (a virtual machine's host is shared too): a remembered speed planned 325 s of a budget's 480.
+# The tokens/s of SmolLM2-135M's forward and backward per GFLOP/s of these matrix products held within
+# 7% across idle rounds minutes apart, and fell 9% to 33% with a process spinning on one of the 2 cores
+# (benchmarks/bench_pace.py): the pace carries a day's speed over, and a load other processes visibly
+# take has the speed measured again (above). Two seconds of pace varied by ±12% (127 to 162 GFLOP/s in
+# one idle minute).
+PACE_SECONDS = 2.0
+# The first products in a process ran 77 GFLOP/s where the next two seconds ran 136: a product or two
+# did not warm it.
+PACE_WARM_SECONDS = 0.5
+PACE_SCALES_WITHIN = 1.5  # further apart than this, the machine changed more than its pace says: measure
 
 
-def remembered_speed(key: str, busy_cores: float | None) -> tuple[Speed | None, str]:
+def cores_pace(threads: int) -> float:
+    """GFLOP/s of float32 matrix products shaped like a small model's MLP, on `threads` threads over
+    PACE_SECONDS: what a training step mostly does, measured in a fraction of one."""
+    import torch
+
+    torch.set_num_threads(threads)  # as training will
+    a, b = torch.randn(512, 576), torch.randn(576, 1536)
+    warm = time.perf_counter() + PACE_WARM_SECONDS
+    while time.perf_counter() < warm:  # allocating and starting the threads are not the pace
+        a @ b
+    products, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < PACE_SECONDS:
+        a @ b
+        products += 1
+    return round(2 * 512 * 576 * 1536 * products / elapsed / 1e9, 1)
+
+
+def remembered_speed(key: str, busy_cores: float | None, pace: float | None) -> tuple[Speed | None, str]:
     """The training speed an earlier run measured on this machine for the same model and plan, if other
-    processes take about as much of the CPU now (`busy_cores`) as they did then; else (None, why not)."""
+    processes take about as much of the CPU now (`busy_cores`) as they did then, scaled by how much faster
+    the cores run now (`pace`, from `cores_pace`) than they did then; else (None, why not)."""
     try:
         entry = orjson.loads(_speeds_file().read_bytes())[key]
     except (OSError, ValueError, KeyError):
         return None, ""
+    remembered = f"the speed remembered from {entry['measured_at']} ({entry['tokens_per_s']} tokens/s)"
     then = entry.get("busy_cores") or 0.0
     if busy_cores is not None and abs(busy_cores - then) >= SAME_LOAD_CORES:
-        return None, (
-            f"; the speed remembered from {entry['measured_at']} ({entry['tokens_per_s']} tokens/s) had "
-            f"{then:.1f} cores taken by other processes, now {busy_cores:.1f}"
-        )
+        return None, f"; {remembered} had {then:.1f} cores taken by other processes, now {busy_cores:.1f}"
+    how = f"an earlier run's training on this machine, {entry['measured_at']}"
+    pace_then = entry.get("cores_gflops")
+    if not (pace and pace_then):  # a GPU's, or remembered before the pace was
+        return Speed(entry["tokens_per_s"], how, pace), ""
+    faster = pace / pace_then
+    if not 1 / PACE_SCALES_WITHIN <= faster <= PACE_SCALES_WITHIN:
+        return None, f"; the cores ran {pace_then} GFLOP/s for {remembered}, now {pace}"
     return Speed(
-        entry["tokens_per_s"], f"an earlier run's training on this machine, {entry['measured_at']}"
+        entry["tokens_per_s"] * faster,
+        f"{how} ({entry['tokens_per_s']} tokens/s), × {faster:.2f} for its cores' pace now "
+        f"({pace} GFLOP/s, {pace_then} then)",
+        pace,
     ), ""
 
 
@@ -217,18 +256,24 @@ def remember_speed(outcome: TrainOutcome, machine: Machine, model_name: str) -> 
     tokens_per_s = (outcome.throughput or {}).get("tokens_per_s")
     steps = outcome.history["training"]["global_step"] or 0
     busy = ((outcome.hardware or {}).get("summary") or {}).get("other_cores", {}).get("mean")
+    pace = outcome.plan.speed.cores_gflops if outcome.plan.speed else None
     if tokens_per_s and machine.hardware.source == "detected" and steps >= MIN_STEPS_FOR_SPEED:
-        _store_speed(speed_key(machine.hardware, model_name, outcome.plan), tokens_per_s, busy)
+        _store_speed(speed_key(machine.hardware, model_name, outcome.plan), tokens_per_s, busy, pace)
 
 
-def _store_speed(key: str, tokens_per_s: float, busy_cores: float | None) -> None:
+def _store_speed(key: str, tokens_per_s: float, busy_cores: float | None, pace: float | None) -> None:
     """Best effort: a read-only cache only costs the next run a measurement."""
     path = _speeds_file()
     try:
         speeds = orjson.loads(path.read_bytes())
     except (OSError, ValueError):
         speeds = {}
-    speeds[key] = {"tokens_per_s": round(tokens_per_s, 1), "measured_at": utc_now(), "busy_cores": busy_cores}
+    speeds[key] = {
+        "tokens_per_s": round(tokens_per_s, 1),
+        "measured_at": utc_now(),
+        "busy_cores": busy_cores,
+        "cores_gflops": pace,
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, speeds)
@@ -269,7 +314,12 @@ def measure(
         )
     if not speed_note:
         key = speed_key(machine.hardware, prepared.facts.name, plan)
-        speed, stale = (resumed, "") if resumed else remembered_speed(key, machine.hardware.busy_cores)
+        pace = cores_pace(plan.cpu_threads) if plan.device == "cpu" else None
+        speed: Speed | None
+        if resumed:  # its plan kept; the pace is for the speed this run leaves to the next
+            speed, stale = replace(resumed, cores_gflops=pace), ""
+        else:
+            speed, stale = remembered_speed(key, machine.hardware.busy_cores, pace)
         if speed is None:
             speed = training_speed(
                 model,
@@ -283,7 +333,7 @@ def measure(
                 # 57 s. A CPU's barely does, and each of its passes costs seconds.
                 plan.batch_size if plan.device == "cuda" else 1,
             )
-            speed = replace(speed, how=speed.how + stale)
+            speed = replace(speed, how=speed.how + stale, cores_gflops=pace)
         plan = plan_for(prepared, machine, loaded, rows, speed=speed)
         say(
             f"training speed {speed.tokens_per_s:.0f} tokens/s, measured by {speed.how}: "
