@@ -172,6 +172,11 @@ def test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_wh
     assert manifest["training_parameters"]["train_sequences"] == 1
     assert dataset["left_out"]["sequences"] == total - 1 and "tokenize_rest_s" not in manifest["timings"]
 
+    monkeypatch.setattr(planner, "AHEAD_TOKENS_PER_S", 1)  # a shorter budget: the longer one's entry holds it
+    shorter = run_at(1.0, tmp_path / "slow")[1]["dataset"]["cache"]  # again, as a user would
+    assert shorter["hit"] and shorter["dir"] == dataset["cache"]["dir"]
+    monkeypatch.setattr(planner, "AHEAD_TOKENS_PER_S", 5)
+
     fast, manifest = run_at(1e6, tmp_path / "fast")  # everything fits: the rest is tokenized, then trained
     dataset = manifest["dataset"]
     assert f"the budget trains more than the newest {tokenized} sequences: tokenizing the rest" in fast.err

@@ -252,6 +252,7 @@ def prepare(
         every = math.ceil(total / sample) if sample and total > sample else 1
         # (The tiny model's tokenizer is trained on every training sequence: it tokenizes them all.)
         newest = _holding(scraped.sequences_path, ahead, total) if ahead and pretrained is not None else None
+        newest = _newest_held(cache_root, key, newest) if newest else None
     directory = f"{key}-every{every}" if every > 1 else f"{key}-newest{newest}" if newest else key
     build = functools.partial(_build, scraped, pretrained, style, max_tokens, every, newest)
     # The key names the data, whatever part of it is tokenized: a checkpoint's fingerprint holds it.
@@ -261,6 +262,16 @@ def prepare(
     stats, counts, estimate, tokenized = _statistics(cache, every, scraped.summary["split"])
     facts = describe_model(model_name, config, tokenizer)
     return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate, tokenized)
+
+
+def _newest_held(cache_root: Path, key: str, newest: int) -> int:
+    """The most newest sequences an entry of this data already holds, if that is at least `newest` (a
+    longer budget's run tokenized them): no tokenizing; else `newest`."""
+    held = [
+        int(entry.parent.name.rsplit("-newest", 1)[1])
+        for entry in cache_root.glob(f"tokens-{key}-newest*/meta.json")
+    ]
+    return max([newest, *held])
 
 
 def _holding(path: Path, tokens: int, total: int) -> int | None:
