@@ -188,10 +188,10 @@ SAME_LOAD_CORES = 0.5  # a remembered speed holds while other processes take wit
 # The same 2 cores trained 103 tokens/s one afternoon and 142 three hours later, with no other process
 # on them (a virtual machine's host is shared too): a remembered speed planned 325 s of a budget's 480.
 # The tokens/s of SmolLM2-135M's forward and backward per GFLOP/s of these matrix products held within
-# 7% across idle rounds minutes apart, and fell 9% to 33% with a process spinning on one of the 2 cores
-# (benchmarks/bench_pace.py): the pace carries a day's speed over, and a load other processes visibly
-# take has the speed measured again (above). Two seconds of pace varied by ±12% (127 to 162 GFLOP/s in
-# one idle minute).
+# 2% across idle rounds minutes apart, and within 12% with a process spinning on one of the 2 cores
+# (benchmarks/bench_pace.py): the pace carries a day's speed over. A load other processes visibly take
+# still has the speed measured again (above). Two seconds of pace varied by ±12% (127 to 162 GFLOP/s
+# in one idle minute).
 PACE_SECONDS = 2.0
 # The first products in a process ran 77 GFLOP/s where the next two seconds ran 136: a product or two
 # did not warm it.
