@@ -9,17 +9,20 @@ same machine. The same two idle cores trained 103 tokens/s one afternoon and
 speed is scaled by how fast the cores multiply matrices now
 (`probe.cores_pace`, 2 seconds) against then. This measures that scaling
 with the planner's own functions, on the model and LoRA the pipeline trains,
-one thread per usable core throughout: rounds alternate between the machine
-as it is and a process spinning on one core (a stand-in for a host that
-lends the cores less: its load is not what a remembered speed is checked
+one thread per usable core throughout: after a first idle round, rounds
+take turns between the machine as it is, a process spinning a third of
+the time on one core and one spinning all of it (stand-ins for a host that
+lends the cores less: their load is not what a remembered speed is checked
 against here). Each round times the pace, then the training speed as the
 planner measures it (`probe.training_speed`: forward and backward passes on
 3 blocks after a warm-up). The first round is what an earlier run
-remembered; every later round is predicted from it as the planner would
-(its speed × pace now / pace then) and without the pace (its speed as it
-is), and the mean absolute error of each is printed.
+remembered; every later round is predicted from it scaled by the pace (its
+speed × pace now / pace then), as the planner would (`probe.pace_factor`:
+as it is within the pace's noise, scaled beyond it, measured again past
+1.5×) and as it is, and the mean absolute error of each is printed (the
+planner's over the rounds it does not measure again).
 
-About 7 minutes on 2 cores (a pass under the spinner costs three idle ones). Run it alone: on 2
+About 8 minutes on 2 cores (a pass beside a spinning core costs three idle ones). Run it alone: on 2
 shared cores anything else running is another load.
 """
 
@@ -29,6 +32,7 @@ import argparse
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +40,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
-from benchmarks.bench_busy_cpu import spinner  # noqa: E402
+LOADS = {"idle": 0.0, "third of a core": 1 / 3, "one core": 1.0}
+
+
+def spinner(share: float) -> int:
+    """A process that keeps `share` of one core busy (spinning that part of every 10 ms), not a child of
+    this one (so nothing counts it as ours)."""
+    loop = (
+        "import time\nwhile True:\n t = time.perf_counter()\n"
+        f" while time.perf_counter() - t < {share * 0.01}: pass\n time.sleep({(1 - share) * 0.01})"
+    )
+    started = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c '{loop}' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(started.stdout)
 
 
 class RandomBlocks:
@@ -60,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=6, help="rounds, alternating idle and busy (6)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds: idle, then the loads in turn (7)")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--length", type=int, default=1024, help="tokens a block (1024, the default plan's)")
     args = parser.parse_args()
@@ -77,11 +97,13 @@ def main() -> None:
     model = attach_lora(model, load_config(None).config.lora, [], 0.0)
     blocks = RandomBlocks(args.length, model.config.vocab_size)
     print(f"{args.model}, LoRA, fp32, blocks of {args.length} tokens, {threads} threads")
-    print(f"{'round':>5}  {'load':<10} {'pace GFLOP/s':>12} {'tokens/s':>9} {'paced':>9} {'as is':>9}")
-    first, paced_errors, unpaced_errors = None, [], []
+    print(
+        f"{'round':>5}  {'load':<16} {'pace GFLOP/s':>12} {'tokens/s':>9} {'scaled':>9} {'planned':>9} {'as is':>9}"
+    )
+    first, errors = None, {"scaled": [], "planned": [], "as is": []}
     for index in range(args.rounds):
-        busy = index % 2 == 1
-        spinning = spinner() if busy else None
+        load = list(LOADS)[(index - 1) % len(LOADS)] if index else "idle"
+        spinning = spinner(LOADS[load]) if LOADS[load] else None
         try:
             time.sleep(0.5)  # the spinner's interpreter starting is not yet its load
             pace = probe.cores_pace(threads)
@@ -91,16 +113,26 @@ def main() -> None:
                 os.kill(spinning, signal.SIGKILL)
         if first is None:
             first = (speed, pace)
-            print(f"{index + 1:>5}  {'idle':<10} {pace:>12.1f} {speed:>9.1f} {'(remembered)':>19}")
+            print(f"{index + 1:>5}  {load:<16} {pace:>12.1f} {speed:>9.1f} {'(remembered)':>29}")
             continue
-        paced, unpaced = first[0] * pace / first[1], first[0]
-        paced_errors.append(abs(paced / speed - 1))
-        unpaced_errors.append(abs(unpaced / speed - 1))
-        load = "one core" if busy else "idle"
-        print(f"{index + 1:>5}  {load:<10} {pace:>12.1f} {speed:>9.1f} {paced:>9.1f} {unpaced:>9.1f}")
+        factor = probe.pace_factor(first[1], pace)
+        predicted = {
+            "scaled": first[0] * pace / first[1],
+            "planned": first[0] * factor if factor else None,
+            "as is": first[0],
+        }
+        for name, value in predicted.items():
+            if value is not None:
+                errors[name].append(abs(value / speed - 1))
+        shown = [f"{value:>9.1f}" if value else f"{'measure':>9}" for value in predicted.values()]
+        print(f"{index + 1:>5}  {load:<16} {pace:>12.1f} {speed:>9.1f} {' '.join(shown)}")
     print(
-        f"mean absolute error of the predicted speed over {len(paced_errors)} rounds: "
-        f"paced {statistics.mean(paced_errors):.1%}, as remembered {statistics.mean(unpaced_errors):.1%}"
+        "mean absolute error of the predicted speed: "
+        + ", ".join(
+            f"{name} {statistics.mean(found):.1%} ({len(found)} rounds)"
+            for name, found in errors.items()
+            if found
+        )
     )
 
 

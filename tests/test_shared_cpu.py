@@ -118,13 +118,18 @@ def test_a_remembered_speed_holds_only_while_the_load_is_the_same(tmp_path, monk
 
 def test_a_remembered_speed_follows_the_pace_of_the_cores(tmp_path, monkeypatch):
     """The same idle cores trained 103 tokens/s one afternoon and 142 three hours later: the speed an
-    earlier run measured is scaled by how fast the cores multiply matrices now against then, and measured
-    again when they differ more than a pace can say."""
+    earlier run measured is scaled by how fast the cores multiply matrices now against then, beyond the
+    noise of two seconds of it, and measured again when they differ more than a pace can say."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     _store_speed("key", 100.0, 0.0, 110.0)
     speed, _ = remembered_speed("key", 0.0, 143.0)
     assert speed.tokens_per_s == pytest.approx(130.0) and speed.cores_gflops == 143.0
     assert "(100.0 tokens/s), × 1.30 for its cores' pace now (143.0 GFLOP/s, 110.0 then)" in speed.how
+    speed, _ = remembered_speed("key", 0.0, 125.0)  # within two seconds' noise: as it is
+    assert speed.tokens_per_s == 100.0 and speed.cores_gflops == 125.0
+    assert speed.how.endswith(
+        ", as it is: its cores' pace now (125.0 GFLOP/s, 110.0 then) within two seconds' noise"
+    )
     speed, why = remembered_speed("key", 0.0, 50.0)
     assert speed is None and "the cores ran 110.0 GFLOP/s for the speed remembered from" in why
     assert why.endswith("(100.0 tokens/s), now 50.0")
