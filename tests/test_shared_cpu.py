@@ -1,6 +1,7 @@
 """Training on a CPU that other processes use too: their load measured and named, threads planned for the
-cores they leave free and followed while training, a remembered speed used only on an as-idle machine,
-and advice that says what took the CPU. The other process is real: a spinner on one core."""
+cores they leave free and followed while training, a remembered speed used only on an as-idle machine
+and scaled by the cores' pace, and advice that says what took the CPU. The other process is real: a
+spinner on one core."""
 
 from __future__ import annotations
 
@@ -166,6 +167,22 @@ def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_plans_at
     assert second["decisions"]["measured_tokens_per_s"]["reason"].endswith(
         f"({entry['tokens_per_s']} tokens/s), × 1.30 for its cores' pace now (130.0 GFLOP/s, 100.0 then)"
     )
+
+
+def test_a_run_that_trained_faster_than_planned_says_why_it_left_budget_unused():
+    from types import SimpleNamespace
+
+    from pipeline.train.trainer import budget_unused
+
+    plan = SimpleNamespace(time_budget_s=600.0, measured_tokens_per_s=123.0)  # 480 s train at 123 tokens/s
+    faster = {"tokens_per_s": 177.0, "processed_tokens": 57_532}  # flask's default run: 468 s planned
+    assert budget_unused(plan, 326.0, faster) == (
+        "trained in 326 s of the 480 s the time budget gives training: this machine trained 177 tokens/s "
+        "where the plan rested on 123; the next run here plans with the speed it trained at"
+    )
+    assert budget_unused(plan, 326.0, {**faster, "tokens_per_s": 140.0}) is None  # within the noise
+    assert budget_unused(plan, 100.0, {**faster, "processed_tokens": 17_700}) is None  # it all fitted
+    assert budget_unused(SimpleNamespace(time_budget_s=None, measured_tokens_per_s=None), 9.0, faster) is None
 
 
 def test_advice_on_a_shared_cpu_says_what_took_it():
