@@ -278,17 +278,9 @@ def update(args: argparse.Namespace) -> None:
         data = prepare_data(record, loaded, [parent.repo])
         check_tokenizer(parent, data.prepared)
         model, data = fit_to_machine(record, loaded, data, False, parent.adapter_dir)
-        earlier = parent_held_out(
-            parent, data.prepared, loaded, data.plan, record.output_dir / "parent_held_out"
-        )
-        loss_only = (
-            model.model,
-            earlier,
-            (),
-            data.plan,
-            data.prepared,
-            loaded.config.eval,
-        )  # no task prompts
+        prepared, plan = data.prepared, data.plan
+        earlier = parent_held_out(parent, prepared, loaded, plan, record.output_dir / "parent_held_out")
+        loss_only = (model.model, earlier, (), plan, prepared, loaded.config.eval)  # no task prompts
         kept = record.step("evaluate_parent_before", evaluate, *loss_only)
         outcome, suggester = train_and_evaluate(record, loaded, data, model, False)
         after = record.step("evaluate_parent_after", evaluate, *loss_only)

@@ -29,10 +29,17 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def spinner() -> int:
-    """A process that keeps one core busy, not a child of this one (so nothing counts it as ours)."""
+def spinner(share: float = 1.0) -> int:
+    """A process that keeps one core busy (`share` of it: spinning that part of every 10 ms), not a child
+    of this one (so nothing counts it as ours)."""
+    loop = (
+        "while True: pass"
+        if share >= 1
+        else "import time\nwhile True:\n t = time.perf_counter()\n"
+        f" while time.perf_counter() - t < {share * 0.01}: pass\n time.sleep({(1 - share) * 0.01})"
+    )
     started = subprocess.run(
-        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        ["sh", "-c", f"{sys.executable} -c '{loop}' >/dev/null 2>&1 & echo $!"],
         capture_output=True,
         text=True,
         check=True,

@@ -32,7 +32,6 @@ import argparse
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,23 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
+from benchmarks.bench_busy_cpu import spinner  # noqa: E402
+
 LOADS = {"idle": 0.0, "third of a core": 1 / 3, "one core": 1.0}
-
-
-def spinner(share: float) -> int:
-    """A process that keeps `share` of one core busy (spinning that part of every 10 ms), not a child of
-    this one (so nothing counts it as ours)."""
-    loop = (
-        "import time\nwhile True:\n t = time.perf_counter()\n"
-        f" while time.perf_counter() - t < {share * 0.01}: pass\n time.sleep({(1 - share) * 0.01})"
-    )
-    started = subprocess.run(
-        ["sh", "-c", f"{sys.executable} -c '{loop}' >/dev/null 2>&1 & echo $!"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(started.stdout)
 
 
 class RandomBlocks:
