@@ -267,7 +267,9 @@ def assert_valid_manifest(document) -> None:
 
 
 PRETRAINED = "smollm2-135m"
-PRETRAINED_MODULES = ("tests/test_pretrained_e2e.py", "tests/test_quantization.py", "tests/test_take_home.py")
+PRETRAINED_MODULES = (
+    "tests/test_pretrained_e2e.py", "tests/test_quantization.py", "tests/test_take_home.py", "tests/test_decoding.py",
+)  # fmt: skip
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -16,7 +16,6 @@ from pipeline.errors import ModelLoadError
 from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
-    _batches,
     next_line,
     paired_difference,
     score_code,
@@ -406,16 +405,6 @@ def test_the_model_suggests_only_where_its_gain_on_the_validation_commits_clears
         one_better["model_gain"]["mean_ci95"][0] <= 0
         and "within its 95% interval: a gain must clear it" in one_better["reason"]
     )
-
-
-def test_prompts_are_batched_with_those_of_similar_length():
-    """Padding costs as much as a prompt's own tokens: a long prompt does not join short ones, and no
-    batch holds more than its size."""
-    lengths = [90, 400, 100, 120, 95, 140, 130, 85]
-    batches = _batches(lengths, 3)
-    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
-    assert [[lengths[i] for i in batch] for batch in batches] == [[85, 90, 95], [100, 120, 130], [140], [400]]
-    assert _batches([], 32) == []
 
 
 def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_path):

@@ -39,6 +39,7 @@ import orjson
 
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
+from pipeline.evaluate.decoding import generate_batched
 from pipeline.types import (
     Evaluation,
     ModelFacts,
@@ -64,7 +65,6 @@ CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data li
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
 CODE_MIN_CHARS = 4  # nor when it is shorter than this without its spaces (a brace, a blank line)
 CODE_TOKENS = 32  # most tokens generated for one line
-PADDING_SLACK = 1.5  # a prompt longer than this many times a batch's shortest starts the next batch
 
 
 def task_prompts(
@@ -119,69 +119,6 @@ def next_line(commit: PastCommit) -> tuple[str, str] | None:
     if not eligible:
         return None
     return eligible[int(commit.sha[:12], 16) % len(eligible)]
-
-
-def generate_batched(
-    model,
-    tokenizer,
-    prompts: Sequence[str],
-    max_new_tokens: int,
-    precision: str,
-    stop_at_newline: bool = False,
-) -> list[str]:
-    """Greedy continuations of `prompts`, batched with left padding and the KV cache (with
-    `stop_at_newline`, each ends at its first line break, which is left out)."""
-    import torch
-
-    from pipeline.train.model import autocast
-
-    device = next(model.parameters()).device
-    # A CPU has memory to spare and does more per weight read in a larger batch (measured on 2 cores,
-    # smollm2-135m, psf/requests' held-out commits, messages and next lines: 65-71 s in batches of 32,
-    # 62-67 s in 64, 59 s in 100 with a KV cache as large); a GPU's memory is what a larger batch could
-    # run out of.
-    batch_size = 64 if device.type == "cpu" else 16
-    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    outputs: list[str] = [""] * len(prompts)
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    was_training = model.training
-    model.eval()
-    stopping = {"stop_strings": ["\n"], "tokenizer": tokenizer} if stop_at_newline else {}
-    try:
-        for chosen in _batches([len(tokens) for tokens in encoded], batch_size):
-            batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt").to(device)
-            with torch.no_grad(), autocast(device.type, precision):
-                generated = model.generate(
-                    **batch,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                    **stopping,
-                )
-            for row, index in enumerate(chosen):
-                new = generated[row, batch["input_ids"].shape[1] :]
-                text = tokenizer.decode(new, skip_special_tokens=True)
-                outputs[index] = text.split("\n", 1)[0] if stop_at_newline else text
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-    return outputs
-
-
-def _batches(lengths: Sequence[int], size: int) -> list[list[int]]:
-    """The prompts' indices in batches of at most `size` prompts of similar token counts: every prompt of
-    a batch is padded to its longest, and padding costs as much as a prompt's own tokens (one long
-    prompt among short ones doubled the next-line task's cost)."""
-    batches: list[list[int]] = []
-    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
-        last = batches[-1] if batches else None
-        if last and len(last) < size and lengths[index] <= PADDING_SLACK * lengths[last[0]]:
-            last.append(index)
-        else:
-            batches.append([index])
-    return batches
 
 
 def _chrf_statistics(outputs: Sequence[str], references: Sequence[str]):

@@ -86,7 +86,7 @@ def generate(
     elif system:
         raise ModelLoadError("--system chooses who writes a commit message: use it with --task message")
     from pipeline.data.examples import answer_prefix, render_prompt
-    from pipeline.evaluate.evaluation import generate_batched
+    from pipeline.evaluate.decoding import generate_batched
     from pipeline.train.model import adapter_facts
 
     model, tokenizer = load_adapter(path)

@@ -1,0 +1,111 @@
+"""The evaluation's batched greedy decoding answers what `model.generate` answers, one prompt at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.evaluate import decoding
+from pipeline.evaluate.decoding import SHARED_PREFIX_MIN, _batches, _parts, _shared_prefix, generate_batched
+from tests.conftest import PRETRAINED
+
+NEW_TOKENS = 8
+
+
+def chat(tokenizer, diff: str) -> str:
+    messages = [
+        {"role": "system", "content": "You are a developer on this repository."},
+        {"role": "user", "content": f"Write the commit message for this change.\n\n{diff}"},
+    ]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+DIFFS = [
+    "diff --git a/app.py b/app.py\n--- a/app.py\n+++ b/app.py\n@@ -1,2 +1,2 @@\n-x = 1\n+x = 2\n",
+    "diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n@@ -3 +3 @@\n-Install with pip.\n"
+    "+Install with pip, then run the tests with pytest and read the docs in docs/index.md.\n",
+    "diff --git a/src/cli.py b/src/cli.py\n--- a/src/cli.py\n+++ b/src/cli.py\n@@ -10,6 +10,9 @@ def main():\n"
+    "     args = parse()\n+    if args.verbose:\n+        logging.basicConfig(level=logging.DEBUG)\n+\n     run(args)\n",
+]
+CODE = [
+    "def add(a, b):\n    return",
+    "import os\nimport sys\n\nfor name in os.listdir('.'):\n    print(",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y =",
+]
+
+
+def one_at_a_time(model, tokenizer, prompt: str, stop_at_newline: bool) -> str:
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(
+            ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    return text.split("\n", 1)[0] if stop_at_newline else text
+
+
+@pytest.fixture(scope="module")
+def pretrained():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import pipeline.train.attention  # noqa: F401  (registers `segments`)
+    from pipeline.base_models import load_pretrained
+
+    model = load_pretrained(AutoModelForCausalLM, PRETRAINED).eval()
+    return model, load_pretrained(AutoTokenizer, PRETRAINED)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "segments"])
+def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretrained, attention, monkeypatch):
+    """Prompts of different lengths in one batch (left padding), their common beginning computed once,
+    prefilled a few rows a forward, rows leaving the batch as they end (end-of-sequence; a line break
+    for code): the same tokens as `model.generate` on each prompt alone, with either attention."""
+    model, tokenizer = pretrained
+    model.set_attn_implementation(attention)
+    monkeypatch.setattr(decoding, "CPU_PREFILL_TOKENS", 120)  # forwards of different widths, joined
+    messages = [chat(tokenizer, diff) for diff in DIFFS]
+    encoded = tokenizer(messages, add_special_tokens=False)["input_ids"]
+    assert _shared_prefix(encoded) >= SHARED_PREFIX_MIN  # the chat template's beginning, computed once
+    assert _shared_prefix(tokenizer(CODE, add_special_tokens=False)["input_ids"]) == 0
+
+    for prompts, stop_at_newline in ((messages, False), (CODE, True)):
+        expected = [one_at_a_time(model, tokenizer, prompt, stop_at_newline) for prompt in prompts]
+        for batch_tokens in (decoding.CPU_BATCH_TOKENS, 2 * (NEW_TOKENS + 20)):  # one batch; several
+            monkeypatch.setattr(decoding, "CPU_BATCH_TOKENS", batch_tokens)
+            assert (
+                generate_batched(model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline) == expected
+            )
+    # Rows left their batch early: an answer ended before the last token, and one at a line break.
+    ended = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in expected]
+    assert min(len(tokens) for tokens in ended) < NEW_TOKENS - 2
+
+
+def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
+    """`generate` asks one prompt: nothing is shared, the answer is generate's."""
+    model, tokenizer = pretrained
+    prompt = chat(tokenizer, DIFFS[2])
+    assert _shared_prefix([tokenizer(prompt)["input_ids"]]) == 0
+    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32") == [
+        one_at_a_time(model, tokenizer, prompt, False)
+    ]
+
+
+def test_batches_take_prompts_shortest_first_within_their_rows_and_cache_tokens():
+    lengths = [90, 400, 100, 120, 95, 140, 130, 85]
+    by_rows = _batches(lengths, 10, 3, None)
+    assert [[lengths[i] for i in batch] for batch in by_rows] == [[85, 90, 95], [100, 120, 130], [140, 400]]
+    by_tokens = _batches(lengths, 10, 64, 300)
+    assert sorted(i for batch in by_tokens for i in batch) == list(range(len(lengths)))
+    for batch in by_tokens:
+        longest = max(lengths[i] for i in batch)
+        assert len(batch) == 1 or len(batch) * (longest + 10) <= 300
+    assert [lengths[i] for batch in by_tokens for i in batch] == sorted(lengths)
+    assert _batches([], 10, 64, 300) == []
+
+
+def test_a_batch_is_prefilled_in_forwards_of_about_a_thousand_tokens():
+    """Rows × the forward's longest row at most CPU_PREFILL_TOKENS, one row at least (a long prompt)."""
+    assert _parts([10, 20, 30, 50, 200, 300]) == [range(0, 5), range(5, 6)]
+    assert _parts([2000, 3000]) == [range(0, 1), range(1, 2)]
+    assert _parts([5]) == [range(0, 1)]
