@@ -114,6 +114,17 @@ def test_generate_and_merge_use_the_saved_adapter(cli, trained_run, tmp_path):
     assert not any("lora" in name for name, _ in model.named_parameters())
 
 
+def test_generate_with_an_empty_prompt_is_one_line(cli, trained_run):
+    _, out, _ = trained_run
+    result = cli("generate", "--adapter", out, "--prompt", " \n")
+    assert result.code == 2
+    assert (
+        result.err.strip()
+        .splitlines()[-1]
+        .endswith("--prompt is empty: give the model text to continue (or - to read it from stdin)")
+    )
+
+
 def test_generate_without_an_adapter_is_one_line(cli, tmp_path):
     result = cli("generate", "--adapter", tmp_path, "--prompt", "x")
     assert result.code == 2

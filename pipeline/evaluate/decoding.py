@@ -46,6 +46,8 @@ def generate_batched(
     token; with `stop_at_newline`, at their first line break, which is left out)."""
     import torch
 
+    if not prompts:
+        return []
     device = next(model.parameters()).device
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     shared = _shared_prefix(encoded)

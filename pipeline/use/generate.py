@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import ModelLoadError
+from pipeline.errors import ModelLoadError, PipelineError
 from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR, CHECKPOINT_DIR, newest_checkpoint
 
 
@@ -85,6 +85,8 @@ def generate(
             return suggested
     elif system:
         raise ModelLoadError("--system chooses who writes a commit message: use it with --task message")
+    if not prompt.strip():
+        raise PipelineError("--prompt is empty: give the model text to continue (or - to read it from stdin)")
     from pipeline.data.examples import answer_prefix, render_prompt
     from pipeline.evaluate.decoding import generate_batched
     from pipeline.train.model import adapter_facts
