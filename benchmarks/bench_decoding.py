@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The evaluation's greedy answers, `decoding.py` against transformers' `model.generate`: how fast, and the same?
+
+    python benchmarks/bench_decoding.py RUN_DIR [--rounds 2]
+
+Loads RUN_DIR's adapter (merged, as the evaluation merges it) and asks the run's held-out commits both
+tasks as the run asked them (`task_prompts` with the run's `eval.samples`, `train.max_prompt_tokens` and
+`eval.message_tokens`): the commit messages, then the next lines. Each task is answered by the baseline,
+`model.generate` in batches of 64 prompts of similar length (at most 1.5× padding, as the evaluation
+called it before `decoding.py`), and by `decoding.generate_batched`, taking turns which goes first.
+Prints each task's seconds, the ratio, and how many answers are the same (all of them, in fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
+
+BASELINE_BATCH = 64
+BASELINE_SLACK = 1.5
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "run", type=Path, help="a run's output directory (MANIFEST.json, adapter/, sequences.jsonl)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="times each task is answered by each")
+    args = parser.parse_args()
+
+    import orjson
+    import torch
+
+    from pipeline.data.sources import read_sequences
+    from pipeline.evaluate.decoding import generate_batched
+    from pipeline.evaluate.evaluation import CODE_TOKENS, task_prompts
+    from pipeline.evaluate.retrieval import past_commits
+    from pipeline.train.model import adapter_facts
+    from pipeline.use.generate import adapter_directory, load_adapter
+
+    config = orjson.loads((args.run / "MANIFEST.json").read_bytes())["config"]["effective"]
+    model, tokenizer = load_adapter(args.run)
+    model.merge_adapter()
+    style = adapter_facts(adapter_directory(args.run)).style
+    held_out = [c for c in past_commits(read_sequences(args.run / "sequences.jsonl")) if c.split == "eval"]
+    prompts = task_prompts(
+        held_out, tokenizer, style, config["eval"]["samples"], config["train"]["max_prompt_tokens"]
+    )
+    print(f"{args.run}: {len(held_out)} held-out commits, {torch.get_num_threads()} threads")
+    totals = {"generate": 0.0, "decoding": 0.0}
+    for task, tokens, newline in (
+        ("message", config["eval"]["message_tokens"], False),
+        ("code", CODE_TOKENS, True),
+    ):
+        asked = [p.text for p in prompts if p.task == task]
+        seconds: dict[str, list[float]] = {"generate": [], "decoding": []}
+        answers: dict[str, list[str]] = {}
+        for round_ in range(args.rounds):
+            order = ("generate", "decoding") if round_ % 2 == 0 else ("decoding", "generate")
+            for name in order:
+                answer = baseline if name == "generate" else generate_batched
+                started = time.perf_counter()
+                answers[name] = answer(model, tokenizer, asked, tokens, "fp32", newline)
+                seconds[name].append(time.perf_counter() - started)
+        mean = {name: sum(values) / len(values) for name, values in seconds.items()}
+        for name in totals:
+            totals[name] += mean[name]
+        same = sum(a == b for a, b in zip(answers["generate"], answers["decoding"], strict=True))
+        print(
+            f"  {task:8} {len(asked):4} prompts  model.generate {mean['generate']:6.1f} s  decoding.py "
+            f"{mean['decoding']:6.1f} s  {mean['generate'] / mean['decoding']:.2f}×  same answers {same}/{len(asked)}"
+        )
+    print(
+        f"  both      model.generate {totals['generate']:.1f} s, decoding.py {totals['decoding']:.1f} s: "
+        f"{totals['generate'] / totals['decoding']:.2f}×"
+    )
+    return 0
+
+
+def baseline(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, precision: str, newline: bool):
+    """`model.generate`, greedy, in batches of similar-length prompts with left padding."""
+    import torch
+
+    from pipeline.train.model import autocast
+
+    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    outputs = [""] * len(prompts)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    stopping = {"stop_strings": ["\n"], "tokenizer": tokenizer} if newline else {}
+    try:
+        for chosen in similar_lengths([len(tokens) for tokens in encoded]):
+            batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt")
+            with torch.no_grad(), autocast("cpu", precision):
+                generated = model.generate(
+                    **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id, **stopping,
+                )  # fmt: skip
+            for row, index in enumerate(chosen):
+                text = tokenizer.decode(
+                    generated[row, batch["input_ids"].shape[1] :], skip_special_tokens=True
+                )
+                outputs[index] = text.split("\n", 1)[0] if newline else text
+    finally:
+        tokenizer.padding_side = side
+    return outputs
+
+
+def similar_lengths(lengths: Sequence[int]) -> list[list[int]]:
+    batches: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        last = batches[-1] if batches else None
+        if last and len(last) < BASELINE_BATCH and lengths[index] <= BASELINE_SLACK * lengths[last[0]]:
+            last.append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
+if __name__ == "__main__":
+    sys.exit(main())
