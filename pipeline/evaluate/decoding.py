@@ -14,7 +14,7 @@ prompts, 40 generating), this module instead:
   for its longest answer's steps once, at the cost of the rows still writing.
 
 The tokens are the ones `model.generate` picks (greedy, the same positions, padding masked); the same
-answers took 82 s where `model.generate` took 132.
+answers took 82 to 94 s where `model.generate` took 132 to 156 (`benchmarks/bench_decoding.py`).
 """
 
 from __future__ import annotations
