@@ -1086,7 +1086,7 @@ def _evaluation_bound(p: Decisions, device: str) -> int | None:
         lambda cfg: cfg.eval.samples,
         f"the {config.samples} newest held-out commits, asked both tasks before and after training: a commit "
         f"message of at most {config.message_tokens} new tokens and the next line of a change, greedy, "
-        "generated in batches with the KV cache",
+        "answered in batches, each answer leaving its batch when it ends (evaluate/decoding.py)",
     )
     _validate_model(p, device)
     if not p.is_auto(lambda cfg: cfg.eval.max_blocks):
