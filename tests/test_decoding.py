@@ -5,19 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline.data.examples import render_prompt
 from pipeline.evaluate import decoding
 from pipeline.evaluate.decoding import SHARED_PREFIX_MIN, _batches, _parts, _shared_prefix, generate_batched
+from pipeline.types import TextStyle
 from tests.conftest import PRETRAINED
 
 NEW_TOKENS = 8
 
 
 def chat(tokenizer, diff: str) -> str:
-    messages = [
-        {"role": "system", "content": "You are a developer on this repository."},
-        {"role": "user", "content": f"Write the commit message for this change.\n\n{diff}"},
-    ]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """The commit-message question as the evaluation asks it."""
+    return render_prompt(tokenizer, TextStyle("chat", "response"), "message", diff)
 
 
 DIFFS = [

@@ -53,6 +53,7 @@ def generate_batched(
     shared = _shared_prefix(encoded)
     lengths = [len(tokens) - shared for tokens in encoded]
     on_cpu = device.type == "cpu"
+    joinable = on_cpu and _plain_attention(model)
     batches = (
         _batches(lengths, max_new_tokens, len(lengths), CPU_BATCH_TOKENS)
         if on_cpu
@@ -67,7 +68,8 @@ def generate_batched(
             prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
             for chosen in batches:
                 rows = [encoded[i][shared:] for i in chosen]
-                answers = _greedy(model, rows, shared, prefix, max_new_tokens, ends, tokenizer.pad_token_id)
+                prefilled = _prefilled(model, rows, shared, prefix, tokenizer.pad_token_id, joinable)
+                answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends)
                 for index, answer in zip(chosen, answers, strict=True):
                     text = tokenizer.decode(answer, skip_special_tokens=True)
                     outputs[index] = text.split("\n", 1)[0] if stop_at_newline else text
@@ -133,15 +135,15 @@ def _prefix_cache(model, tokens: list[int], device):
     return cache
 
 
-def _greedy(model, rows: list[list[int]], shared: int, prefix, max_new_tokens: int, ends: _Ends, pad: int):
-    """The answer tokens of each row (prompts after the `shared` tokens that `prefix` holds, shortest
-    first), decoded together over one KV cache, each row leaving the batch when its answer ends."""
+def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends):
+    """The answer tokens of each row (prompts after `shared` common tokens, shortest first), decoded
+    together over the KV cache `prefilled` holds with each row's first answer token, each row leaving the
+    batch when its answer ends."""
     import torch
 
     device = next(model.parameters()).device
-    width = len(rows[-1])
-    mask = _mask(rows, shared, width, device)
-    cache, token = _prefilled(model, rows, shared, prefix, pad)
+    mask = _mask(rows, shared, len(rows[-1]), device)
+    cache, token = prefilled
     last = torch.tensor([shared + len(row) - 1 for row in rows], device=device)
     answers: list[list[int]] = [[] for _ in rows]
     active = list(range(len(rows)))
@@ -179,16 +181,16 @@ def _mask(rows: list[list[int]], shared: int, width: int, device):
     )
 
 
-def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int):
-    """The batch's KV cache (each row left-padded to the longest) and each row's first answer token.
-    On a CPU, where every cached layer is plain attention, a few rows a forward, each forward padded only
-    to its own longest row and its cache padded to the batch's when joined; elsewhere the batch in one
-    forward (a sliding window's or a recurrent layer's cache cannot be padded after the fact)."""
+def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool):
+    """The batch's KV cache (each row left-padded to the longest, after the `shared` tokens `prefix`
+    holds) and each row's first answer token. `joinable` (a CPU, every cached layer plain attention): a
+    few rows a forward, each forward padded only to its own longest row and its cache padded to the
+    batch's when joined; else the batch in one forward (a sliding window's or a recurrent layer's cache
+    cannot be padded after the fact)."""
     import torch
 
     device = next(model.parameters()).device
     width = len(rows[-1])
-    joinable = device.type == "cpu" and _plain_attention(model)
     caches, tokens = [], []
     for part in _parts([len(row) for row in rows]) if joinable else [range(len(rows))]:
         chosen = [rows[i] for i in part]

@@ -47,6 +47,7 @@ from pipeline.train.trackers import attach_trackers, tracker_failure
 from pipeline.types import PackedSplit, Plan, TrainOutcome
 
 TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
+FILLED_SHARE = 0.9  # of its training share, a plan that fills a time budget (`budget_unused`)
 
 
 class RepotuneTrainer(Trainer):
@@ -540,7 +541,7 @@ def budget_unused(plan: Plan, runtime_s: float | None, throughput: dict[str, Any
     if not (plan.time_budget_s and planned and runtime_s and throughput and throughput.get("tokens_per_s")):
         return None
     share, ran = plan.time_budget_s * BUDGET_TRAIN_SHARE, throughput["tokens_per_s"]
-    if throughput["processed_tokens"] / planned < 0.9 * share or ran < planned * (1 + PACE_NOISE):
+    if throughput["processed_tokens"] / planned < FILLED_SHARE * share or ran < planned * (1 + PACE_NOISE):
         return None
     return (
         f"trained in {runtime_s:.0f} s of the {share:.0f} s the time budget gives training: this machine "
