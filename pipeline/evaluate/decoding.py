@@ -10,16 +10,20 @@ prompts, 40 generating), this module instead:
 - prefills a batch about a thousand tokens a forward, each forward padded only to its own longest
   prompt: such a forward ran 540 tokens/s where one of 64 prompts × 256 tokens ran 403 (its
   activations leave the processor's caches);
-- lets a row leave the batch (and its cache) when its answer ends, so a batch of all 100 prompts pays
-  for its longest answer's steps once, at the cost of the rows still writing.
+- keeps room for the answers in the KV cache, so that a step writes its position in place (a plain
+  cache copies itself whole to grow by one position: a third of a step's time);
+- lets rows leave the batch (and its cache) when a quarter of it has ended, so a batch of all 100
+  prompts pays for its longest answer's steps once, at the cost of the rows still writing.
 
 The tokens are the ones `model.generate` picks (greedy, the same positions, padding masked); the same
-answers took 82 to 94 s where `model.generate` took 132 to 156 (`benchmarks/bench_decoding.py`).
+answers took 82 to 94 s where `model.generate` took 132 to 156 (`benchmarks/bench_decoding.py`), and
+the room and the rows leaving a quarter at a time took 6 to 11% off that (117 s against 128).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 
 from pipeline.train.model import autocast
@@ -32,6 +36,10 @@ CPU_PREFILL_TOKENS = 1024
 # batch pays its longest answer's steps once, for all its rows (100 commits' messages are one batch).
 CPU_BATCH_TOKENS = 32768
 GPU_BATCH_ROWS = 16  # a GPU's memory is what a larger batch could run out of
+# Rows whose answers ended are taken out of a batch once they are this share of it: a row left in costs a
+# step's share of compute, taking rows out a copy of the whole cache (measured on 2 cores, 64 rows of 340
+# positions, smollm2-135m: 0.6 s a copy, about 8 ms a row a step).
+LEFT_SHARE = 0.25
 
 
 def generate_batched(
@@ -68,7 +76,9 @@ def generate_batched(
             prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
             for chosen in batches:
                 rows = [encoded[i][shared:] for i in chosen]
-                prefilled = _prefilled(model, rows, shared, prefix, tokenizer.pad_token_id, joinable)
+                prefilled = _prefilled(
+                    model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens
+                )
                 answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends)
                 for index, answer in zip(chosen, answers, strict=True):
                     text = tokenizer.decode(answer, skip_special_tokens=True)
@@ -137,8 +147,9 @@ def _prefix_cache(model, tokens: list[int], device):
 
 def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends):
     """The answer tokens of each row (prompts after `shared` common tokens, shortest first), decoded
-    together over the KV cache `prefilled` holds with each row's first answer token, each row leaving the
-    batch when its answer ends."""
+    together over the KV cache `prefilled` holds with each row's first answer token. A row whose answer
+    ended stays in the batch (its tokens unread) until LEFT_SHARE of the batch has ended: taking rows out
+    copies the whole cache."""
     import torch
 
     device = next(model.parameters()).device
@@ -146,23 +157,25 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
     cache, token = prefilled
     last = torch.tensor([shared + len(row) - 1 for row in rows], device=device)
     answers: list[list[int]] = [[] for _ in rows]
-    active = list(range(len(rows)))
+    # The answer each row of the batch writes, None once it ended.
+    writing: list[int | None] = list(range(len(rows)))
     for step in range(max_new_tokens):
-        staying = []
-        for place, (row, chosen) in enumerate(zip(active, token.tolist(), strict=True)):  # one device sync
-            if not ends.kept(chosen):
+        for place, (row, chosen) in enumerate(zip(writing, token.tolist(), strict=True)):  # one device sync
+            if row is None:
                 continue
-            answers[row].append(chosen)
-            if not ends.last(chosen) and step + 1 < max_new_tokens:
-                staying.append(place)
+            if ends.kept(chosen):
+                answers[row].append(chosen)
+            if not ends.kept(chosen) or ends.last(chosen) or step + 1 == max_new_tokens:
+                writing[place] = None
+        staying = [place for place, row in enumerate(writing) if row is not None]
         if not staying:
             break
-        if len(staying) < len(active):
+        if len(staying) < len(writing) and len(staying) <= (1 - LEFT_SHARE) * len(writing):
             keep = torch.tensor(staying, device=device)
             cache.batch_select_indices(keep)
             mask, token, last = mask[keep], token[keep], last[keep]
-            active = [active[place] for place in staying]
-        mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=-1)
+            writing = [writing[place] for place in staying]
+        mask = torch.cat([mask, mask.new_ones(len(writing), 1)], dim=-1)
         last = last + 1
         out = model(
             input_ids=token[:, None], attention_mask=mask, position_ids=last[:, None], cache=cache,
@@ -181,16 +194,15 @@ def _mask(rows: list[list[int]], shared: int, width: int, device):
     )
 
 
-def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool):
+def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int):
     """The batch's KV cache (each row left-padded to the longest, after the `shared` tokens `prefix`
     holds) and each row's first answer token. `joinable` (a CPU, every cached layer plain attention): a
-    few rows a forward, each forward padded only to its own longest row and its cache padded to the
-    batch's when joined; else the batch in one forward (a sliding window's or a recurrent layer's cache
-    cannot be padded after the fact)."""
+    few rows a forward, each forward padded only to its own longest row, their caches copied into one
+    with `room` more positions for the answers; else the batch in one forward (a sliding window's or a
+    recurrent layer's cache cannot be padded after the fact)."""
     import torch
 
     device = next(model.parameters()).device
-    width = len(rows[-1])
     caches, tokens = [], []
     for part in _parts([len(row) for row in rows]) if joinable else [range(len(rows))]:
         chosen = [rows[i] for i in part]
@@ -202,9 +214,9 @@ def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, join
             input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, shared:],
             cache=cache, use_cache=True, logits_to_keep=1,
         )  # fmt: skip
-        caches.append(_padded(cache, shared, width - longest))
+        caches.append(cache)
         tokens.append(out.logits[:, -1].argmax(-1))
-    return _joined(caches), torch.cat(tokens)
+    return (_joined(caches, shared, len(rows[-1]), room) if joinable else caches[0]), torch.cat(tokens)
 
 
 def _parts(lengths: list[int]) -> list[range]:
@@ -243,27 +255,65 @@ def _cache_for(model, prefix, rows: int):
     return cache
 
 
-def _padded(cache, shared: int, padding: int):
-    """`cache` with `padding` masked positions inserted after the `shared` common ones, as left padding
-    of its rows' own tokens would have put them."""
-    import torch
+def _joined(caches: list, shared: int, width: int, room: int):
+    """One KV cache of plain attention layers holding the rows of `caches` (computed apart after the same
+    `shared` common positions, each as wide as its own longest row) in order, every row's own positions
+    moved to end at `shared + width` (the gap after the common ones zeros, masked, as left padding would
+    have put them), with `room` positions reserved after them for the answers."""
+    from transformers import DynamicCache
 
-    if padding:
-        for layer in cache.layers:
-            for name in ("keys", "values"):
-                states = getattr(layer, name)
-                gap = states.new_zeros(*states.shape[:2], padding, states.shape[3])
-                setattr(layer, name, torch.cat([states[:, :, :shared], gap, states[:, :, shared:]], dim=2))
-    return cache
-
-
-def _joined(caches: list):
-    """One KV cache holding the rows of `caches` (same layers, same length) in order."""
-    import torch
-
-    joined = caches[0]
-    for place, layer in enumerate(joined.layers):
-        others = [cache.layers[place] for cache in caches[1:]]
-        layer.keys = torch.cat([layer.keys, *(other.keys for other in others)])
-        layer.values = torch.cat([layer.values, *(other.values for other in others)])
+    reserved = _reserved_layer()
+    joined = DynamicCache()  # layers replicated on demand, here all given
+    joined.layers = [
+        reserved([cache.layers[place] for cache in caches], shared, width, room)
+        for place in range(len(caches[0].layers))
+    ]
     return joined
+
+
+@functools.cache
+def _reserved_layer():
+    """DynamicLayer with room reserved for the answers (a class made on first use: transformers is
+    imported only by what runs a model)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class Reserved(DynamicLayer):
+        """A decoding step writes its position in place, where DynamicLayer copies the whole cache to
+        append it (93 rows of 460 positions: 2 GB a step for smollm2-135m, most of a step's time)."""
+
+        def __init__(self, parts: list, shared: int, width: int, room: int):
+            super().__init__()
+            first, length = parts[0].keys, shared + width
+            rows = sum(part.keys.shape[0] for part in parts)
+            self.room = {
+                name: first.new_zeros(rows, first.shape[1], length + room, first.shape[3])
+                for name in ("keys", "values")
+            }
+            start = 0
+            for part in parts:
+                end, own = start + part.keys.shape[0], part.keys.shape[2] - shared
+                for name, reserved in self.room.items():
+                    states = getattr(part, name)
+                    reserved[start:end, :, :shared] = states[:, :, :shared]
+                    reserved[start:end, :, length - own : length] = states[:, :, shared:]
+                start = end
+            self.device, self.is_initialized = first.device, True
+            self._show(length)
+
+        def _show(self, length: int) -> None:
+            self.keys, self.values = self.room["keys"][:, :, :length], self.room["values"][:, :, :length]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            length = self.keys.shape[2]
+            grown = length + key_states.shape[2]
+            self.room["keys"][:, :, length:grown] = key_states
+            self.room["values"][:, :, length:grown] = value_states
+            self._show(grown)
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices) -> None:
+            length = self.keys.shape[2]
+            self.room = {name: states[indices] for name, states in self.room.items()}
+            self._show(length)
+
+    return Reserved
