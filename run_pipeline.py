@@ -197,8 +197,9 @@ def train_and_evaluate(
     outcome = record.step("train", train_within_memory, job, prepared, data.machine, loaded)
 
     after = record.step(
-        "evaluate_after", evaluate, model.model, held_out, prompts, outcome.plan, prepared, config.eval
-    )
+        "evaluate_after", evaluate, model.model, held_out, prompts, outcome.plan, prepared, config.eval,
+        "the fine-tuned model",
+    )  # fmt: skip
     evaluation, suggester = Evaluation(before, after, outcome.evaluations, prompts), None
     if past:
         answers = None
@@ -281,9 +282,13 @@ def update(args: argparse.Namespace) -> None:
         prepared, plan = data.prepared, data.plan
         earlier = parent_held_out(parent, prepared, loaded, plan, record.output_dir / "parent_held_out")
         loss_only = (model.model, earlier, (), plan, prepared, loaded.config.eval)  # no task prompts
-        kept = record.step("evaluate_parent_before", evaluate, *loss_only)
+        kept = record.step(
+            "evaluate_parent_before", evaluate, *loss_only, "the parent on its held-out commits"
+        )
         outcome, suggester = train_and_evaluate(record, loaded, data, model, False)
-        after = record.step("evaluate_parent_after", evaluate, *loss_only)
+        after = record.step(
+            "evaluate_parent_after", evaluate, *loss_only, "the update on the parent's held-out commits"
+        )
         record.add(parent.lineage(forgetting(kept, after)))
         say(describe_forgetting(parent.directory, kept, after))
         record.step(

@@ -75,23 +75,28 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
             for left_share in (0.0, 1.0):
                 monkeypatch.setattr(decoding, "CPU_BATCH_TOKENS", batch_tokens)
                 monkeypatch.setattr(decoding, "LEFT_SHARE", left_share)
-                assert (
-                    generate_batched(model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline)
-                    == expected
+                read: list[int] = []
+                answers = generate_batched(
+                    model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, read.append
                 )
+                assert answers == expected
+                assert sum(read) == len(prompts) and len(read) > 1  # each forward's prompts, told
     # Rows left their batch early: an answer ended before the last token, and one at a line break.
     ended = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in expected]
     assert min(len(tokens) for tokens in ended) < NEW_TOKENS - 2
 
 
 def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
-    """`generate` asks one prompt: nothing is shared, the answer is generate's."""
+    """`generate` asks one prompt: nothing is shared, the answer is generate's, and whoever follows the
+    progress is told of it."""
     model, tokenizer = pretrained
     prompt = chat(tokenizer, DIFFS[2])
     assert _shared_prefix([tokenizer(prompt)["input_ids"]]) == 0
-    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32") == [
+    read: list[int] = []
+    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", read=read.append) == [
         one_at_a_time(model, tokenizer, prompt, False)
     ]
+    assert read == [1]  # the progress line hears of every prompt read
 
 
 def test_batches_take_prompts_shortest_first_within_their_rows_and_cache_tokens():

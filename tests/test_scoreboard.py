@@ -517,6 +517,9 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
         "intervals are wider accordingly",
     }  # fmt: skip
     assert "lookup" in result.err and "scored 6 held-out commits, not 100" in result.err
+    # Each scoring says what it does as it starts: minutes on a CPU, before and after training.
+    for who in ("the base model", "the fine-tuned model"):
+        assert f"scoring {who}: held-out loss, then 6 commit messages, " in result.err
     assert manifest["retrieval"]["index"]["commits"] == 54  # every commit that is not held out
     answers = [orjson.loads(line) for line in (out / EVALUATION_FILE).read_bytes().splitlines()]
     assert len(answers) == 6 + tasks["after"]["code"]["samples"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline.train.model import autocast
 
@@ -49,9 +49,11 @@ def generate_batched(
     max_new_tokens: int,
     precision: str,
     stop_at_newline: bool = False,
+    read: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Greedy continuations of `prompts` (at most `max_new_tokens` each, ending at the end-of-sequence
-    token; with `stop_at_newline`, at their first line break, which is left out)."""
+    token; with `stop_at_newline`, at their first line break, which is left out). `read` is told how many
+    prompts each prefill forward read (most of the time on a CPU), for a progress line."""
     import torch
 
     if not prompts:
@@ -77,7 +79,7 @@ def generate_batched(
             for chosen in batches:
                 rows = [encoded[i][shared:] for i in chosen]
                 prefilled = _prefilled(
-                    model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens
+                    model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, read
                 )
                 answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends)
                 for index, answer in zip(chosen, answers, strict=True):
@@ -194,12 +196,13 @@ def _mask(rows: list[list[int]], shared: int, width: int, device):
     )
 
 
-def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int):
+def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int, read):
     """The batch's KV cache (each row left-padded to the longest, after the `shared` tokens `prefix`
     holds) and each row's first answer token. `joinable` (a CPU, every cached layer plain attention): a
     few rows a forward, each forward padded only to its own longest row, their caches copied into one
     with `room` more positions for the answers; else the batch in one forward (a sliding window's or a
-    recurrent layer's cache cannot be padded after the fact)."""
+    recurrent layer's cache cannot be padded after the fact). `read` (None: nobody) is told each
+    forward's rows."""
     import torch
 
     device = next(model.parameters()).device
@@ -216,6 +219,8 @@ def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, join
         )  # fmt: skip
         caches.append(cache)
         tokens.append(out.logits[:, -1].argmax(-1))
+        if read is not None:
+            read(len(chosen))
     return (_joined(caches, shared, len(rows[-1]), room) if joinable else caches[0]), torch.cat(tokens)
 
 

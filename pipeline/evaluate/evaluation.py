@@ -54,6 +54,7 @@ from pipeline.types import (
 )
 
 TASKS = ("message", "code")
+TASK_NAMES = {"message": "commit messages", "code": "next lines"}  # as the progress lines count them
 SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
 BOOTSTRAP_RESAMPLES = 1000
@@ -273,17 +274,21 @@ def score_outputs(prompts: Sequence[TaskPrompt], outputs: dict[str, list[str]]) 
 
 
 def answer_tasks(
-    model, tokenizer, prompts: Sequence[TaskPrompt], config: EvalConfig, precision: str
+    model, tokenizer, prompts: Sequence[TaskPrompt], config: EvalConfig, precision: str, who: str
 ) -> dict[str, list[str]]:
-    """A model's answers to every prompt, by task, in the prompts' order."""
+    """A model's answers to every prompt, by task, in the prompts' order; how far it has come is shown
+    as `who` answering (minutes on a CPU)."""
+    from pipeline.progress import Progress
+
     tokens = {"message": config.message_tokens, "code": CODE_TOKENS}
     outputs = {}
-    for task in TASKS:
-        asked = [p.text for p in prompts if p.task == task]
-        if asked:
-            outputs[task] = generate_batched(
-                model, tokenizer, asked, tokens[task], precision, stop_at_newline=task == "code"
-            )
+    with Progress(f"{who} answering", len(prompts), "question") as progress:
+        for task in TASKS:
+            asked = [p.text for p in prompts if p.task == task]
+            if asked:
+                outputs[task] = generate_batched(
+                    model, tokenizer, asked, tokens[task], precision, task == "code", progress.update
+                )
     return outputs
 
 
@@ -294,17 +299,31 @@ def evaluate(
     plan: Plan,
     prepared: Prepared,
     config: EvalConfig,
+    who: str,
 ) -> Scores:
-    """Held-out loss on every rank (the same on each); the tasks where there are prompts (rank 0)."""
+    """Held-out loss on every rank (the same on each); the tasks where there are prompts (rank 0). `who`
+    names the model in the lines that say what it is doing ("the base model")."""
+    from pipeline.progress import say
     from pipeline.train.loss import held_out_loss  # torch: scoring answers (benchmarks, reports) needs none
 
     started = time.perf_counter()
+    asked = ", ".join(f"{count} {TASK_NAMES[task]}" for task, count in _counts(prompts).items())
+    say(f"scoring {who}: held-out loss" + (f", then {asked}" if asked else ""))
     with merged(model, plan.quantization):
         loss = held_out_loss(model, held_out, plan.batch_size, plan.precision)
+        if loss is not None and loss["loss"] is not None:
+            say(
+                f"  held-out loss {loss['loss']:.4f} over {loss['tokens']:,} tokens ({loss['seconds']:.0f} s)"
+            )
         if not prompts:
             return Scores(loss, None, {}, time.perf_counter() - started)
-        outputs = answer_tasks(model, prepared.tokenizer, prompts, config, plan.precision)
+        outputs = answer_tasks(model, prepared.tokenizer, prompts, config, plan.precision, who)
     return Scores(loss, score_outputs(prompts, outputs), outputs, time.perf_counter() - started)
+
+
+def _counts(prompts: Sequence[TaskPrompt]) -> dict[str, int]:
+    """How many questions each task asks."""
+    return {task: count for task in TASKS if (count := sum(p.task == task for p in prompts))}
 
 
 @contextmanager
@@ -352,14 +371,17 @@ def evaluate_base(
     """`evaluate` for the base model, read from `cache` (a directory) when the same base model has
     answered the same questions there before; None for `cache` evaluates (a random base, an adapter
     being continued)."""
+    from pipeline.progress import say
+
     path = cache / f"{base_scores_key(prepared, plan, config, held_out, prompts)}.json" if cache else None
     if path is not None and path.exists():
         try:
             saved = orjson.loads(path.read_bytes())
+            say(f"scoring the base model: read from {path} (the same model, questions and held-out blocks)")
             return Scores(saved["loss"], saved["tasks"], saved["outputs"], 0.0, cached=True)
         except (OSError, ValueError, KeyError):
             pass  # unreadable: evaluate again, and write it anew
-    scores = evaluate(model, held_out, prompts, plan, prepared, config)
+    scores = evaluate(model, held_out, prompts, plan, prepared, config, "the base model")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_suffix(f".{time.time_ns()}.tmp")
@@ -381,7 +403,8 @@ def validation_answers(
     )
     messages = [p for p in asked if p.task == "message"]
     with merged(model, plan.quantization):
-        outputs = answer_tasks(model, prepared.tokenizer, messages, config, plan.precision)
+        who = "the fine-tuned model (validation commits)"
+        outputs = answer_tasks(model, prepared.tokenizer, messages, config, plan.precision, who)
     return Scores(None, None, outputs, time.perf_counter() - started)
 
 
