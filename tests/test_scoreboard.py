@@ -521,6 +521,7 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
     for who in ("the base model", "the fine-tuned model"):
         assert f"scoring {who}: held-out loss, then 6 commit messages, " in result.err
     assert manifest["retrieval"]["index"]["commits"] == 54  # every commit that is not held out
+    assert "indexed 54 past commits for retrieval (" in result.err
     answers = [orjson.loads(line) for line in (out / EVALUATION_FILE).read_bytes().splitlines()]
     assert len(answers) == 6 + tasks["after"]["code"]["samples"]
     assert {"base", "fine_tuned", "nearest_commit", "suggested"} <= set(answers[0])

@@ -336,6 +336,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
     """Every kept commit of the scrape, the index over those that are not held out (the held-out ones
     are what it is scored on) and the selector learned on its training commits."""
     from pipeline.data.sources import read_sequences
+    from pipeline.progress import say
 
     commits = tuple(past_commits(read_sequences(sequences_path)))
     known = [commit for commit in commits if commit.split != "eval"]
@@ -347,18 +348,18 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
         if config.selector_history
         else (None, 0)
     )
+    seconds = round(time.perf_counter() - started, 3)
+    built = index.to_manifest()
     facts = {
-        "index": index.to_manifest(),
+        "index": built,
         "k": config.k,
         "recent": RECENT_CANDIDATES,
         "selector": None
         if selector is None
-        else {
-            "commits": learned,
-            "seconds": round(time.perf_counter() - started, 3),
-            "features": list(FEATURES),
-        },
+        else {"commits": learned, "seconds": seconds, "features": list(FEATURES)},
     }
+    learning = f", the selector learned on the newest {learned:,} ({seconds:.0f} s)" if selector else ""
+    say(f"indexed {len(known):,} past commits for retrieval ({built['build_s']:.0f} s){learning}")
     return Past(commits, Suggester(index, selector, config.k, graded=graded), facts)
 
 
