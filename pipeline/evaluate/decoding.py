@@ -165,9 +165,10 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
         for place, (row, chosen) in enumerate(zip(writing, token.tolist(), strict=True)):  # one device sync
             if row is None:
                 continue
-            if ends.kept(chosen):
+            kept = ends.kept(chosen)
+            if kept:
                 answers[row].append(chosen)
-            if not ends.kept(chosen) or ends.last(chosen) or step + 1 == max_new_tokens:
+            if not kept or ends.last(chosen) or step + 1 == max_new_tokens:
                 writing[place] = None
         staying = [place for place, row in enumerate(writing) if row is not None]
         if not staying:

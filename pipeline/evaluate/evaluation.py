@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +41,7 @@ import orjson
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
 from pipeline.evaluate.decoding import generate_batched
+from pipeline.progress import Progress, say
 from pipeline.types import (
     Evaluation,
     ModelFacts,
@@ -278,8 +280,6 @@ def answer_tasks(
 ) -> dict[str, list[str]]:
     """A model's answers to every prompt, by task, in the prompts' order; how far it has come is shown
     as `who` answering (minutes on a CPU)."""
-    from pipeline.progress import Progress
-
     tokens = {"message": config.message_tokens, "code": CODE_TOKENS}
     outputs = {}
     with Progress(f"{who} answering", len(prompts), "question") as progress:
@@ -303,11 +303,11 @@ def evaluate(
 ) -> Scores:
     """Held-out loss on every rank (the same on each); the tasks where there are prompts (rank 0). `who`
     names the model in the lines that say what it is doing ("the base model")."""
-    from pipeline.progress import say
     from pipeline.train.loss import held_out_loss  # torch: scoring answers (benchmarks, reports) needs none
 
     started = time.perf_counter()
-    asked = ", ".join(f"{count} {TASK_NAMES[task]}" for task, count in _counts(prompts).items())
+    counts = Counter(p.task for p in prompts)
+    asked = ", ".join(f"{counts[task]} {TASK_NAMES[task]}" for task in TASKS if counts[task])
     say(f"scoring {who}: held-out loss" + (f", then {asked}" if asked else ""))
     with merged(model, plan.quantization):
         loss = held_out_loss(model, held_out, plan.batch_size, plan.precision)
@@ -319,11 +319,6 @@ def evaluate(
             return Scores(loss, None, {}, time.perf_counter() - started)
         outputs = answer_tasks(model, prepared.tokenizer, prompts, config, plan.precision, who)
     return Scores(loss, score_outputs(prompts, outputs), outputs, time.perf_counter() - started)
-
-
-def _counts(prompts: Sequence[TaskPrompt]) -> dict[str, int]:
-    """How many questions each task asks."""
-    return {task: count for task in TASKS if (count := sum(p.task == task for p in prompts))}
 
 
 @contextmanager
@@ -371,8 +366,6 @@ def evaluate_base(
     """`evaluate` for the base model, read from `cache` (a directory) when the same base model has
     answered the same questions there before; None for `cache` evaluates (a random base, an adapter
     being continued)."""
-    from pipeline.progress import say
-
     path = cache / f"{base_scores_key(prepared, plan, config, held_out, prompts)}.json" if cache else None
     if path is not None and path.exists():
         try:

@@ -37,6 +37,7 @@ from pipeline.errors import ModelLoadError
 from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.retrieval import INDEX_DIR, Index, Neighbour, changed_paths, identifiers, past_commits
 from pipeline.evaluate.versions import moved
+from pipeline.progress import say
 from pipeline.types import Past, PastCommit
 
 SELECTOR_FILE = "selector.txt"
@@ -336,7 +337,6 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
     """Every kept commit of the scrape, the index over those that are not held out (the held-out ones
     are what it is scored on) and the selector learned on its training commits."""
     from pipeline.data.sources import read_sequences
-    from pipeline.progress import say
 
     commits = tuple(past_commits(read_sequences(sequences_path)))
     known = [commit for commit in commits if commit.split != "eval"]
