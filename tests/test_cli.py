@@ -41,6 +41,19 @@ def test_console_script_runs_the_same_cli():
     assert "scrape, plan and train" in result.stdout
 
 
+def test_a_command_writes_the_bytecode_of_what_it_imports_where_the_environment_says_not_to(tmp_path):
+    """PYTHONDONTWRITEBYTECODE (common in containers) would have every command compile torch and
+    transformers anew; the CLI writes the bytecode of what it imports after it starts, as `make` does."""
+    cache = tmp_path / "pycache"
+    environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(cache)}
+    result = subprocess.run(
+        [sys.executable, "run_pipeline.py", "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")],
+        cwd=ROOT, env=environment, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2 and "repotune: error:" in result.stderr
+    assert list(cache.rglob("diff.cpython-*.pyc"))  # pipeline/use/diff.py, imported by the command
+
+
 def assert_one_line_error(result, code: int = 2) -> str:
     """Exactly one error line, last on stderr (progress lines may come before it), no traceback."""
     assert result.code == code
