@@ -51,6 +51,9 @@ class Progress:
             say(self._line(time.perf_counter()))
 
     def update(self, count: int) -> None:
+        """`count` more done. 0 says the step is still at work where nothing more is counted (a batch's
+        answers being written after its prompts were read): the plain line still comes, and once all
+        is counted it says the step is finishing instead of a time left that has run out."""
         self.done += count
         if self.bar is not None:
             self.bar.update(count)
@@ -60,15 +63,16 @@ class Progress:
             self.speaks
             and self.plain_every_s is not None
             and now - self.last_line >= self.plain_every_s
-            and self.done < self.total
+            and (self.done < self.total or not count)
         ):
             self.last_line = now
-            say(self._line(now))
+            say(self._line(now, finishing=self.done >= self.total))
 
-    def _line(self, now: float) -> str:
+    def _line(self, now: float, finishing: bool = False) -> str:
         elapsed = now - self.started
         share = self.done / self.total if self.total else 1.0
         left = f", about {clock(elapsed / share - elapsed)} left" if 0 < share < 1 else ""
         return (
-            f"{self.label}: {self.done:,}/{self.total:,} {self.unit}s ({share:.0%}) in {clock(elapsed)}{left}"
+            f"{self.label}: {self.done:,}/{self.total:,} {self.unit}s ({share:.0%}) in {clock(elapsed)}"
+            f"{', finishing' if finishing else left}"
         )

@@ -83,6 +83,7 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
                 )
                 assert answers == expected
                 assert sum(read) == len(prompts)  # each forward's prompts, told as they are read
+                assert 0 in read  # and each step that writes the answers: still at work
     # Rows left their batch early: an answer ended before the last token, and one at a line break.
     ended = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in expected]
     assert min(len(tokens) for tokens in ended) < NEW_TOKENS - 2
@@ -98,7 +99,8 @@ def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
     assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", read=read.append) == [
         one_at_a_time(model, tokenizer, prompt, False)
     ]
-    assert read == [1]  # the progress line hears of every prompt read
+    # The progress line hears of every prompt read, then of each step that writes its answer.
+    assert read[0] == 1 and len(read) > 1 and set(read[1:]) == {0}
 
 
 def test_batches_take_prompts_shortest_first_within_their_rows_and_cache_tokens():

@@ -206,6 +206,23 @@ def test_progress_is_a_plain_line_now_and_then_away_from_a_terminal(monkeypatch,
     ]
 
 
+def test_progress_keeps_coming_while_nothing_more_is_counted(monkeypatch, capsys):
+    """Answers are written after their prompts were read and counted: the line still comes, and once
+    every prompt is counted it says the step is finishing, not a time left that has already run out."""
+    from pipeline import progress
+
+    now = iter(range(0, 1000, 6))  # each reading of the clock is 6 s later
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    with progress.Progress("the base model answering", 4, "question") as bar:
+        for count in (2, 0, 2, 0, 0):
+            bar.update(count)
+    assert capsys.readouterr().err.splitlines() == [
+        "the base model answering: 2/4 questions (50%) in 12s, about 12s left",
+        "the base model answering: 4/4 questions (100%) in 24s, finishing",
+        "the base model answering: 4/4 questions (100%) in 36s",
+    ]
+
+
 @pytest.mark.parametrize(("seconds", "shown"), [(37, "37s"), (245, "4m05s"), (3720, "1h02m")])
 def test_clock(seconds, shown):
     from pipeline.progress import clock

@@ -53,7 +53,8 @@ def generate_batched(
 ) -> list[str]:
     """Greedy continuations of `prompts` (at most `max_new_tokens` each, ending at the end-of-sequence
     token; with `stop_at_newline`, at their first line break, which is left out). `read` is told how many
-    prompts each prefill forward read (most of the time on a CPU), for a progress line."""
+    prompts each prefill forward read (most of the time on a CPU), and 0 after each step that writes the
+    answers, for a progress line that keeps coming while they are written."""
     import torch
 
     if not prompts:
@@ -81,7 +82,7 @@ def generate_batched(
                 prefilled = _prefilled(
                     model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, read
                 )
-                answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends)
+                answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, read)
                 for index, answer in zip(chosen, answers, strict=True):
                     text = tokenizer.decode(answer, skip_special_tokens=True)
                     outputs[index] = text.split("\n", 1)[0] if stop_at_newline else text
@@ -147,11 +148,11 @@ def _prefix_cache(model, tokens: list[int], device):
     return cache
 
 
-def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends):
+def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends, read):
     """The answer tokens of each row (prompts after `shared` common tokens, shortest first), decoded
     together over the KV cache `prefilled` holds with each row's first answer token. A row whose answer
     ended stays in the batch (its tokens unread) until LEFT_SHARE of the batch has ended: taking rows out
-    copies the whole cache."""
+    copies the whole cache. `read` (None: nobody) is told 0 after each step: still at work."""
     import torch
 
     device = next(model.parameters()).device
@@ -185,6 +186,8 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
             use_cache=True,
         )  # fmt: skip
         token = out.logits[:, -1].argmax(-1)
+        if read is not None:
+            read(0)
     return answers
 
 
