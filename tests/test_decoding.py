@@ -96,7 +96,7 @@ def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
     prompt = chat(tokenizer, DIFFS[2])
     assert _shared_prefix([tokenizer(prompt)["input_ids"]]) == 0
     read: list[int] = []
-    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", read=read.append) == [
+    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", progress=read.append) == [
         one_at_a_time(model, tokenizer, prompt, False)
     ]
     # The progress line hears of every prompt read, then of each step that writes its answer.

@@ -94,8 +94,9 @@ def test_a_long_prompt_is_cut_the_same_from_its_head_as_from_the_whole():
         for room in (10, 64, 100, 256):
             assert render_prompt(tokenizer, style, "message", content, room) == whole_cut(content, room)
             # The head's tokens are the whole's first ones: it ends where a piece starts, never inside a word.
-            head = _head(tokenizer, content, room)
+            head, counted = _head(tokenizer, content, room)
             assert head == content or (len(ids(head)) >= room and ids(content)[: len(ids(head))] == ids(head))
+            assert counted is None or counted == ids(head)
 
 
 def test_text_style_follows_the_chat_template_and_says_why():

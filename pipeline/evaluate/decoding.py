@@ -49,12 +49,12 @@ def generate_batched(
     max_new_tokens: int,
     precision: str,
     stop_at_newline: bool = False,
-    read: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Greedy continuations of `prompts` (at most `max_new_tokens` each, ending at the end-of-sequence
-    token; with `stop_at_newline`, at their first line break, which is left out). `read` is told how many
-    prompts each prefill forward read (most of the time on a CPU), and 0 after each step that writes the
-    answers, for a progress line that keeps coming while they are written."""
+    token; with `stop_at_newline`, at their first line break, which is left out). `progress` is told how
+    many prompts each prefill forward read (most of the time on a CPU), and 0 after each step that writes
+    the answers, for a progress line that keeps coming while they are written."""
     import torch
 
     if not prompts:
@@ -80,9 +80,9 @@ def generate_batched(
             for chosen in batches:
                 rows = [encoded[i][shared:] for i in chosen]
                 prefilled = _prefilled(
-                    model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, read
+                    model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, progress
                 )
-                answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, read)
+                answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
                 for index, answer in zip(chosen, answers, strict=True):
                     text = tokenizer.decode(answer, skip_special_tokens=True)
                     outputs[index] = text.split("\n", 1)[0] if stop_at_newline else text
@@ -148,11 +148,11 @@ def _prefix_cache(model, tokens: list[int], device):
     return cache
 
 
-def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends, read):
+def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends, progress):
     """The answer tokens of each row (prompts after `shared` common tokens, shortest first), decoded
     together over the KV cache `prefilled` holds with each row's first answer token. A row whose answer
     ended stays in the batch (its tokens unread) until LEFT_SHARE of the batch has ended: taking rows out
-    copies the whole cache. `read` (None: nobody) is told 0 after each step: still at work."""
+    copies the whole cache. `progress` (None: nobody) is told 0 after each step: still at work."""
     import torch
 
     device = next(model.parameters()).device
@@ -186,8 +186,8 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
             use_cache=True,
         )  # fmt: skip
         token = out.logits[:, -1].argmax(-1)
-        if read is not None:
-            read(0)
+        if progress is not None:
+            progress(0)
     return answers
 
 
@@ -200,12 +200,14 @@ def _mask(rows: list[list[int]], shared: int, width: int, device):
     )
 
 
-def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int, read):
+def _prefilled(
+    model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int, progress
+):
     """The batch's KV cache (each row left-padded to the longest, after the `shared` tokens `prefix`
     holds) and each row's first answer token. `joinable` (a CPU, every cached layer plain attention): a
     few rows a forward, each forward padded only to its own longest row, their caches copied into one
     with `room` more positions for the answers; else the batch in one forward (a sliding window's or a
-    recurrent layer's cache cannot be padded after the fact). `read` (None: nobody) is told each
+    recurrent layer's cache cannot be padded after the fact). `progress` (None: nobody) is told each
     forward's rows."""
     import torch
 
@@ -223,8 +225,8 @@ def _prefilled(model, rows: list[list[int]], shared: int, prefix, pad: int, join
         )  # fmt: skip
         caches.append(cache)
         tokens.append(out.logits[:, -1].argmax(-1))
-        if read is not None:
-            read(len(chosen))
+        if progress is not None:
+            progress(len(chosen))
     return (_joined(caches, shared, len(rows[-1]), room) if joinable else caches[0]), torch.cat(tokens)
 
 

@@ -359,7 +359,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
         else {"commits": learned, "seconds": seconds, "features": list(FEATURES)},
     }
     learning = f", the selector learned on the newest {learned:,} ({seconds:.0f} s)" if selector else ""
-    say(f"indexed {len(known):,} past commits for retrieval ({built['build_s']:.0f} s){learning}")
+    say(f"indexed {built['commits']:,} past commits for retrieval ({built['build_s']:.0f} s){learning}")
     return Past(commits, Suggester(index, selector, config.k, graded=graded), facts)
 
 
