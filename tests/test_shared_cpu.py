@@ -141,8 +141,9 @@ def test_a_remembered_speed_follows_the_pace_of_the_cores(tmp_path, monkeypatch)
 
 
 def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_plans_at_the_pace_it_finds(
-    cli, tmp_path, monkeypatch
+    cli, tmp_path, monkeypatch, cpu_only
 ):
+    """The pace of the cores is a CPU's (a GPU's speed does not follow it), so the host is CPU-only."""
     from pipeline.train import probe
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
