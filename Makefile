@@ -49,7 +49,7 @@ run: $(INSTALLED)
 # The type check first (seconds): every stage call goes through Record.step, typed with a ParamSpec.
 # The suite runs once: on three workers (most tests wait on one core at most: imports, subprocesses, git,
 # a child's start-up; measured on 2 cores, a fresh clone's suite took 210 s on two workers, 183 s on three;
-# the built-in model's tests on two of them, the longest units first: tests/conftest.py says why), each with one thread for
+# the tests of the built-in model on one of them, tests/conftest.py says why), each with one thread for
 # torch (two workers with two threads each on two cores spent a third of their CPU time spinning),
 # then the few that measure how busy the CPU is, alone (exit 5, "none selected", is fine when PYTEST_ARGS
 # picks none of them).

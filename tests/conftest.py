@@ -268,49 +268,22 @@ def assert_valid_manifest(document) -> None:
 
 PRETRAINED = "smollm2-135m"
 PRETRAINED_MODULES = (
-    "tests/test_pretrained_e2e.py", "tests/test_take_home.py", "tests/test_decoding.py",
+    "tests/test_pretrained_e2e.py", "tests/test_quantization.py", "tests/test_take_home.py", "tests/test_decoding.py",
 )  # fmt: skip
-CONVERTING = "smollm2-135m, converted again"
-CONVERTING_TESTS = (
-    "tests/test_quantization.py",
-    "tests/test_training_engine.py::test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_when_it_trains_more",
-    "tests/test_learning_plan.py::test_a_long_prompt_is_cut_the_same_from_its_head_as_from_the_whole",
-)  # fmt: skip
-LONGEST_FIRST = (PRETRAINED, CONVERTING, "tests/test_training_engine.py")
-
-
-def scope_of(nodeid: str) -> str:
-    """The unit of work a test belongs to in `make test`: its module, but the built-in model's tests in
-    two groups, each converting the model once on its worker (about 25 s on 2 fp32 cores)."""
-    module = nodeid.split("::", 1)[0]
-    if module in PRETRAINED_MODULES:
-        return PRETRAINED
-    if module in CONVERTING_TESTS or nodeid in CONVERTING_TESTS:
-        return CONVERTING
-    return module
-
-
-def pytest_collection_modifyitems(items):
-    """The longest units first (each a worker's first), the rest in the order collected."""
-    rank = {scope: index for index, scope in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(scope_of(item.nodeid), len(rank)))
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`make test`'s workers take the suite a unit at a time (a module's fixtures are built once, not once
-    per worker), the longest first: the built-in model's tests on one worker (`pretrained_run` is trained
-    once), its 4-bit run and the other tests that convert it on another, the training engine's on the
-    third. Measured on 2 fp32 cores: the parallel pass took 428 s, against 490 and 498 s when all the built-in
-    model's tests were one unit (457 s of tests on its worker, 351 and 375 on the other two)."""
+    """`make test`'s workers take the suite a module at a time (a module's fixtures are built once,
+    not once per worker), and the modules that train or read the built-in model together, so the model is
+    converted (about 15 s) and `pretrained_run` trained once."""
     from xdist.scheduler import LoadScopeScheduling
 
-    config.option.loadscopereorder = False  # xdist's own order (most tests first) would start them late
-
-    class ByUnit(LoadScopeScheduling):
+    class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid)
+            module = nodeid.split("::", 1)[0]
+            return PRETRAINED if module in PRETRAINED_MODULES else module
 
-    return ByUnit(config, log)
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")

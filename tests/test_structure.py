@@ -136,14 +136,3 @@ def test_no_function_is_longer_than_a_screen():
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60
     ]
     assert not long, long
-
-
-def test_the_tests_the_suite_schedules_by_name_exist():
-    """`make test` groups some tests by name (conftest.py's `CONVERTING_TESTS`): a renamed one would fall
-    back to its module's worker silently, and convert the built-in model there once more."""
-    from tests.conftest import CONVERTING_TESTS, LONGEST_FIRST, PRETRAINED_MODULES
-
-    for nodeid in (*PRETRAINED_MODULES, *CONVERTING_TESTS, LONGEST_FIRST[-1]):
-        path, _, name = nodeid.partition("::")
-        assert (ROOT / path).is_file(), nodeid
-        assert not name or f"\ndef {name}(" in (ROOT / path).read_text(), nodeid
