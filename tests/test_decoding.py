@@ -77,13 +77,13 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
             for left_share in (0.0, 1.0):
                 monkeypatch.setattr(decoding, "CPU_BATCH_TOKENS", batch_tokens)
                 monkeypatch.setattr(decoding, "LEFT_SHARE", left_share)
-                read: list[int] = []
+                told: list[int] = []
                 answers = generate_batched(
-                    model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, read.append
+                    model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, told.append
                 )
                 assert answers == expected
-                assert sum(read) == len(prompts)  # each forward's prompts, told as they are read
-                assert 0 in read  # and each step that writes the answers: still at work
+                assert sum(told) == len(prompts)  # each forward's prompts, told as they are read
+                assert 0 in told  # and each step that writes the answers: still at work
     # Rows left their batch early: an answer ended before the last token, and one at a line break.
     ended = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in expected]
     assert min(len(tokens) for tokens in ended) < NEW_TOKENS - 2
@@ -95,12 +95,12 @@ def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
     model, tokenizer = pretrained
     prompt = chat(tokenizer, DIFFS[2])
     assert _shared_prefix([tokenizer(prompt)["input_ids"]]) == 0
-    read: list[int] = []
-    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", progress=read.append) == [
+    told: list[int] = []
+    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", progress=told.append) == [
         one_at_a_time(model, tokenizer, prompt, False)
     ]
     # The progress line hears of every prompt read, then of each step that writes its answer.
-    assert read[0] == 1 and len(read) > 1 and set(read[1:]) == {0}
+    assert told[0] == 1 and len(told) > 1 and set(told[1:]) == {0}
 
 
 def test_batches_take_prompts_shortest_first_within_their_rows_and_cache_tokens():
