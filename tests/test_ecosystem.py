@@ -238,3 +238,22 @@ def test_a_cpu_run_says_how_much_faster_a_gpu_would_be():
         "an RTX 2060 would train about 41× faster (estimate: 7.7 TFLOP/s, 30% of its fp16 peak, against the "
         "188 GFLOP/s reached here"
     )
+
+
+@pytest.mark.parametrize(("runtime_s", "compile_advised"), [(31.0, False), (3600.0, True)])
+def test_a_half_idle_gpu_is_told_to_compile_only_where_a_long_run_repays_it(runtime_s, compile_advised):
+    from pipeline.config import load_config
+    from pipeline.plan.planner import make_plan
+    from pipeline.train.performance import throughput_report
+    from pipeline.train.trainer import TrainingHistory
+    from tests.test_planner import TINY, gpu_machine, same_length
+
+    history = TrainingHistory(1000, 10, False, lambda: None)
+    history.train_runtime_s, history.step_time_s, history.data_wait_s = runtime_s, [0.3] * 10, [0.0] * 10
+    plan = make_plan(same_length(20, 100), gpu_machine(80.0), TINY, load_config(None, []))
+    monitor = {"summary": {"gpus": [{"utilization_pct": {"mean": 52.0}}]}}
+    suggestion = throughput_report(history, plan, monitor, 16, 1.0, 494_000_000)["suggestion"]
+    assert suggestion.startswith(
+        "GPU utilisation averages 52% with little data wait: raise plan.batch_size (or keep plan.batch_probe on)"
+    )
+    assert ("train.torch_compile=true with plan.drop_last=true" in suggestion) is compile_advised

@@ -12,6 +12,10 @@ DATA_BOUND_SHARE = (
     0.2  # waiting for batches more than this share of step time means the input pipeline limits
 )
 LOW_GPU_UTILISATION_PCT = 70
+# torch.compile repays only a long run: on an H200 (a 0.5B-shaped model, micro-batches of 16 × 1,024 tokens)
+# it compiled for 106 s before the first step, where the whole run trained in 31 s uncompiled, and stalled
+# again at the epoch's last, smaller micro-batch (each new shape compiles anew).
+COMPILE_REPAYS_AFTER_S = 1800
 # What a CPU run would gain on a GPU, estimated from arithmetic: a LoRA step costs about 4 FLOPs per base
 # parameter per token (the forward's 2, the backward's 2 for input gradients; frozen weights get none), and
 # the GPU people start with, an RTX 2060, peaks at 25.8 TFLOP/s in fp16 with fp32 accumulation, of which
@@ -32,7 +36,7 @@ def throughput_report(
     wait_share = sum(history.data_wait_s) / step_total if step_total else None
     tokens_per_s = processed / runtime if runtime else None
     verdict, suggestion = _bottleneck(
-        wait_share, plan, monitor_report, usable_cores, tokens_per_s, parameters
+        wait_share, plan, monitor_report, usable_cores, tokens_per_s, parameters, runtime
     )
     overhead = monitor_report.get("monitor_overhead_s") or 0.0
     return {
@@ -50,7 +54,13 @@ def throughput_report(
 
 
 def _bottleneck(
-    wait_share, plan: Plan, monitor_report, usable_cores: int, tokens_per_s: float | None, parameters: int
+    wait_share,
+    plan: Plan,
+    monitor_report,
+    usable_cores: int,
+    tokens_per_s: float | None,
+    parameters: int,
+    runtime_s: float,
 ) -> tuple[str | None, str | None]:
     if wait_share is None:
         return None, None
@@ -68,9 +78,15 @@ def _bottleneck(
     gpus = monitor_report.get("summary", {}).get("gpus") or []
     busy = [gpu["utilization_pct"]["mean"] for gpu in gpus if gpu["utilization_pct"]["mean"] is not None]
     if busy and min(busy) < LOW_GPU_UTILISATION_PCT:
+        compile_advice = (
+            ", or try train.torch_compile=true with plan.drop_last=true (it compiles for minutes, and "
+            "again for each new batch shape)"
+            if runtime_s >= COMPILE_REPAYS_AFTER_S
+            else ""
+        )
         return "compute-bound", (
             f"GPU utilisation averages {min(busy):.0f}% with little data wait: raise plan.batch_size "
-            "(or keep plan.batch_probe on), or try train.torch_compile=true"
+            f"(or keep plan.batch_probe on){compile_advice}"
         )
     if plan.device == "cpu":
         other = (monitor_report.get("summary", {}).get("other_cores") or {}).get("mean")
