@@ -242,6 +242,8 @@ def test_a_cpu_run_says_how_much_faster_a_gpu_would_be():
 
 @pytest.mark.parametrize(("runtime_s", "compile_advised"), [(31.0, False), (3600.0, True)])
 def test_a_half_idle_gpu_is_told_to_compile_only_where_a_long_run_repays_it(runtime_s, compile_advised):
+    import dataclasses
+
     from pipeline.config import load_config
     from pipeline.plan.planner import make_plan
     from pipeline.train.performance import throughput_report
@@ -254,6 +256,12 @@ def test_a_half_idle_gpu_is_told_to_compile_only_where_a_long_run_repays_it(runt
     monitor = {"summary": {"gpus": [{"utilization_pct": {"mean": 52.0}}]}}
     suggestion = throughput_report(history, plan, monitor, 16, 1.0, 494_000_000)["suggestion"]
     assert suggestion.startswith(
-        "GPU utilisation averages 52% with little data wait: raise plan.batch_size (or keep plan.batch_probe on)"
+        f"GPU utilisation averages 52% with little data wait: raise plan.batch_size above {plan.batch_size} "
+        "(or keep plan.batch_probe on)"
     )
     assert ("train.torch_compile=true with plan.drop_last=true" in suggestion) is compile_advised
+    compiled = dataclasses.replace(plan, torch_compile=True)
+    assert (
+        "torch_compile"
+        not in throughput_report(history, compiled, monitor, 16, 1.0, 494_000_000)["suggestion"]
+    )

@@ -407,6 +407,35 @@ def test_the_model_suggests_only_where_its_gain_on_the_validation_commits_clears
     )
 
 
+def test_the_selector_suggests_unless_the_lookup_beats_it_beyond_noise():
+    """Held out the selector beat the lookup on every repository measured, and where the two tie on the
+    older commits the better mean is a coin's toss: the lookup must clear its interval to suggest."""
+    from pipeline.evaluate.evaluation import _retrieval_system
+
+    references = [f"Rename widget_{n} to gadget_{n} in the parts registry" for n in range(40)]
+    wrong = [f"Drop support for Python 3.{n % 9} and tidy the docs" for n in range(40)]
+    means = {name: {"chrf": 10.0, "edit_similarity": 20.0} for name in ("lookup", "selector")}
+
+    def chosen(lookup: list[str], selector: list[str]) -> tuple[str, dict | None, str]:
+        blocks = [
+            {"commits": 10, "lookup": lookup[i : i + 10], "selector": selector[i : i + 10],
+             "references": references[i : i + 10]}
+            for i in range(0, 40, 10)
+        ]  # fmt: skip
+        return _retrieval_system(blocks, means)
+
+    name, gain, reason = chosen(references, wrong)  # the lookup right everywhere: clear of any noise
+    assert name == "lookup" and gain is not None and gain["mean_ci95"][0] > 0
+    assert reason.startswith("the selector unless the lookup beats it beyond noise: over 4 blocks of 10")
+    assert reason.endswith("clear of its 95% interval")
+    ahead_by_one = [references[0], *wrong[1:]]  # ahead on one commit of forty: a better mean, within noise
+    name, gain, reason = chosen(ahead_by_one, wrong)
+    assert name == "selector" and gain is not None and gain["mean"] > 0 >= gain["mean_ci95"][0]
+    assert reason.endswith("not clear of its 95% interval")
+    name, gain, reason = _retrieval_system([{"commits": 10}], {"lookup": means["lookup"]})
+    assert (name, gain) == ("lookup", None) and reason.startswith("no selector (too few older commits")
+
+
 def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_path):
     topic_repo(tmp_path / "repo", commits=120)
     scraped(GitRepo(tmp_path / "repo"), tmp_path / "out", eval_commits=10, valid_commits=10)

@@ -81,12 +81,12 @@ def _bottleneck(
         compile_advice = (
             ", or try train.torch_compile=true with plan.drop_last=true (it compiles for minutes, and "
             "again for each new batch shape)"
-            if runtime_s >= COMPILE_REPAYS_AFTER_S
+            if runtime_s >= COMPILE_REPAYS_AFTER_S and not plan.torch_compile
             else ""
         )
         return "compute-bound", (
             f"GPU utilisation averages {min(busy):.0f}% with little data wait: raise plan.batch_size "
-            f"(or keep plan.batch_probe on){compile_advice}"
+            f"above {plan.batch_size} (or keep plan.batch_probe on){compile_advice}"
         )
     if plan.device == "cpu":
         other = (monitor_report.get("summary", {}).get("other_cores") or {}).get("mean")
