@@ -504,13 +504,12 @@ def _retrieval_system(
     pooled = lambda key: [answer for block in blocks for answer in block[key]]  # noqa: E731
     gain = mean_gain(pooled("selector"), pooled("lookup"), pooled("references"))
     low, high = gain["mean_ci95"]
-    best = "lookup" if low > 0 else "selector"
-    verdict = "clear of its 95% interval" if low > 0 else "not clear of its 95% interval"
+    verdict = "beats the selector" if low > 0 else "does not beat the selector"
     reason = (
-        f"the selector unless the lookup beats it beyond noise: {over}, the lookup's gain in their mean "
-        f"{gain['mean']:+.1f} [{low:+.1f}, {high:+.1f}], {verdict}"
+        f"the lookup {verdict} beyond noise {over}: its gain in their mean "
+        f"{gain['mean']:+.1f} [{low:+.1f}, {high:+.1f}]"
     )
-    return best, gain, reason
+    return "lookup" if low > 0 else "selector", gain, reason
 
 
 def _model_against(
