@@ -84,9 +84,11 @@ def main() -> int:
 
 
 def baseline(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, precision: str, newline: bool):
-    """`model.generate`, greedy, in batches of similar-length prompts with left padding."""
+    """`model.generate`, greedy, in batches of similar-length prompts with left padding; a message that
+    starts over is cut where it repeats a line, as the evaluation's are (`unlooped`)."""
     import torch
 
+    from pipeline.evaluate.decoding import unlooped
     from pipeline.train.model import autocast
 
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
@@ -105,7 +107,7 @@ def baseline(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, prec
                 text = tokenizer.decode(
                     generated[row, batch["input_ids"].shape[1] :], skip_special_tokens=True
                 )
-                outputs[index] = text.split("\n", 1)[0] if newline else text
+                outputs[index] = text.split("\n", 1)[0] if newline else unlooped(text)
     finally:
         tokenizer.padding_side = side
     return outputs

@@ -7,7 +7,15 @@ import torch
 
 from pipeline.data.examples import render_prompt
 from pipeline.evaluate import decoding
-from pipeline.evaluate.decoding import SHARED_PREFIX_MIN, _batches, _parts, _shared_prefix, generate_batched
+from pipeline.evaluate.decoding import (
+    SHARED_PREFIX_MIN,
+    _batches,
+    _Ends,
+    _parts,
+    _shared_prefix,
+    generate_batched,
+    unlooped,
+)
 from pipeline.types import TextStyle
 from tests.conftest import PRETRAINED
 
@@ -41,7 +49,35 @@ def one_at_a_time(model, tokenizer, prompt: str, stop_at_newline: bool) -> str:
             eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
     text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-    return text.split("\n", 1)[0] if stop_at_newline else text
+    return text.split("\n", 1)[0] if stop_at_newline else unlooped(text)
+
+
+def test_an_answer_that_starts_over_is_cut_where_it_repeats_a_line():
+    assert unlooped("Update changelog\n\nUpdate changelog\n\nUpdate chan") == "Update changelog"
+    assert unlooped("Fix the parser\n\n* handle tabs\n* handle tabs\n") == "Fix the parser\n\n* handle tabs"
+    assert unlooped("Add a flag\n\nIt is off by default.") == "Add a flag\n\nIt is off by default."
+    assert unlooped("Update\n\n\nUpdate") == "Update"  # blank lines are not lines that repeat
+    assert unlooped("") == ""
+
+
+def test_a_message_ends_at_the_line_break_that_completes_a_repeated_line(pretrained):
+    """The decoder stops a row there, saving the steps a loop would take to the token limit; a line that
+    has not ended yet ("Update chan…") may still become another, and a line break ends code at once."""
+    _, tokenizer = pretrained
+    ends, code = _Ends(tokenizer, at_newline=False), _Ends(tokenizer, at_newline=True)
+    answer: list[int] = []
+    said = []
+    looping = tokenizer("Update changelog\n\nUpdate changelog\n\nUpdate", add_special_tokens=False)[
+        "input_ids"
+    ]
+    for token in looping:
+        answer.append(token)
+        said.append((tokenizer.decode(answer), ends.last(token, answer), code.last(token, answer)))
+    first = next(text for text, last, _ in said if last)  # where the decoder takes the row out
+    assert first.startswith("Update changelog\n\nUpdate changelog\n") and first.count("Update") == 2
+    assert unlooped(first) == "Update changelog"
+    code_ends = [text for text, _, last in said if last]
+    assert code_ends[0].startswith("Update changelog\n") and code_ends[0].count("Update") == 1
 
 
 @pytest.fixture(scope="module")

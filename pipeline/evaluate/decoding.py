@@ -85,7 +85,7 @@ def generate_batched(
                 answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
                 for index, answer in zip(chosen, answers, strict=True):
                     text = tokenizer.decode(answer, skip_special_tokens=True)
-                    outputs[index] = text.split("\n", 1)[0] if stop_at_newline else text
+                    outputs[index] = text.split("\n", 1)[0] if stop_at_newline else unlooped(text)
     finally:
         model.train(was_training)
     return outputs
@@ -119,6 +119,22 @@ def _shared_prefix(encoded: Sequence[Sequence[int]]) -> int:
     return length if length >= SHARED_PREFIX_MIN else 0
 
 
+def unlooped(text: str) -> str:
+    """`text` before the first line that repeats an earlier non-blank one. A greedy answer that starts
+    over has said what it had to say, and the rest is a loop until the token limit: "Update changelog",
+    seven times more, from a model trained five minutes on jpadilla/pyjwt (58 of its 71 held-out answers
+    looped so, and 36 to 41 of 100 of the base model's on every repository measured)."""
+    seen: set[str] = set()
+    lines = text.split("\n")
+    for number, line in enumerate(lines):
+        key = line.strip()
+        if key in seen:
+            return "\n".join(lines[:number]).rstrip()
+        if key:
+            seen.add(key)
+    return text
+
+
 class _Ends:
     """Whether a generated token ends its answer (each token's text decoded once)."""
 
@@ -130,13 +146,18 @@ class _Ends:
         """False for the end-of-sequence token, which is not part of the answer."""
         return token != self.eos
 
-    def last(self, token: int) -> bool:
-        """True when the answer ends with this (kept) token."""
-        if not self.at_newline:
-            return False
+    def last(self, token: int, answer: list[int]) -> bool:
+        """True when `answer` (its tokens so far, this kept one the last) ends with it: at a line break
+        with `at_newline`, else at a line break that completes a line the answer already wrote, where
+        `unlooped` cuts it anyway (the steps a loop would take are saved)."""
         if token not in self.newline:
             self.newline[token] = "\n" in self.tokenizer.decode([token])
-        return self.newline[token]
+        if not self.newline[token]:
+            return False
+        if self.at_newline:
+            return True
+        complete = self.tokenizer.decode(answer, skip_special_tokens=True).rpartition("\n")[0]
+        return unlooped(complete) != complete
 
 
 def _prefix_cache(model, tokens: list[int], device):
@@ -169,7 +190,7 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
             kept = ends.kept(chosen)
             if kept:
                 answers[row].append(chosen)
-            if not kept or ends.last(chosen) or step + 1 == max_new_tokens:
+            if not kept or ends.last(chosen, answers[row]) or step + 1 == max_new_tokens:
                 writing[place] = None
         staying = [place for place, row in enumerate(writing) if row is not None]
         if not staying:

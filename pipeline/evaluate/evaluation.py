@@ -62,7 +62,7 @@ SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.js
 BOOTSTRAP_RESAMPLES = 1000
 EVALUATION_FILE = "evaluation.jsonl"
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = 4
+EVALUATION_FORMAT = 5
 CODE_CONTEXT_LINES = 6  # lines of the hunk before the one asked: prompts are most of the cost
 CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data line would be the whole prompt)
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
