@@ -14,6 +14,7 @@ Prints each task's seconds, the ratio, and how many answers are the same (all of
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -64,7 +65,11 @@ def main() -> int:
         for round_ in range(args.rounds):
             order = ("generate", "decoding") if round_ % 2 == 0 else ("decoding", "generate")
             for name in order:
-                answer = baseline if name == "generate" else generate_batched
+                answer = (
+                    baseline
+                    if name == "generate"
+                    else functools.partial(generate_batched, cut_loops=not newline)
+                )
                 started = time.perf_counter()
                 answers[name] = answer(model, tokenizer, asked, tokens, "fp32", newline)
                 seconds[name].append(time.perf_counter() - started)

@@ -41,7 +41,7 @@ CODE = [
 ]
 
 
-def one_at_a_time(model, tokenizer, prompt: str, stop_at_newline: bool) -> str:
+def one_at_a_time(model, tokenizer, prompt: str, stop_at_newline: bool, cut_loops: bool = False) -> str:
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         out = model.generate(
@@ -49,7 +49,8 @@ def one_at_a_time(model, tokenizer, prompt: str, stop_at_newline: bool) -> str:
             eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
     text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-    return text.split("\n", 1)[0] if stop_at_newline else unlooped(text)
+    text = text.split("\n", 1)[0] if stop_at_newline else text
+    return unlooped(text) if cut_loops else text
 
 
 def test_an_answer_that_starts_over_is_cut_where_it_repeats_a_line():
@@ -64,7 +65,8 @@ def test_a_message_ends_at_the_line_break_that_completes_a_repeated_line(pretrai
     """The decoder stops a row there, saving the steps a loop would take to the token limit; a line that
     has not ended yet ("Update chan…") may still become another, and a line break ends code at once."""
     _, tokenizer = pretrained
-    ends, code = _Ends(tokenizer, at_newline=False), _Ends(tokenizer, at_newline=True)
+    ends, code = _Ends(tokenizer, False, cut_loops=True), _Ends(tokenizer, True)
+    free = _Ends(tokenizer, False)  # `generate` continuing code or writing a diff: lines repeat there
     answer: list[int] = []
     said = []
     looping = tokenizer("Update changelog\n\nUpdate changelog\n\nUpdate", add_special_tokens=False)[
@@ -73,6 +75,7 @@ def test_a_message_ends_at_the_line_break_that_completes_a_repeated_line(pretrai
     for token in looping:
         answer.append(token)
         said.append((tokenizer.decode(answer), ends.last(token, answer), code.last(token, answer)))
+        assert not free.last(token, answer)
     first = next(text for text, last, _ in said if last)  # where the decoder takes the row out
     assert first.startswith("Update changelog\n\nUpdate changelog\n") and first.count("Update") == 2
     assert unlooped(first) == "Update changelog"
@@ -107,7 +110,8 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
 
     one_batch = decoding.CPU_BATCH_TOKENS
     for prompts, stop_at_newline in ((messages, False), (CODE, True)):
-        expected = [one_at_a_time(model, tokenizer, prompt, stop_at_newline) for prompt in prompts]
+        cut_loops = not stop_at_newline  # messages, as the evaluation asks them
+        expected = [one_at_a_time(model, tokenizer, prompt, stop_at_newline, cut_loops) for prompt in prompts]
         for batch_tokens in (one_batch, 2 * (NEW_TOKENS + 20)):  # one batch; several
             # Rows that ended taken out at once, or kept in the batch until every row has ended.
             for left_share in (0.0, 1.0):
@@ -115,7 +119,7 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
                 monkeypatch.setattr(decoding, "LEFT_SHARE", left_share)
                 told: list[int] = []
                 answers = generate_batched(
-                    model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, told.append
+                    model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, told.append, cut_loops
                 )
                 assert answers == expected
                 assert sum(told) == len(prompts)  # each forward's prompts, told as they are read

@@ -50,9 +50,11 @@ def generate_batched(
     precision: str,
     stop_at_newline: bool = False,
     progress: Callable[[int], None] | None = None,
+    cut_loops: bool = False,
 ) -> list[str]:
     """Greedy continuations of `prompts` (at most `max_new_tokens` each, ending at the end-of-sequence
-    token; with `stop_at_newline`, at their first line break, which is left out). `progress` is told how
+    token; with `stop_at_newline`, at their first line break, which is left out; with `cut_loops`, for
+    commit messages, where they start over: `unlooped`; code and diffs repeat lines). `progress` is told how
     many prompts each prefill forward read (most of the time on a CPU), and 0 after each step that writes
     the answers, for a progress line that keeps coming while they are written."""
     import torch
@@ -70,7 +72,7 @@ def generate_batched(
         if on_cpu
         else _batches(lengths, max_new_tokens, GPU_BATCH_ROWS, None)
     )
-    ends = _Ends(tokenizer, stop_at_newline)
+    ends = _Ends(tokenizer, stop_at_newline, cut_loops)
     outputs: list[str] = [""] * len(prompts)
     was_training = model.training
     model.eval()
@@ -85,7 +87,9 @@ def generate_batched(
                 answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
                 for index, answer in zip(chosen, answers, strict=True):
                     text = tokenizer.decode(answer, skip_special_tokens=True)
-                    outputs[index] = text.split("\n", 1)[0] if stop_at_newline else unlooped(text)
+                    if stop_at_newline:
+                        text = text.split("\n", 1)[0]
+                    outputs[index] = unlooped(text) if cut_loops else text
     finally:
         model.train(was_training)
     return outputs
@@ -138,8 +142,9 @@ def unlooped(text: str) -> str:
 class _Ends:
     """Whether a generated token ends its answer (each token's text decoded once)."""
 
-    def __init__(self, tokenizer, at_newline: bool):
+    def __init__(self, tokenizer, at_newline: bool, cut_loops: bool = False):
         self.tokenizer, self.at_newline, self.eos = tokenizer, at_newline, tokenizer.eos_token_id
+        self.cut_loops = cut_loops
         self.newline: dict[int, bool] = {}
 
     def kept(self, token: int) -> bool:
@@ -148,8 +153,10 @@ class _Ends:
 
     def last(self, token: int, answer: list[int]) -> bool:
         """True when `answer` (its tokens so far, this kept one the last) ends with it: at a line break
-        with `at_newline`, else at a line break that completes a line the answer already wrote, where
-        `unlooped` cuts it anyway (the steps a loop would take are saved)."""
+        with `at_newline`; with `cut_loops`, at a line break that completes a line the answer already
+        wrote, where `unlooped` cuts it anyway (the steps a loop would take are saved)."""
+        if not (self.at_newline or self.cut_loops):
+            return False
         if token not in self.newline:
             self.newline[token] = "\n" in self.tokenizer.decode([token])
         if not self.newline[token]:

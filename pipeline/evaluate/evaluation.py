@@ -287,8 +287,9 @@ def answer_tasks(
             asked = [p.text for p in prompts if p.task == task]
             if asked:
                 outputs[task] = generate_batched(
-                    model, tokenizer, asked, tokens[task], precision, task == "code", progress.update
-                )
+                    model, tokenizer, asked, tokens[task], precision, task == "code", progress.update,
+                    cut_loops=task == "message",
+                )  # fmt: skip
     return outputs
 
 

@@ -96,7 +96,8 @@ def generate(
     if task:
         style = adapter_facts(directory).style
         prompt, given = render_prompt(tokenizer, style, task, prompt.strip()), answer_prefix(style, task)
-    return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32")[0]
+    message = task == "message"  # a commit message that starts over is cut there; code repeats lines
+    return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
 
 
 def _from_past(directory: Path, diff: str, system: str | None) -> str | None:
