@@ -13,11 +13,14 @@ prompts, 40 generating), this module instead:
 - keeps room for the answers in the KV cache, so that a step writes its position in place (a plain
   cache copies itself whole to grow by one position: a third of a step's time);
 - lets rows leave the batch (and its cache) when a quarter of it has ended, so a batch of all 100
-  prompts pays for its longest answer's steps once, at the cost of the rows still writing.
+  prompts pays for its longest answer's steps once, at the cost of the rows still writing;
+- ends a commit message at the line break that completes a line it already wrote (`unlooped` cuts
+  there): a greedy answer that starts over loops to the token limit.
 
-The tokens are the ones `model.generate` picks (greedy, the same positions, padding masked); the same
-answers took 82 to 94 s where `model.generate` took 132 to 156 (`benchmarks/bench_decoding.py`), and
-the room and the rows leaving a quarter at a time took 6 to 11% off that (117 s against 128).
+The tokens are the ones `model.generate` picks (greedy, the same positions, padding masked; a message
+cut where `unlooped` cuts `model.generate`'s); the same answers took 82 to 94 s where `model.generate`
+took 132 to 156 (`benchmarks/bench_decoding.py`), and the room and the rows leaving a quarter at a time
+took 6 to 11% off that (117 s against 128).
 """
 
 from __future__ import annotations
@@ -140,7 +143,8 @@ def unlooped(text: str) -> str:
 
 
 class _Ends:
-    """Whether a generated token ends its answer (each token's text decoded once)."""
+    """Whether a generated token ends its answer (each token's text decoded once; with `cut_loops`, the
+    answer's text again at each of its line breaks)."""
 
     def __init__(self, tokenizer, at_newline: bool, cut_loops: bool = False):
         self.tokenizer, self.at_newline, self.eos = tokenizer, at_newline, tokenizer.eos_token_id
