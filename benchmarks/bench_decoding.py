@@ -14,7 +14,6 @@ Prints each task's seconds, the ratio, and how many answers are the same (all of
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -65,13 +64,11 @@ def main() -> int:
         for round_ in range(args.rounds):
             order = ("generate", "decoding") if round_ % 2 == 0 else ("decoding", "generate")
             for name in order:
-                answer = (
-                    baseline
-                    if name == "generate"
-                    else functools.partial(generate_batched, cut_loops=not newline)
-                )
+                answer = baseline if name == "generate" else generate_batched
                 started = time.perf_counter()
-                answers[name] = answer(model, tokenizer, asked, tokens, "fp32", newline)
+                answers[name] = answer(
+                    model, tokenizer, asked, tokens, "fp32", newline, cut_loops=not newline
+                )
                 seconds[name].append(time.perf_counter() - started)
         mean = {name: sum(values) / len(values) for name, values in seconds.items()}
         for name in totals:
@@ -88,9 +85,17 @@ def main() -> int:
     return 0
 
 
-def baseline(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, precision: str, newline: bool):
-    """`model.generate`, greedy, in batches of similar-length prompts with left padding; a message that
-    starts over is cut where it repeats a line, as the evaluation's are (`unlooped`)."""
+def baseline(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    precision: str,
+    newline: bool,
+    cut_loops: bool,
+):
+    """`model.generate`, greedy, in batches of similar-length prompts with left padding; with `cut_loops`
+    (messages), an answer that starts over is cut where it repeats a line, as the evaluation's are."""
     import torch
 
     from pipeline.evaluate.decoding import unlooped
@@ -112,7 +117,8 @@ def baseline(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, prec
                 text = tokenizer.decode(
                     generated[row, batch["input_ids"].shape[1] :], skip_special_tokens=True
                 )
-                outputs[index] = text.split("\n", 1)[0] if newline else unlooped(text)
+                text = text.split("\n", 1)[0] if newline else text
+                outputs[index] = unlooped(text) if cut_loops else text
     finally:
         tokenizer.padding_side = side
     return outputs
