@@ -6,21 +6,24 @@
 A time budget on a CPU plans with the speed an earlier run trained at on the
 same machine. The same two idle cores trained 103 tokens/s one afternoon and
 142 three hours later (a virtual machine's host is shared too), so the
-speed is scaled by how fast the cores multiply matrices now
-(`probe.cores_pace`, 2 seconds) against then. This measures that scaling
-with the planner's own functions, on the model and LoRA the pipeline trains,
-one thread per usable core throughout: after a first idle round, rounds
-take turns between the machine as it is, a process spinning a third of
-the time on one core and one spinning all of it (stand-ins for a host that
-lends the cores less: their load is not what a remembered speed is checked
-against here). Each round times the pace, then the training speed as the
-planner measures it (`probe.training_speed`: forward and backward passes on
-3 blocks after a warm-up). The first round is what an earlier run
-remembered; every later round is predicted from it scaled by the pace (its
-speed × pace now / pace then), as the planner would (`probe.pace_factor`:
-as it is within the pace's noise, scaled beyond it, measured again past
-1.5×) and as it is, and the mean absolute error of each is printed (the
-planner's over the rounds it does not measure again).
+cores' pace (`probe.cores_pace`, 2 seconds of matrix products) is timed
+before training and compared with then's. This measures what the pace
+predicts, with the planner's own functions, on the model and LoRA the
+pipeline trains, one thread per usable core throughout: after a first idle
+round, rounds take turns between the machine as it is, a process spinning
+a third of the time on one core and one spinning all of it (stand-ins for
+a host that lends the cores less: their load is not what a remembered
+speed is checked against here). Each round times the pace, then the
+training speed as the planner measures it (`probe.training_speed`: forward
+and backward passes on 3 blocks after a warm-up). The first round is what
+an earlier run remembered; every later round is predicted from it scaled by
+the pace (its speed × pace now / pace then), as it is, and as the planner
+does (`probe.pace_holds`: as it is within the pace's noise, measured again
+beyond it), and the mean absolute error of each is printed (the planner's
+over the rounds it does not measure again). Its speeds are seconds long,
+timed right after the pace; a run's training lasts minutes, which the pace
+predicts less well (probe.py's PACE_NOISE: over 9 runs scaling was worse
+than the speed as it is).
 
 About 8 minutes on 2 cores (a pass beside a spinning core costs three idle ones). Run it alone: on 2
 shared cores anything else running is another load.
@@ -100,10 +103,9 @@ def main() -> None:
             first = (speed, pace)
             print(f"{index + 1:>5}  {load:<16} {pace:>12.1f} {speed:>9.1f} {'(remembered)':>29}")
             continue
-        factor = probe.pace_factor(first[1], pace)
         predicted = {
             "scaled": first[0] * pace / first[1],
-            "planned": first[0] * factor if factor else None,
+            "planned": first[0] if probe.pace_holds(first[1], pace) else None,
             "as is": first[0],
         }
         for name, value in predicted.items():

@@ -1,6 +1,6 @@
 """Training on a CPU that other processes use too: their load measured and named, threads planned for the
 cores they leave free and followed while training, a remembered speed used only on an as-idle machine
-and scaled by the cores' pace, and advice that says what took the CPU. The other process is real: a
+and while the cores keep their pace, and advice that says what took the CPU. The other process is real: a
 spinner on one core."""
 
 from __future__ import annotations
@@ -117,30 +117,29 @@ def test_a_remembered_speed_holds_only_while_the_load_is_the_same(tmp_path, monk
     assert speed is None and "(560.0 tokens/s) had 0.0 cores taken by other processes, now 1.0" in why
 
 
-def test_a_remembered_speed_follows_the_pace_of_the_cores(tmp_path, monkeypatch):
+def test_a_remembered_speed_holds_while_the_cores_keep_their_pace(tmp_path, monkeypatch):
     """The same idle cores trained 103 tokens/s one afternoon and 142 three hours later: the speed an
-    earlier run measured is scaled by how fast the cores multiply matrices now against then, beyond the
-    noise of two seconds of it, and measured again when they differ more than a pace can say."""
+    earlier run measured holds as it is while the cores multiply matrices about as fast as then (two
+    seconds of it vary by 30%, and training does not follow that), and is measured again beyond."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     _store_speed("key", 100.0, 0.0, 110.0)
-    speed, _ = remembered_speed("key", 0.0, 143.0)
-    assert speed.tokens_per_s == pytest.approx(130.0) and speed.cores_gflops == 143.0
-    assert "(100.0 tokens/s), × 1.30 for its cores' pace now (143.0 GFLOP/s, 110.0 then)" in speed.how
-    speed, _ = remembered_speed("key", 0.0, 125.0)  # within two seconds' noise: as it is
-    assert speed.tokens_per_s == 100.0 and speed.cores_gflops == 125.0
+    for pace in (85.0, 110.0, 143.0):
+        speed, _ = remembered_speed("key", 0.0, pace)
+        assert speed.tokens_per_s == 100.0 and speed.cores_gflops == pace
     assert speed.how.endswith(
-        ", as it is: its cores' pace now (125.0 GFLOP/s, 110.0 then) within two seconds' noise"
+        ", as it is: its cores' pace now (143.0 GFLOP/s, 110.0 then) within what two seconds of it vary by"
     )
-    speed, why = remembered_speed("key", 0.0, 50.0)
-    assert speed is None and "the cores ran 110.0 GFLOP/s for the speed remembered from" in why
-    assert why.endswith("(100.0 tokens/s), now 50.0")
+    for pace in (84.0, 144.0):
+        speed, why = remembered_speed("key", 0.0, pace)
+        assert speed is None and "the cores ran 110.0 GFLOP/s for the speed remembered from" in why
+        assert why.endswith(f"(100.0 tokens/s), now {pace}")
     _store_speed("key", 100.0, 0.0, None)  # remembered before the pace was: used as it is, and paced on
-    speed, _ = remembered_speed("key", 0.0, 143.0)
-    assert speed.tokens_per_s == 100.0 and speed.cores_gflops == 143.0
+    speed, _ = remembered_speed("key", 0.0, 200.0)
+    assert speed.tokens_per_s == 100.0 and speed.cores_gflops == 200.0
     assert cores_pace(1) > 0
 
 
-def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_plans_at_the_pace_it_finds(
+def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_measures_again_where_it_moved(
     cli, tmp_path, monkeypatch, cpu_only
 ):
     """The pace of the cores is a CPU's (a GPU's speed does not follow it), so the host is CPU-only."""
@@ -163,10 +162,17 @@ def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_plans_at
     first = run_at(100.0)
     (entry,) = orjson.loads((tmp_path / "cache/repotune/speeds.json").read_bytes()).values()
     assert entry["cores_gflops"] == 100.0 and measured == [1] and first["measured_tokens_per_s"] == 1e6
-    second = run_at(130.0)
-    assert measured == [1] and second["measured_tokens_per_s"] == round(entry["tokens_per_s"] * 1.3, 1)
+    second = run_at(125.0)
+    assert measured == [1] and second["measured_tokens_per_s"] == entry["tokens_per_s"]
     assert second["decisions"]["measured_tokens_per_s"]["reason"].endswith(
-        f"({entry['tokens_per_s']} tokens/s), × 1.30 for its cores' pace now (130.0 GFLOP/s, 100.0 then)"
+        ", as it is: its cores' pace now (125.0 GFLOP/s, 100.0 then) within what two seconds of it vary by"
+    )
+    (entry,) = orjson.loads((tmp_path / "cache/repotune/speeds.json").read_bytes()).values()
+    third = run_at(200.0)
+    assert measured == [1, 1] and third["measured_tokens_per_s"] == 1e6
+    assert third["decisions"]["measured_tokens_per_s"]["reason"].endswith(
+        f"the cores ran 125.0 GFLOP/s for the speed remembered from {entry['measured_at']} "
+        f"({entry['tokens_per_s']} tokens/s), now 200.0"
     )
 
 

@@ -42,7 +42,7 @@ from pipeline.train.loss import answer_logits, held_out_loss, per_answer_loss, p
 from pipeline.train.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
 from pipeline.train.monitor import HardwareMonitor, import_nvml
 from pipeline.train.performance import throughput_report
-from pipeline.train.probe import PACE_NOISE
+from pipeline.train.probe import SPEED_NOISE
 from pipeline.train.trackers import attach_trackers, tracker_failure
 from pipeline.types import PackedSplit, Plan, TrainOutcome
 
@@ -541,7 +541,7 @@ def budget_unused(plan: Plan, runtime_s: float | None, throughput: dict[str, Any
     if not (plan.time_budget_s and planned and runtime_s and throughput and throughput.get("tokens_per_s")):
         return None
     share, ran = plan.time_budget_s * BUDGET_TRAIN_SHARE, throughput["tokens_per_s"]
-    if throughput["processed_tokens"] / planned < FILLED_SHARE * share or ran < planned * (1 + PACE_NOISE):
+    if throughput["processed_tokens"] / planned < FILLED_SHARE * share or ran < planned * (1 + SPEED_NOISE):
         return None
     return (
         f"trained in {runtime_s:.0f} s of the {share:.0f} s the time budget gives training: this machine "
