@@ -241,7 +241,8 @@ class Speed:
     """How it was measured, e.g. `forward and backward passes on 3 training blocks spread over the data`."""
     cores_gflops: float | None = None
     """How fast the CPU's cores multiplied matrices (GFLOP/s) just before this run trained (None on a
-    GPU): a later run scales the speed this run leaves by how much faster its cores run."""
+    GPU): a later run uses the speed this run leaves while its cores run at about this pace, and
+    measures again where they do not."""
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ def simulated_gpu():
 @pytest.fixture(scope="session", autouse=True)
 def quick_pace():
     """The cores' pace is timed for two hundredths of a second, not two and a half, in the many runs
-    under a budget: tests check that it scales a remembered speed, not how well it measures the day."""
+    under a budget: tests check what it decides of a remembered speed, not how well it measures the day."""
     from pipeline.train import probe
 
     before = probe.PACE_SECONDS, probe.PACE_WARM_SECONDS
