@@ -194,8 +194,8 @@ PACE_SECONDS = 2.0
 # did not warm it.
 PACE_WARM_SECONDS = 0.5
 # A pace says that the machine changed, not by how much. Five minutes of 2-second paces of the same
-# idle cores were 12% apart on average (76 to 146 GFLOP/s; 60-second ones 4%: the host's speed moves
-# over tens of seconds), and the minutes of training that follow do not move with them: over 9 default
+# idle cores had a standard deviation of 12% of their mean (76 to 146 GFLOP/s; 60-second ones 4%: the
+# host's speed moves over tens of seconds), and the minutes of training that follow do not move with them: over 9 default
 # runs on those cores (2026-11-26/27) the paces read 0.67 to 1.27 of the remembered run's while the
 # speeds trained stayed within 0.88 to 1.14 of its. Scaling the speed by the pace beyond 20% (as this
 # did) planned 14.9% off on average (34.5% at worst, all 4 scaled runs worse than unscaled), the speed
