@@ -17,6 +17,7 @@ from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     next_line,
+    one_register,
     paired_difference,
     score_code,
     score_messages,
@@ -338,6 +339,26 @@ def test_intervals_and_paired_differences():
         ]
         == 50.0
     )
+
+
+def test_a_model_that_writes_in_one_register_is_named():
+    """After ten minutes on 2 cores the fine-tuned model began 94 of requests' 100 answers with "add",
+    where 16 of the commits written do: the run says so beside the scores."""
+    references = ["Fix the parser", "docs: retries", "Add tests", "fix(cli): exit code"] * 3
+    outputs = ["Add a parser", "add: docs", "Add(tests) x", "Remove the exit"] * 3
+    scored = score_messages(outputs, references)
+    assert scored["commonest_opening"] == {"word": "add", "answers": 9, "references": 3}
+    assert one_register("after", scored) == (
+        'the fine-tuned model begins 9 of its 12 answers with "add", where 3 of the commits written do'
+    )
+    assert one_register("before", score_messages(references, references)) is None  # as the commits do
+    varied = ["Add a parser", "Fix docs", "Remove tests", "Rename the exit"] * 3
+    assert one_register("after", score_messages(varied, references)) is None  # under a third
+    assert score_messages(["", " "], ["Fix", "Add"])["commonest_opening"] == {
+        "word": "", "answers": 0, "references": 0
+    }  # fmt: skip
+    cached = {key: value for key, value in scored.items() if key != "commonest_opening"}
+    assert one_register("before", cached) is None  # scores cached before openings were counted
 
 
 DIFF = (

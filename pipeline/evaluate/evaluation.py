@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -68,6 +69,11 @@ CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data li
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
 CODE_MIN_CHARS = 4  # nor when it is shorter than this without its spaces (a brace, a blank line)
 CODE_TOKENS = 32  # most tokens generated for one line
+# A model that begins this share of its answers with one word, and twice as many as the commits written
+# do, writes in one register, and the run says so: after ten minutes on 2 cores the fine-tuned model began
+# 94 of requests' 100 answers with "add" (16 of the commits do), 88 of flask's with "update" (23), 82 of
+# commitizen's with "refactor" (6), 46 to 100% on seven repositories; retrieval's follow the commits'.
+ONE_REGISTER_SHARE = 1 / 3
 
 
 def task_prompts(
@@ -172,6 +178,7 @@ def score_messages(outputs: Sequence[str], references: Sequence[str]) -> dict[st
         "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
         "subject_exact_match_pct": _pct(sum(o == r for o, r in subjects), len(wanted)),
         "first_word_match_pct": _pct(sum(_first_word(o) == _first_word(r) for o, r in subjects), len(wanted)),
+        "commonest_opening": _commonest_opening(produced, wanted),
         "whitespace_only": sum(not o for o in produced),
         "output_chars_mean": round(sum(len(o) for o in produced) / len(wanted), 1),
         "reference_chars_mean": round(sum(len(r) for r in wanted) / len(wanted), 1),
@@ -256,6 +263,19 @@ def _subject(text: str) -> str:
 
 def _first_word(text: str) -> str:
     return (text.split() or [""])[0].lower()
+
+
+def _opening(text: str) -> str:
+    """A message's first word as a register shows in it: lower case, a conventional commit's scope and
+    colon left off ("refactor(cli): …" and "Refactor …" open alike)."""
+    return re.split(r"[(:!]", _first_word(_subject(text)), maxsplit=1)[0]
+
+
+def _commonest_opening(outputs: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """The word that begins most of the answers, how many it begins, and how many commits written it
+    begins: a model that writes in one register shows here before its scores explain it."""
+    word, count = (Counter(_opening(o) for o in outputs if o).most_common(1) or [("", 0)])[0]
+    return {"word": word, "answers": count, "references": sum(_opening(r) == word for r in references)}
 
 
 def _pct(count: int, total: int) -> float:
@@ -729,6 +749,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
             lines.append(line)
         if system:
             lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
+        lines += [f"  {said}" for name in ("before", "after") if (said := one_register(name, messages[name]))]
     codes = {name: (tasks.get(name) or {}).get("code") for name in ("before", "after")}
     if codes["before"] and codes["after"]:
         was, now = codes["before"], codes["after"]
@@ -742,6 +763,23 @@ def format_evaluation(result: Evaluation) -> list[str]:
     if held.get("note"):
         lines.append(held["note"])
     return lines
+
+
+def one_register(name: str, scored: dict[str, Any] | None) -> str | None:
+    """What a model (`name`: before or after) writes in one register, from its message scores: the
+    word that begins most of its answers, where it begins at least ONE_REGISTER_SHARE of them and twice
+    as many as the commits written; else None (and for scores cached before they counted openings)."""
+    opening = (scored or {}).get("commonest_opening")
+    if not (scored and opening):
+        return None
+    answers, written = opening["answers"], opening["references"]
+    if answers < max(ONE_REGISTER_SHARE * scored["samples"], 2 * written):
+        return None
+    model = {"before": "base model", "after": "fine-tuned model"}[name]
+    return (
+        f'the {model} begins {answers} of its {scored["samples"]} answers with "{opening["word"]}", '
+        f"where {written} of the commits written do"
+    )
 
 
 def _with_ci(scored: dict[str, Any], key: str) -> str:
