@@ -16,6 +16,7 @@ from pipeline.errors import ModelLoadError
 from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
+    _message_scoreboard,
     next_line,
     one_register,
     paired_difference,
@@ -351,6 +352,8 @@ def test_a_model_that_writes_in_one_register_is_named():
     assert one_register("after", scored) == (
         'the fine-tuned model begins 9 of its 12 answers with "add", where 3 of the commits written do'
     )
+    board = _message_scoreboard({"tasks": {"after": {"message": scored}}})  # as the run prints it
+    assert board[1].startswith("  fine-tuned ") and board[-1] == f"  {one_register('after', scored)}"
     assert one_register("before", score_messages(references, references)) is None  # as the commits do
     varied = ["Add a parser", "Fix docs", "Remove tests", "Rename the exit"] * 3
     assert one_register("after", score_messages(varied, references)) is None  # under a third

@@ -722,34 +722,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
                     f"({now['perplexity'] / was['perplexity'] - 1:+.1%})"
                 )
     tasks = evaluation["tasks"]
-    labels = {
-        "before": "base model",
-        "after": "fine-tuned",
-        "nearest_commit": "lookup",
-        "selector": "selector",
-        "suggested": "suggested",
-    }
-    messages = {name: (tasks.get(name) or {}).get("message") for name in labels}
-    if any(messages.values()):
-        count = next(m["samples"] for m in messages.values() if m)
-        system = (evaluation.get("system") or {}).get("name")
-        lines.append(
-            f"commit message from diff ({count} held-out commits; chrF, edit similarity [95% interval]):"
-        )
-        for name, label in labels.items():
-            scored = messages[name]
-            if not scored:
-                continue
-            if name == "suggested":
-                label = f"suggested ({system})"
-            line = f"  {label:<24} chrF {_with_ci(scored, 'chrf')}  ES {_with_ci(scored, 'edit_similarity')}"
-            versus = scored.get("vs_nearest_commit")
-            if versus:
-                line += f"  vs lookup {difference_text(versus, 'chrf')} / {difference_text(versus, 'edit_similarity')}"
-            lines.append(line)
-        if system:
-            lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
-        lines += [f"  {said}" for name in ("before", "after") if (said := one_register(name, messages[name]))]
+    lines += _message_scoreboard(evaluation)
     codes = {name: (tasks.get(name) or {}).get("code") for name in ("before", "after")}
     if codes["before"] and codes["after"]:
         was, now = codes["before"], codes["after"]
@@ -762,6 +735,41 @@ def format_evaluation(result: Evaluation) -> list[str]:
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
         lines.append(held["note"])
+    return lines
+
+
+def _message_scoreboard(evaluation: dict[str, Any]) -> list[str]:
+    """The commit-message task as a scoreboard (`evaluation`: the manifest's): every system's scores
+    with intervals and the gain over the lookup, who suggests and why, and a model writing in one
+    register."""
+    tasks = evaluation["tasks"]
+    labels = {
+        "before": "base model",
+        "after": "fine-tuned",
+        "nearest_commit": "lookup",
+        "selector": "selector",
+        "suggested": "suggested",
+    }
+    messages = {name: (tasks.get(name) or {}).get("message") for name in labels}
+    if not any(messages.values()):
+        return []
+    count = next(m["samples"] for m in messages.values() if m)
+    system = (evaluation.get("system") or {}).get("name")
+    lines = [f"commit message from diff ({count} held-out commits; chrF, edit similarity [95% interval]):"]
+    for name, label in labels.items():
+        scored = messages[name]
+        if not scored:
+            continue
+        if name == "suggested":
+            label = f"suggested ({system})"
+        line = f"  {label:<24} chrF {_with_ci(scored, 'chrf')}  ES {_with_ci(scored, 'edit_similarity')}"
+        versus = scored.get("vs_nearest_commit")
+        if versus:
+            line += f"  vs lookup {difference_text(versus, 'chrf')} / {difference_text(versus, 'edit_similarity')}"
+        lines.append(line)
+    if system:
+        lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
+    lines += [f"  {said}" for name in ("before", "after") if (said := one_register(name, messages[name]))]
     return lines
 
 
