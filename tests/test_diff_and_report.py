@@ -285,7 +285,13 @@ def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
 
     manifest = read_json(two_runs[0])
     manifest["training_report"]["evaluation"]["samples"]["after"][0]["output"] = "\n\n  \n"
+    after = manifest["training_report"]["evaluation"]["tasks"]["after"]["message"]
+    after["commonest_opening"] = {"word": "add", "answers": after["samples"], "references": 0}
     page = render_report(manifest)
+    assert (
+        f"the fine-tuned model begins {after['samples']} of its {after['samples']} answers with &quot;add&quot;"
+        in page
+    )
     assert "Commit message from its diff" in page and "lookup (most similar past commit)" in page
     assert "chrF vs lookup" in page and "Next line of a change" in page and "exact match % [95%]" in page
     assert "diff perplexity" in page

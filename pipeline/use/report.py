@@ -266,7 +266,10 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
     ]
     if system:
         parts.append(f'<p class="muted">suggestion system: {_e(system.get("reason"))}</p>')
-    return parts
+    from pipeline.evaluate.evaluation import one_register  # no torch: scoring text only
+
+    registers = (one_register(name, (tasks.get(name) or {}).get("message")) for name in ("before", "after"))
+    return parts + [f'<p class="muted">{_e(said)}</p>' for said in registers if said]
 
 
 def _code_scores(evaluation: dict[str, Any]) -> list[str]:
