@@ -98,7 +98,7 @@ def baseline(
     (messages), an answer that starts over is cut where it repeats a line, as the evaluation's are."""
     import torch
 
-    from pipeline.evaluate.decoding import unlooped
+    from pipeline.evaluate.decoding import finished
     from pipeline.train.model import autocast
 
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
@@ -117,8 +117,7 @@ def baseline(
                 text = tokenizer.decode(
                     generated[row, batch["input_ids"].shape[1] :], skip_special_tokens=True
                 )
-                text = text.split("\n", 1)[0] if newline else text
-                outputs[index] = unlooped(text) if cut_loops else text
+                outputs[index] = finished(text, newline, cut_loops)
     finally:
         tokenizer.padding_side = side
     return outputs

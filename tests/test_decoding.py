@@ -13,6 +13,7 @@ from pipeline.evaluate.decoding import (
     _Ends,
     _parts,
     _shared_prefix,
+    finished,
     generate_batched,
     unlooped,
 )
@@ -48,9 +49,9 @@ def one_at_a_time(model, tokenizer, prompt: str, stop_at_newline: bool, cut_loop
             ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
-    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-    text = text.split("\n", 1)[0] if stop_at_newline else text
-    return unlooped(text) if cut_loops else text
+    return finished(
+        tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True), stop_at_newline, cut_loops
+    )
 
 
 def test_an_answer_that_starts_over_is_cut_where_it_repeats_a_line():

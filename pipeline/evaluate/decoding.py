@@ -90,9 +90,7 @@ def generate_batched(
                 answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
                 for index, answer in zip(chosen, answers, strict=True):
                     text = tokenizer.decode(answer, skip_special_tokens=True)
-                    if stop_at_newline:
-                        text = text.split("\n", 1)[0]
-                    outputs[index] = unlooped(text) if cut_loops else text
+                    outputs[index] = finished(text, stop_at_newline, cut_loops)
     finally:
         model.train(was_training)
     return outputs
@@ -124,6 +122,15 @@ def _shared_prefix(encoded: Sequence[Sequence[int]]) -> int:
             same += 1
         length = same
     return length if length >= SHARED_PREFIX_MIN else 0
+
+
+def finished(text: str, stop_at_newline: bool, cut_loops: bool) -> str:
+    """A generated continuation as an answer: its first line with `stop_at_newline` (code), cut where it
+    starts over with `cut_loops` (commit messages). `model.generate`'s text, finished so, is what the
+    decoder's answers are held to."""
+    if stop_at_newline:
+        text = text.split("\n", 1)[0]
+    return unlooped(text) if cut_loops else text
 
 
 def unlooped(text: str) -> str:

@@ -769,8 +769,14 @@ def _message_scoreboard(evaluation: dict[str, Any]) -> list[str]:
         lines.append(line)
     if system:
         lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
-    lines += [f"  {said}" for name in ("before", "after") if (said := one_register(name, messages[name]))]
-    return lines
+    return lines + [f"  {said}" for said in registers(tasks)]
+
+
+def registers(tasks: dict[str, Any]) -> list[str]:
+    """`one_register`'s line for each model, base and fine-tuned, that writes in one register
+    (`tasks`: the manifest's `.evaluation.tasks`): the run's scoreboard and the report page say them."""
+    found = (one_register(name, (tasks.get(name) or {}).get("message")) for name in ("before", "after"))
+    return [said for said in found if said]
 
 
 def one_register(name: str, scored: dict[str, Any] | None) -> str | None:

@@ -266,10 +266,9 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
     ]
     if system:
         parts.append(f'<p class="muted">suggestion system: {_e(system.get("reason"))}</p>')
-    from pipeline.evaluate.evaluation import one_register  # no torch: scoring text only
+    from pipeline.evaluate.evaluation import registers  # no torch: scoring text only
 
-    registers = (one_register(name, (tasks.get(name) or {}).get("message")) for name in ("before", "after"))
-    return parts + [f'<p class="muted">{_e(said)}</p>' for said in registers if said]
+    return parts + [f'<p class="muted">{_e(said)}</p>' for said in registers(tasks)]
 
 
 def _code_scores(evaluation: dict[str, Any]) -> list[str]:
