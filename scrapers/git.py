@@ -289,15 +289,59 @@ def shallow_boundaries(repo: Repository) -> frozenset[str]:
     return frozenset(path.read_text().split()) if path.exists() else frozenset()
 
 
+def lacking_content(repo: Repository, shas: list[str], merge_diffs: bool) -> frozenset[str]:
+    """The commits among `shas` whose diff needs a file's content that a partial clone (`git clone
+    --filter=blob:limit=…` or `blob:none`) does not hold. `git log -p` would stop at the first of them
+    ("unable to read"), and the scrape never lets it fetch (protocol.allow=never). Empty for a full
+    clone, found without reading its history (a partial clone's packs carry a .promisor mark)."""
+    # git names the object directory (a linked work tree shares its main one's) relative to where it ran
+    packs = (repo.work_tree or repo.git_dir) / run_git(repo, "rev-parse", "--git-path", "objects/pack")
+    if not shas or not any(packs.glob("*.promisor")):
+        return frozenset()
+    with _stdin_with(shas) as stdin:
+        listed = _execute(repo, ["git", "rev-list", "--objects", "--missing=print", "--stdin"], stdin)
+    missing = {line[1:] for line in listed.splitlines() if line.startswith("?")}
+    if not missing:
+        return frozenset()
+    # Which commits' diffs name a missing blob: their raw diffs, read without renames (finding an inexact
+    # rename would read the very contents that are missing) and with the merges diffed as the scrape does.
+    merges = f"--diff-merges={'first-parent' if merge_diffs else 'off'}"
+    command = [
+        "git",
+        "log",
+        "--raw",
+        "--no-abbrev",
+        "--no-renames",
+        merges,
+        "--format=%H",
+        "--no-walk=unsorted",
+        "--stdin",
+    ]
+    with _stdin_with(shas) as stdin:
+        logged = _execute(repo, command, stdin)
+    lacking, commit = set(), ""
+    for line in logged.splitlines():
+        if line.startswith(":"):  # ":100644 100644 <old blob> <new blob> M\tpath"
+            if missing.intersection(line.split(maxsplit=4)[2:4]):
+                lacking.add(commit)
+        elif line:
+            commit = line
+    return frozenset(lacking)
+
+
+def _execute(repo: Repository, command: list[str], stdin: BinaryIO) -> str:
+    try:
+        return repo.git.execute(command, istream=stdin)
+    except git.GitCommandError as err:
+        raise RepositoryError(f"{repo.path}: git {command[1]} failed: {git_failure(err.stderr)}") from None
+
+
 def blob_sizes(repo: Repository, blobs: list[str]) -> dict[str, int]:
     """Sizes of the given blobs (bytes) from ONE `git cat-file --batch-check` process."""
     if not blobs:
         return {}
-    try:
-        with _stdin_with(blobs) as stdin:
-            output = repo.git.execute(["git", "cat-file", "--batch-check"], istream=stdin)
-    except git.GitCommandError as err:
-        raise RepositoryError(f"{repo.path}: git cat-file failed: {git_failure(err.stderr)}") from None
+    with _stdin_with(blobs) as stdin:
+        output = _execute(repo, ["git", "cat-file", "--batch-check"], stdin)
     sizes = {}
     for line in output.splitlines():
         parts = line.split()
@@ -323,6 +367,9 @@ def stream_commits(repo: Repository, shas: list[str], options: LogOptions) -> It
     git's stderr is drained on a thread (rename-limit warnings can fill the
     pipe and deadlock both sides); leaving the block before the end kills git.
     """
+    if not shas:  # given nothing on its standard input, git log would log HEAD
+        yield iter(())
+        return
     nonce = secrets.token_hex(12)
     command = [
         "git",

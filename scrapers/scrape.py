@@ -27,7 +27,14 @@ from tqdm import tqdm
 
 from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
-from scrapers.git import RepositoryInfo, describe_repository, open_repository, rev_list, shallow_boundaries
+from scrapers.git import (
+    RepositoryInfo,
+    describe_repository,
+    lacking_content,
+    open_repository,
+    rev_list,
+    shallow_boundaries,
+)
 from scrapers.shard import ScrapeStats, ShardResult, ShardTask, scrape_shard
 
 SEQUENCES_FILE = "sequences.jsonl"
@@ -175,6 +182,7 @@ def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[
     name = _unique_name(info, taken_names)
     workers = shard_count(config.workers, len(shas), cores)
     boundaries = shallow_boundaries(repo)
+    lacking = lacking_content(repo, shas, config.include_merges)
     tasks = [
         ShardTask(
             repo.git_dir,
@@ -182,6 +190,7 @@ def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[
             shas[shard::workers],
             config,
             boundaries,
+            lacking,
             Path(f"{part_prefix}-{shard}.part"),
             name,
         )

@@ -87,6 +87,8 @@ class ShardTask:
     shas: list[str]
     config: ScrapeConfig
     shallow_boundaries: frozenset[str]
+    lacking_content: frozenset[str]
+    """Commits whose diff needs file contents a partial clone does not hold: git cannot diff them."""
     part_path: Path
     repo_name: str
 
@@ -130,7 +132,10 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
     kept: list[KeptRecord] = []
     binary_blobs: list[str | None] = []
     pending: list[tuple[KeptCommit, int]] = []  # kept commits and their diff bytes, to redact together
-    with task.part_path.open("wb") as out, stream_commits(repo, task.shas, options) as commits:
+    shas = [sha for sha in task.shas if sha not in task.lacking_content]
+    if len(shas) < len(task.shas):
+        stats.commits_seen = stats.skipped["partial_clone"] = len(task.shas) - len(shas)
+    with task.part_path.open("wb") as out, stream_commits(repo, shas, options) as commits:
         for count, commit in enumerate(commits, 1):
             if progress is not None and count % PROGRESS_EVERY == 0:
                 with progress.get_lock():

@@ -163,6 +163,42 @@ def test_shallow_clone_skips_its_boundary_commit(sample_repo, tmp_path):
     assert result.stats.skipped == {"shallow_boundary": 1, "no_text_changes": 1}
 
 
+def test_partial_clone_skips_the_commits_whose_contents_it_lacks(cli, tmp_path):
+    """`git clone --filter=blob:limit=…` leaves large files' older versions on the server: git log -p
+    would stop at the first ("unable to read"), and the scrape may not fetch them."""
+    source = GitRepo(tmp_path / "source")
+    source.commit("Add module", {"a.py": module_source(1)})
+    source.commit("Add the data", {"data.json": '{"rows": 1}\n' + "x" * 3000})
+    source.commit("Grow the module", {"a.py": module_source(1) + module_source(2)})
+    source.commit("Add a row", {"data.json": '{"rows": 2}\n' + "x" * 3000})
+    source.commit("Rename the data", {"data.json": None, "rows.json": '{"rows": 2}\n' + "x" * 3000})
+    source.commit("Shrink the module", {"a.py": module_source(2)})
+    source.git("config", "uploadpack.allowFilter", "true")
+    clone = tmp_path / "clone"  # the checkout fetches what HEAD holds; the older data stays missing
+    source.git("clone", "--quiet", "--filter=blob:limit=1k", f"file://{source.path}", str(clone))
+    out = tmp_path / "out"
+    result = cli("scrape", "--repo", clone, "--output-dir", out, "--set", "scrape.format=diff")
+    assert result.code == 0, result.err
+    scraped = read_json(out / "MANIFEST.json")["scrape"]
+    assert scraped["commits_seen"] == 6
+    assert scraped["skipped"] == {"partial_clone": 2}  # "Add the data" and "Add a row"
+    assert "partial clone (`git clone --filter`)" in result.err
+    messages = {record["text"].splitlines()[0] for record in sequences(out / "sequences.jsonl")}
+    assert messages == {"Add module", "Grow the module", "Rename the data", "Shrink the module"}
+    # Without any contents (blob:none, nothing checked out) every commit is skipped: none is logged.
+    empty = tmp_path / "empty"
+    source.git("clone", "--quiet", "--filter=blob:none", "--no-checkout", f"file://{source.path}", str(empty))
+    (tmp_path / "out-empty").mkdir()
+    nothing = scrape([empty], ScrapeConfig(), tmp_path / "out-empty")
+    assert (nothing.stats.commits_kept, nothing.stats.skipped) == (0, {"partial_clone": 6})
+    # A full clone holds every content: nothing is skipped for it, and nothing is said.
+    full = cli(
+        "scrape", "--repo", source.path, "--output-dir", tmp_path / "full", "--set", "scrape.format=diff"
+    )
+    assert read_json(tmp_path / "full" / "MANIFEST.json")["scrape"]["skipped"] == {}
+    assert "partial clone" not in full.err
+
+
 def test_detached_head(sample_repo, tmp_path):
     sample_repo.git("checkout", "--quiet", "--detach", "HEAD~2")
     info = describe_repository(open_repository(sample_repo.path))

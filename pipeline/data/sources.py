@@ -48,6 +48,11 @@ def scrape(
             else ""
         )
     )
+    if lacking := stats.skipped.get("partial_clone"):
+        say(
+            f"  {lacking} of them change files whose contents this partial clone (`git clone --filter`) does "
+            "not hold: git cannot diff them and the scrape fetches nothing; a clone without --filter trains on them"
+        )
     return scraped
 
 
