@@ -50,6 +50,22 @@ def _translate(glob: str) -> str:
     return "".join(out)
 
 
+# A Git LFS pointer stands in for a binary file stored elsewhere: its diff is a random object id and a size.
+# Its lines, by the spec (github.com/git-lfs/git-lfs/blob/main/docs/spec.md): the version, ext-… lines,
+# the oid, the size.
+_LFS_LINE = re.compile(
+    r"[ +-](?:version https://git-lfs\.github\.com/spec/v1|ext-\S+ \S+|oid sha256:[0-9a-f]{64}|size \d+)"
+)
+
+
+def is_lfs_pointer(hunks: str) -> bool:
+    """Whether a file's diff hunks change only a Git LFS pointer (every line of it one of a pointer's)."""
+    if "git-lfs.github.com/spec/" not in hunks:
+        return False
+    lines = [line for line in hunks.splitlines() if not line.startswith(("@@", "\\"))]
+    return bool(lines) and all(_LFS_LINE.fullmatch(line) for line in lines)
+
+
 class Filters:
     """The scrape config's filters, compiled once and applied per commit and per file."""
 
@@ -90,6 +106,8 @@ class Filters:
             return "submodule"
         if change.binary:
             return "binary_file"  # or file_too_large: see the scrape's blob-size check
+        if is_lfs_pointer(change.hunks):
+            return "lfs_pointer"
         if self.excluded and self.excluded.match(change.path):
             return "excluded_path"
         if self.included and not self.included.match(change.path):

@@ -98,6 +98,16 @@ def test_file_filters_name_their_reason():
     assert filters.file_reason(change(patch_bytes=1001)) == "file_diff_too_large"
     assert filters.file_reason(change(oversize=True)) == "file_diff_too_large"
     assert filters.file_reason(change()) is None
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize {}\n"
+    added = "@@ -0,0 +1,3 @@\n" + "".join(
+        "+" + line + "\n" for line in pointer.format("a" * 64, 9).splitlines()
+    )
+    assert filters.file_reason(change("data/model.bin", hunks=added)) == "lfs_pointer"
+    changed = f"@@ -1,3 +1,3 @@\n version https://git-lfs.github.com/spec/v1\n-oid sha256:{'a' * 64}\n+oid sha256:{'b' * 64}\n-size 9\n+size 12\n"
+    assert filters.file_reason(change("data/model.bin", hunks=changed)) == "lfs_pointer"
+    # A pointer replaced by the file's content (`git lfs migrate export`) is a change to learn from.
+    exported = f"@@ -1,3 +1 @@\n-version https://git-lfs.github.com/spec/v1\n-oid sha256:{'a' * 64}\n-size 9\n+id,name\n"
+    assert filters.file_reason(change("docs/rows.csv", hunks=exported)) is None
 
 
 def test_commit_size_filters():

@@ -48,6 +48,26 @@ def test_binary_files_are_marked(sample_repo):
     assert [(f.path, f.binary, f.hunks) for f in logo.files] == [("logo.png", True, "")]
 
 
+def lfs_pointer(oid: str, size: int) -> str:
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid * 64}\nsize {size}\n"
+
+
+def test_git_lfs_pointers_are_left_out_as_the_binaries_they_stand_for(tmp_path):
+    """What git stores for a file in Git LFS is a pointer (a random object id and a size): a diff of one
+    teaches nothing, however it changes; text that only mentions the spec stays."""
+    repo = GitRepo(tmp_path / "lfs")
+    repo.commit("Add the model", {"train.py": module_source(1), "model.bin": lfs_pointer("a", 100)})
+    repo.commit("Retrain the model", {"model.bin": lfs_pointer("b", 200)})
+    repo.commit("Say where weights live", {"README.md": "See https://git-lfs.github.com/spec/v1\n"})
+    out = tmp_path / "out"
+    out.mkdir()
+    result = scrape([repo.path], ScrapeConfig(format="diff"), out)
+    assert result.stats.files_skipped == {"lfs_pointer": 2}
+    assert result.stats.skipped == {"no_text_changes": 1}  # the retraining changed nothing but a pointer
+    texts = [orjson.loads(line)["text"] for line in (out / "sequences.jsonl").read_bytes().splitlines()]
+    assert len(texts) == 2 and not any("oid sha256" in text for text in texts)
+
+
 def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
