@@ -299,7 +299,9 @@ def lacking_content(repo: Repository, shas: list[str], merge_diffs: bool) -> fro
     if not shas or not any(packs.glob("*.promisor")):
         return frozenset()
     with _stdin_with(shas) as stdin:
-        listed = _execute(repo, ["git", "rev-list", "--objects", "--missing=print", "--stdin"], stdin)
+        listed = _execute(
+            repo, ["git", "rev-list", "--objects", "--no-object-names", "--missing=print", "--stdin"], stdin
+        )
     missing = {line[1:] for line in listed.splitlines() if line.startswith("?")}
     if not missing:
         return frozenset()
