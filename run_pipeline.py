@@ -216,7 +216,7 @@ def train_and_evaluate(
             scored.system,
             held_out_note(len(past.split("eval")), plan.eval_samples, data.scraped.summary), answers,
         )  # fmt: skip
-        suggester = for_use(past, scored.system["name"])
+        suggester = for_use(past, scored.system["name"], config.scrape)
     record.add(evaluation)
     for line in format_evaluation(evaluation):
         say(line)

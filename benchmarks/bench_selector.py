@@ -15,7 +15,10 @@ orders them):
 - the held-out commits, as a run answers them.
 
 Prints chrF and edit similarity of each, with 95% bootstrap intervals, and the paired difference
-selector − lookup with its interval: a gain inside it is noise. Also times the backtest two ways, its
+selector − lookup with its interval: a gain inside it is noise. Then the selector on the held-out commits
+as the commit hook is given a change (`git show` of each, with the hook's diff options): read whole, as
+the hook read a change before (the baseline), and read as training read commits (`as_trained`: the files
+the scrape kept), as it does now. Also times the backtest two ways, its
 selectors reusing the grades the run's selector made of their commits (as a run does) and grading them
 anew (the baseline), and says whether the answers are the same. For changes to retrieval and the selector,
 which `bench_learning.py` shows only with a training run per repository. Exit 0, or 2 when a scrape fails.
@@ -24,6 +27,7 @@ which `bench_learning.py` shows only with a training run per repository. Exit 0,
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -42,13 +46,14 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    for name, output in scraped(args.repos, args.output_dir):
-        report(name, output / "sequences.jsonl")
+    for (name, output), repo in zip(scraped(args.repos, args.output_dir), args.repos, strict=True):
+        report(name, output / "sequences.jsonl", repo)
     return 0
 
 
-def report(name: str, sequences: Path) -> None:
-    """The lookup and the selector on the older commits (pooled blocks) and on the held-out ones."""
+def report(name: str, sequences: Path, repo: str) -> None:
+    """The lookup and the selector on the older commits (pooled blocks) and on the held-out ones, and the
+    selector on the held-out ones as the commit hook reads a change."""
     from pipeline.config import load_config
     from pipeline.evaluate.suggestion import Suggester, backtest, learn_past
     from pipeline.types import Past
@@ -85,6 +90,44 @@ def report(name: str, sequences: Path) -> None:
     for label, (lookup, selector, references) in answered.items():
         if references:
             print(f"  {label}, {len(references)}: {compare(lookup, selector, references)}")
+    print(f"  {hook_reads(repo, past.suggester, held)}")
+
+
+def hook_reads(repo: str, suggester, held) -> str:
+    """The selector on the held-out commits given as the commit hook is given a change (`git show` of each
+    with the hook's diff options): read whole (what the hook read before `as_trained`, the baseline) and
+    read as training read commits (what it reads now), against the diffs the scrape kept."""
+    import subprocess
+
+    from pipeline.evaluate.evaluation import difference_text, paired_difference, score_messages
+    from pipeline.use.hook import DIFF_OPTIONS, MAX_DIFF_BYTES
+
+    whole, read, references, differ = [], [], [], 0
+    for commit in held:
+        shown = subprocess.run(
+            ["git", "-C", repo, "-c", "core.quotePath=false", "show", "--format=", *DIFF_OPTIONS, commit.sha],
+            capture_output=True, check=True,
+        ).stdout[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")  # fmt: skip
+        differ += _files(shown) != _files(commit.diff)
+        whole.append(suggester.select(_INDEX_LINE.sub("", shown)))  # as the hook read it: no index lines
+        read.append(suggester.suggest(shown, "selector"))
+        references.append(commit.message)
+    kept = [suggester.select(commit.diff) for commit in held]
+    delta = paired_difference("message", whole, read, references)
+    scores = [score_messages(answers, references) for answers in (whole, read, kept)]
+    whole_s, read_s, kept_s = (f"{s['chrf']:.1f} / {s['edit_similarity']:.1f}" for s in scores)
+    return (
+        f"held-out commits as the commit hook is given them ({differ} of {len(held)} change files the scrape "
+        f"left out): read whole {whole_s}, read as trained {read_s} (the scrape's diffs: {kept_s}), "
+        f"read as trained − whole {difference_text(delta, 'chrf')} / {difference_text(delta, 'edit_similarity')}"
+    )
+
+
+_INDEX_LINE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+.*\n", re.MULTILINE)
+
+
+def _files(diff: str) -> int:
+    return sum(line.startswith("diff --git ") for line in diff.splitlines())
 
 
 def compare(lookup: list[str], selector: list[str], references: list[str]) -> str:

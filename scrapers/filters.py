@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from scrapers.commit import Commit, FileChange
 from scrapers.config import ScrapeConfig
+from scrapers.formats import DEFAULT_CONTEXT, render_file
+from scrapers.parse import parse_diff
+
+FILE_FILTERS = ("exclude_globs", "include_globs", "max_file_diff_bytes")
+"""The scrape settings that decide which files of a commit training saw. Saved beside an adapter
+(`file_filters`), so that a diff from outside the history is read as training read commits (`as_trained`)."""
 
 
 def glob_pattern(globs: Iterable[str]) -> re.Pattern[str] | None:
@@ -125,3 +132,23 @@ class Filters:
         if sum(change.patch_bytes for change in files) > self.config.max_commit_diff_bytes:
             return "commit_too_large"
         return None
+
+
+def file_filters(config: ScrapeConfig) -> dict[str, Any]:
+    """What `as_trained` needs of a scrape's config, as JSON."""
+    return {name: getattr(config, name) for name in FILE_FILTERS}
+
+
+def as_trained(diff: str, filters: dict[str, Any]) -> str:
+    """A diff from outside the history (the staged change the commit hook reads, a diff given to
+    `generate --task message`) as training saw commits: only the files the scrape keeps (no lockfile,
+    binary, LFS pointer, vendored or oversized diff: the retrieval never indexed them, and a lockfile
+    sorted first would fill the model's prompt), each rendered as the formats render it (no `index`
+    line, git's 3 lines of context, UTF-8 paths). `diff` as given where it is not git's; where
+    training would have kept none of its files, all of them, rendered so (a suggestion from a lockfile's
+    change beats none)."""
+    config = ScrapeConfig(**filters)
+    filtering = Filters(config)
+    changes = parse_diff(diff.encode(), config.max_file_diff_bytes)
+    read = [change for change in changes if filtering.file_reason(change) is None] or changes
+    return "".join(render_file(change, DEFAULT_CONTEXT) for change in read) if read else diff

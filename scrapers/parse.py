@@ -45,6 +45,24 @@ def parse_log(chunks: Iterable[bytes], nonce: str, max_file_bytes: int) -> Itera
         yield _build_commit(header, files)
 
 
+def parse_diff(text: bytes, max_file_bytes: int) -> list[FileChange]:
+    """The files of one plain `git diff` (a staged change, a diff given to `generate`), parsed as a
+    logged commit's are; none when `text` holds no `diff --git` line."""
+    if not text.startswith(b"diff --git "):
+        at = text.find(_FILE)
+        if at < 0:
+            return []
+        text = text[at + 1 :]
+    parts = text.split(_FILE)
+    # Each file's segment as the log's parser cuts it: from its `diff --git` line to the next one's newline.
+    segments = [parts[0], *(b"diff --git " + part for part in parts[1:])]
+    last = len(segments) - 1
+    return [
+        _parse_file(segment + (b"\n" if number < last else b""), "", max_file_bytes)
+        for number, segment in enumerate(segments)
+    ]
+
+
 def _segments(chunks: Iterable[bytes], nonce: bytes) -> Iterator[tuple[str, bytes]]:
     """Cut the stream into ("header", bytes) and ("file", bytes) segments."""
     start = b"\x1e" + nonce + b"\n"

@@ -68,6 +68,52 @@ def test_git_lfs_pointers_are_left_out_as_the_binaries_they_stand_for(tmp_path):
     assert len(texts) == 2 and not any("oid sha256" in text for text in texts)
 
 
+def test_a_staged_change_is_read_as_training_read_commits(tmp_path, monkeypatch):
+    """What the commit hook and `generate --task message` are given (git's diff of the staged change,
+    under the user's own diff settings) becomes what training saw of the same change once committed: a
+    lockfile sorted first, a binary, an LFS pointer and a vendored file are not in it, and no `index` line."""
+    from pipeline.evaluate.retrieval import past_commits
+    from pipeline.use.hook import staged_diff
+    from scrapers.filters import as_trained, file_filters
+
+    repo = GitRepo(tmp_path / "work")
+    repo.commit("Add the core", {"pkg/core.py": module_source(1)})
+    repo.git("config", "diff.noprefix", "true")  # the user's settings: the hook reads past them
+    repo.git("config", "diff.context", "5")
+    files = {
+        "Cargo.lock": "".join(f'[[package]]\nname = "crate{i}"\n' for i in range(40)),
+        "logo.png": b"\x89PNG\r\n\x1a\n\x00\x00data",
+        "model.bin": lfs_pointer("c", 300),
+        "vendor/left_pad.py": module_source(4),
+        "pkg/core.py": module_source(1) + module_source(2),
+        "pkg/caf\u00e9.py": module_source(3),
+    }
+    for name, content in files.items():
+        (repo.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo.path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    repo.git("add", "-A")
+    monkeypatch.chdir(repo.path)
+    staged = staged_diff()
+    read = as_trained(staged, file_filters(ScrapeConfig()))
+    repo.git("commit", "--quiet", "-m", "Grow the core")
+    out = tmp_path / "out"
+    out.mkdir()
+    scrape([repo.path], ScrapeConfig(), out)
+    records = [orjson.loads(line) for line in (out / "sequences.jsonl").read_bytes().splitlines()]
+    trained = next(commit for commit in past_commits(records) if commit.message == "Grow the core")
+    assert read == trained.diff
+    assert [line.split(" b/")[1] for line in read.splitlines() if line.startswith("diff --git")] == [
+        "pkg/caf\u00e9.py",
+        "pkg/core.py",
+    ]
+    assert "Cargo.lock" in staged and "Cargo.lock" not in read
+    # A change training would have left out whole is still read (a suggestion from it beats none), and
+    # text that is not git's diff is left as it is.
+    lockfile_only = as_trained(staged.split("diff --git a/logo.png")[0], file_filters(ScrapeConfig()))
+    assert lockfile_only.startswith("diff --git a/Cargo.lock b/Cargo.lock\n") and "index " not in lockfile_only
+    assert as_trained("fix the parser\n", file_filters(ScrapeConfig())) == "fix the parser\n"
+
+
 def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -222,6 +222,27 @@ def test_the_hook_suggests_a_past_message_for_the_staged_change(tiny_run, work_r
     assert done.stderr == ""
 
 
+def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, monkeypatch):
+    """A vendored copy of another module in the staged change: training never saw vendored files, and
+    read whole, its names would pick that module's commit."""
+    from pipeline.evaluate.suggestion import Suggester
+    from pipeline.use.hook import staged_diff
+    from scrapers.config import ScrapeConfig
+    from scrapers.filters import file_filters
+
+    suggester = Suggester.load(tiny_run / "adapter")
+    assert suggester.files == file_filters(ScrapeConfig())  # saved with the run's scrape settings
+    monkeypatch.chdir(work_repo.path)
+    stage(work_repo, 12)
+    alone = staged_diff()
+    (work_repo.path / "vendor").mkdir()
+    (work_repo.path / "vendor" / "feature_5.py").write_text(module_source(5) * 3)
+    work_repo.git("add", "-A")
+    with_vendored = staged_diff()
+    assert suggester.lookup(with_vendored) == "Add compute_5"  # read whole
+    assert suggester.suggest(with_vendored, "lookup") == suggester.suggest(alone, "lookup") == "Add compute_12"
+
+
 def test_the_hook_stays_out_of_the_way(tiny_run, work_repo, cli):
     assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
     stage(work_repo, 2)

@@ -39,6 +39,8 @@ from pipeline.evaluate.retrieval import INDEX_DIR, Index, Neighbour, changed_pat
 from pipeline.evaluate.versions import moved
 from pipeline.progress import say
 from pipeline.types import Past, PastCommit
+from scrapers.config import ScrapeConfig
+from scrapers.filters import as_trained, file_filters
 
 SELECTOR_FILE = "selector.txt"
 SYSTEM_FILE = "system.json"
@@ -269,8 +271,12 @@ class Suggester:
         system: str = "selector",
         graded: Graded | None = None,
         feature_names: Sequence[str] = FEATURES,
+        files: dict[str, Any] | None = None,
     ):
         self.index, self.selector, self.k, self.system = index, selector, k, system
+        self.files = file_filters(ScrapeConfig()) if files is None else files
+        """How the scrape chose the files of the diffs indexed (`scrapers.filters.FILE_FILTERS`): a new
+        diff is read the same way (`as_trained`)."""
         self.graded: Graded = {} if graded is None else graded
         """What the selector learned from, kept for the backtest's selectors (not saved)."""
         self.feature_names = tuple(feature_names)
@@ -301,16 +307,22 @@ class Suggester:
         return moved(chosen.message, self.index.anchors[chosen.neighbour.position], diff)
 
     def suggest(self, diff: str, system: str | None = None) -> str:
-        """The message `system` (default: the run's) suggests for a new diff from the past: the
-        selector's choice, or else the lookup's (where the model suggests, its answer is generated
-        elsewhere and this is what stands until it comes)."""
+        """The message `system` (default: the run's) suggests for a new diff from the past, read as the
+        indexed diffs were (`as_trained`): the selector's choice, or else the lookup's (where the model
+        suggests, its answer is generated elsewhere and this is what stands until it comes)."""
+        diff = as_trained(diff, self.files)
         return self.select(diff) if (system or self.system) == "selector" else self.lookup(diff)
 
     def save(self, directory: Path) -> None:
         self.index.save(directory / INDEX_DIR)
         if self.selector is not None:
             self.selector.save_model(str(directory / INDEX_DIR / SELECTOR_FILE))
-        facts = {"system": self.system, "k": self.k, "features": list(self.feature_names)}
+        facts = {
+            "system": self.system,
+            "k": self.k,
+            "features": list(self.feature_names),
+            "files": self.files,
+        }
         (directory / INDEX_DIR / SYSTEM_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
 
     @classmethod
@@ -330,7 +342,11 @@ class Suggester:
                 f"{where}: its selector reads {', '.join(unknown)}, which this version of repotune does "
                 "not compute; train again with this version, or use the repotune that trained it"
             )
-        return cls(Index.load(where), selector, facts["k"], facts["system"], feature_names=facts["features"])
+        # A past saved before its file filters were (an adapter of an earlier version): the shipped ones.
+        return cls(
+            Index.load(where), selector, facts["k"], facts["system"], feature_names=facts["features"],
+            files=facts.get("files"),
+        )  # fmt: skip
 
 
 def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past:
@@ -402,7 +418,14 @@ def backtest(past: Past, config: RetrievalConfig, seed: int) -> list[dict[str, A
     return blocks
 
 
-def for_use(past: Past, system: str) -> Suggester:
+def for_use(past: Past, system: str, scrape: ScrapeConfig) -> Suggester:
     """What a run leaves for new diffs: the index over the whole history (held-out commits included:
-    they are the newest past a new diff has), the selector, and the system the run chose."""
-    return Suggester(Index.build(past.commits), past.suggester.selector, past.suggester.k, system)
+    they are the newest past a new diff has), the selector, the system the run chose, and how `scrape`
+    chose the files of the diffs indexed."""
+    return Suggester(
+        Index.build(past.commits),
+        past.suggester.selector,
+        past.suggester.k,
+        system,
+        files=file_filters(scrape),
+    )

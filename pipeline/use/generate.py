@@ -80,7 +80,7 @@ def generate(
     without loading the model at all."""
     directory = adapter_directory(path)  # a missing adapter is said before the libraries load
     if task == "message":
-        suggested = _from_past(directory, prompt, system)
+        prompt, suggested = _from_past(directory, prompt, system)
         if suggested is not None:
             return suggested
     elif system:
@@ -100,27 +100,29 @@ def generate(
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
 
 
-def _from_past(directory: Path, diff: str, system: str | None) -> str | None:
-    """The retrieval system's message for `diff` (the lookup's or the selector's), or None when the
-    model is to answer: it was chosen or asked for, the adapter has no retrieval saved, or no past
-    commit touched anything the diff touches."""
+def _from_past(directory: Path, diff: str, system: str | None) -> tuple[str, str | None]:
+    """`diff` read as training read commits (`as_trained`: the files the scrape kept, the adapter's
+    past says which), and the retrieval system's message for it (the lookup's or the selector's), or
+    None when the model is to answer: it was chosen or asked for, the adapter has no retrieval saved,
+    or no past commit touched anything the diff touches."""
     from pipeline.evaluate.retrieval import INDEX_DIR
     from pipeline.evaluate.suggestion import Suggester
+    from scrapers.config import ScrapeConfig
+    from scrapers.filters import as_trained, file_filters
 
-    if system == "model":
-        return None
     if not (directory / INDEX_DIR).is_dir():
         if system in ("lookup", "selector"):
             raise ModelLoadError(
                 f"--system {system}: {directory} has no {INDEX_DIR}/ (it was trained before runs kept the "
                 "repository's past); train again, or leave --system out"
             )
-        return None
+        return as_trained(diff, file_filters(ScrapeConfig())), None
     suggester = Suggester.load(directory)
+    read = as_trained(diff, suggester.files)
     chosen = system or suggester.system
     if chosen == "model":
-        return None
-    return suggester.suggest(diff, chosen) or None
+        return read, None
+    return read, suggester.suggest(read, chosen) or None
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

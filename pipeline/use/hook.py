@@ -21,7 +21,6 @@ An existing hook that is not repotune's is kept and run first (`prepare-commit-m
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -34,7 +33,18 @@ MARK = "# repotune prepare-commit-msg hook"
 MAX_DIFF_BYTES = 1_000_000  # a larger staged diff is read this far: the suggestion needs its start, not all
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/use/hook.py
 OPTIONAL_IMPORTS = ("pandas", "sklearn", "dask", "pyarrow")
-_INDEX_LINE = re.compile(r"index [0-9a-f]+\.\.[0-9a-f]+")
+# A diff as the scraper's `git log -p` prints it, whatever the user's diff settings, never through the
+# repository's external diff or textconv programs: options of `git diff` (and of `git show COMMIT`), after
+# `git -c core.quotePath=false` (UTF-8 paths, not octal escapes).
+DIFF_OPTIONS = (
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "-M",
+    "-U3",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+)
 
 SCRIPT = """#!/bin/sh
 {mark} (`run_pipeline.py hook install`; `run_pipeline.py hook uninstall` removes it).
@@ -170,15 +180,11 @@ def suggest(argv: list[str]) -> None:
 
 
 def staged_diff() -> str:
-    """The staged change as training saw changes (git's unified diff without its `index` lines: their
-    hashes teach nothing), never through the repository's external diff or textconv programs, at
-    most MAX_DIFF_BYTES of it."""
-    output = subprocess.run(
-        ["git", "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv", "-M"],
-        capture_output=True, check=True,
-    ).stdout  # fmt: skip
-    text = output[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")
-    return "".join(line for line in text.splitlines(keepends=True) if not _INDEX_LINE.match(line))
+    """The staged change as git prints it to the scraper (DIFF_OPTIONS), at most MAX_DIFF_BYTES of it; the
+    suggestion reads it as training read commits (`scrapers.filters.as_trained`)."""
+    command = ["git", "-c", "core.quotePath=false", "diff", "--cached", *DIFF_OPTIONS]
+    output = subprocess.run(command, capture_output=True, check=True).stdout
+    return output[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")
 
 
 def _write(message_file: Path, suggestion: str, original: str) -> None:
