@@ -110,7 +110,9 @@ def test_a_staged_change_is_read_as_training_read_commits(tmp_path, monkeypatch)
     # A change training would have left out whole is still read (a suggestion from it beats none), and
     # text that is not git's diff is left as it is.
     lockfile_only = as_trained(staged.split("diff --git a/logo.png")[0], file_filters(ScrapeConfig()))
-    assert lockfile_only.startswith("diff --git a/Cargo.lock b/Cargo.lock\n") and "index " not in lockfile_only
+    assert (
+        lockfile_only.startswith("diff --git a/Cargo.lock b/Cargo.lock\n") and "index " not in lockfile_only
+    )
     assert as_trained("fix the parser\n", file_filters(ScrapeConfig())) == "fix the parser\n"
 
 

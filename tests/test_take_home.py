@@ -240,7 +240,16 @@ def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, m
     work_repo.git("add", "-A")
     with_vendored = staged_diff()
     assert suggester.lookup(with_vendored) == "Add compute_5"  # read whole
-    assert suggester.suggest(with_vendored, "lookup") == suggester.suggest(alone, "lookup") == "Add compute_12"
+    assert (
+        suggester.suggest(with_vendored, "lookup") == suggester.suggest(alone, "lookup") == "Add compute_12"
+    )
+    # A regenerated lockfile of megabytes, sorted before the code, does not push the code out of what is read.
+    lockfile = "".join(f'"node_modules/pkg{i}": {{"version": "1.0.{i}"}},\n' for i in range(60_000))
+    (work_repo.path / "package-lock.json").write_text(lockfile)
+    work_repo.git("add", "-A")
+    with_lockfile = staged_diff()
+    assert with_lockfile.index("package-lock.json") < with_lockfile.index("pkg/feature_12.py")
+    assert suggester.suggest(with_lockfile, "lookup") == "Add compute_12"
 
 
 def test_the_hook_stays_out_of_the_way(tiny_run, work_repo, cli):
