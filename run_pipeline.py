@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> None:
         outcome, suggester = train_and_evaluate(record, loaded, data, model, args.resume)
         if record.writes:
             record.step(
-                "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester,
-                model_card(record.doc),
+                "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir,
+                loaded.config.train.max_prompt_tokens, suggester, model_card(record.doc),
             )  # fmt: skip
         record.finish("completed")
     record.announce()
@@ -158,7 +158,7 @@ def train_and_evaluate(
     )
     from pipeline.evaluate.suggestion import for_use, learn_past
     from pipeline.progress import say
-    from pipeline.train.model import CHECKPOINT_DIR, AdapterFacts
+    from pipeline.train.model import CHECKPOINT_DIR, facts_for
     from pipeline.train.probe import remember_speed
     from pipeline.train.trainer import Job
 
@@ -189,7 +189,7 @@ def train_and_evaluate(
     say(
         f"training {plan.total_steps} steps on {plan.device} × {plan.world_size} ({model.trainable_parameters:,} trainable parameters)"
     )
-    facts = AdapterFacts(prepared.facts.name, prepared.style, plan.quantization)
+    facts = facts_for(prepared, plan, config.train.max_prompt_tokens)
     job = Job(
         model.model, packed.train, validation_blocks(packed, plan.eval_blocks), plan, record.output_dir / CHECKPOINT_DIR,
         prepared.cache.key, config.monitor, record.coordinator, facts, prepared.tokenizer, resume, record.progress,
@@ -292,8 +292,8 @@ def update(args: argparse.Namespace) -> None:
         record.add(parent.lineage(forgetting(kept, after)))
         say(describe_forgetting(parent.directory, kept, after))
         record.step(
-            "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir, suggester,
-            model_card(record.doc),
+            "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir,
+            loaded.config.train.max_prompt_tokens, suggester, model_card(record.doc),
         )  # fmt: skip
         record.finish("completed")
     record.announce()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 import yaml
@@ -250,6 +251,25 @@ def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, m
     with_lockfile = staged_diff()
     assert with_lockfile.index("package-lock.json") < with_lockfile.index("pkg/feature_12.py")
     assert suggester.suggest(with_lockfile, "lookup") == "Add compute_12"
+
+
+def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):
+    """`generate --task message --system model` on a held-out commit's whole diff gives the fine-tuned
+    model's answer in evaluation.jsonl: the prompt cut where training cut it, the same greedy tokens."""
+    from pipeline.config import EvalConfig, TrainConfig
+    from pipeline.evaluate.retrieval import past_commits
+    from pipeline.train.model import adapter_facts
+    from pipeline.use.generate import generate
+
+    records = [orjson.loads(line) for line in (tiny_run / "sequences.jsonl").read_bytes().splitlines()]
+    diffs = {commit.sha: commit.diff for commit in past_commits(records)}
+    scored = [orjson.loads(line) for line in (tiny_run / "evaluation.jsonl").read_bytes().splitlines()]
+    asked = [row for row in scored if row["task"] == "message"]
+    assert adapter_facts(tiny_run / "adapter").prompt_tokens == TrainConfig().max_prompt_tokens
+    assert asked
+    for row in asked:
+        answer = generate(tiny_run, diffs[row["commit"]], EvalConfig().message_tokens, "message", "model")
+        assert answer == row["fine_tuned"]
 
 
 def test_the_hook_stays_out_of_the_way(tiny_run, work_repo, cli):

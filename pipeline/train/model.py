@@ -177,6 +177,14 @@ class AdapterFacts:
     style: TextStyle
     quantization: str
     """How the base was loaded in training (`none`, `4bit`, `8bit`): the adapter is used on the same base."""
+    prompt_tokens: int | None
+    """The most tokens of a prompt training kept (`train.max_prompt_tokens`, chat style): `generate` cuts
+    a task's prompt there too. None for adapters written before this was recorded (no cut)."""
+
+
+def facts_for(prepared: Prepared, plan: Plan, prompt_tokens: int) -> AdapterFacts:
+    """What an adapter trained on `prepared` as `plan` says records beside it."""
+    return AdapterFacts(prepared.facts.name, prepared.style, plan.quantization, prompt_tokens)
 
 
 def record_base(adapter_dir: Path, facts: AdapterFacts) -> None:
@@ -193,6 +201,7 @@ def record_base(adapter_dir: Path, facts: AdapterFacts) -> None:
         "style": facts.style.style,
         "loss_on": facts.style.loss_on,
         "quantization": facts.quantization,
+        "prompt_tokens": facts.prompt_tokens,
     }
     (adapter_dir / ADAPTER_FACTS_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
 
@@ -206,6 +215,7 @@ def adapter_facts(adapter_dir: Path) -> AdapterFacts:
         record.get("model", ""),
         TextStyle(record.get("style", "raw"), record.get("loss_on", "all")),
         record.get("quantization", "none"),
+        record.get("prompt_tokens"),
     )
 
 
@@ -257,7 +267,13 @@ def load_model(
 
 
 def save_adapter(
-    loaded: Loaded, prepared: Prepared, plan: Plan, output_dir: Path, suggester=None, card: str | None = None
+    loaded: Loaded,
+    prepared: Prepared,
+    plan: Plan,
+    output_dir: Path,
+    prompt_tokens: int,
+    suggester=None,
+    card: str | None = None,
 ) -> Outputs:
     """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), the
     repository's past beside it (`retrieval/`: the index over the whole history, the selector and the
@@ -268,7 +284,7 @@ def save_adapter(
 
     adapter_dir = output_dir / ADAPTER_DIR
     loaded.model.save_pretrained(adapter_dir)
-    record_base(adapter_dir, AdapterFacts(prepared.facts.name, prepared.style, plan.quantization))
+    record_base(adapter_dir, facts_for(prepared, plan, prompt_tokens))
     prepared.tokenizer.save_pretrained(adapter_dir)
     if suggester is not None:
         suggester.save(adapter_dir)

@@ -94,8 +94,9 @@ def generate(
     model, tokenizer = load_adapter(path)
     given = ""
     if task:
-        style = adapter_facts(directory).style
-        prompt, given = render_prompt(tokenizer, style, task, prompt.strip()), answer_prefix(style, task)
+        facts = adapter_facts(directory)  # the prompt as training asked it, cut where training cut it
+        prompt = render_prompt(tokenizer, facts.style, task, prompt.strip(), facts.prompt_tokens)
+        given = answer_prefix(facts.style, task)
     message = task == "message"  # a commit message that starts over is cut there; code repeats lines
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
 
