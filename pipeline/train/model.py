@@ -178,8 +178,8 @@ class AdapterFacts:
     quantization: str
     """How the base was loaded in training (`none`, `4bit`, `8bit`): the adapter is used on the same base."""
     prompt_tokens: int | None
-    """The most tokens of a prompt training kept (`train.max_prompt_tokens`, chat style): `generate` cuts
-    a task's prompt there too. None for adapters written before this was recorded (no cut)."""
+    """Where a task's prompt is cut (`train.max_prompt_tokens`: training's chat prompts and the scoreboard's
+    questions are): `generate` cuts there too. None for adapters written before this was recorded (no cut)."""
 
 
 def facts_for(prepared: Prepared, plan: Plan, prompt_tokens: int) -> AdapterFacts:
