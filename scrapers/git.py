@@ -289,20 +289,26 @@ def shallow_boundaries(repo: Repository) -> frozenset[str]:
     return frozenset(path.read_text().split()) if path.exists() else frozenset()
 
 
-def lacking_content(repo: Repository, shas: list[str], merge_diffs: bool) -> frozenset[str]:
-    """The commits among `shas` whose diff needs a file's content that a partial clone (`git clone
-    --filter=blob:limit=…` or `blob:none`) does not hold. `git log -p` would stop at the first of them
-    ("unable to read"), and the scrape never lets it fetch (protocol.allow=never). Empty for a full
-    clone, found without reading its history (a partial clone's packs carry a .promisor mark)."""
+def missing_blobs(repo: Repository, revisions: list[str]) -> frozenset[str]:
+    """The file contents a partial clone (`git clone --filter=blob:limit=…` or `blob:none`) lacks among
+    what `revisions` reach; none for a full clone, found without reading its history (a partial clone's
+    packs carry a .promisor mark)."""
     # git names the object directory (a linked work tree shares its main one's) relative to where it ran
     packs = (repo.work_tree or repo.git_dir) / run_git(repo, "rev-parse", "--git-path", "objects/pack")
-    if not shas or not any(packs.glob("*.promisor")):
+    if not revisions or not any(packs.glob("*.promisor")):
         return frozenset()
-    with _stdin_with(shas) as stdin:
+    with _stdin_with(revisions) as stdin:
         listed = _execute(
             repo, ["git", "rev-list", "--objects", "--no-object-names", "--missing=print", "--stdin"], stdin
         )
-    missing = {line[1:] for line in listed.splitlines() if line.startswith("?")}
+    return frozenset(line[1:] for line in listed.splitlines() if line.startswith("?"))
+
+
+def lacking_content(repo: Repository, shas: list[str], merge_diffs: bool) -> frozenset[str]:
+    """The commits among `shas` whose diff needs a file's content that a partial clone does not hold
+    (`missing_blobs`). `git log -p` would stop at the first of them ("unable to read"), and the scrape
+    never lets it fetch (protocol.allow=never)."""
+    missing = missing_blobs(repo, shas)
     if not missing:
         return frozenset()
     # Which commits' diffs name a missing blob: their raw diffs, read without renames (finding an inexact

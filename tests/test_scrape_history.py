@@ -185,6 +185,15 @@ def test_partial_clone_skips_the_commits_whose_contents_it_lacks(cli, tmp_path):
     assert "partial clone (`git clone --filter`)" in result.err
     messages = {record["text"].splitlines()[0] for record in sequences(out / "sequences.jsonl")}
     assert messages == {"Add module", "Grow the module", "Rename the data", "Shrink the module"}
+    # Filled in later (the same HEAD), the clone is scraped again, where a run would otherwise reuse the
+    # scrape its output directory holds.
+    prepared = tmp_path / "prepared"
+    assert cli("prepare", "--repo", clone, "--output-dir", prepared).code == 0
+    source.git("-C", str(clone), "config", "--unset", "remote.origin.partialclonefilter")
+    source.git("-C", str(clone), "fetch", "--quiet", "--refetch", "origin")
+    again = cli("prepare", "--repo", clone, "--output-dir", prepared)
+    assert again.code == 0 and "reusing the scrape" not in again.err
+    assert read_json(prepared / "MANIFEST.json")["scrape"]["skipped"] == {}
     # Without any contents (blob:none, nothing checked out) every commit is skipped: none is logged.
     empty = tmp_path / "empty"
     source.git("clone", "--quiet", "--filter=blob:none", "--no-checkout", f"file://{source.path}", str(empty))

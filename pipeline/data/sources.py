@@ -15,7 +15,7 @@ from pipeline.progress import say
 from pipeline.types import Scraped
 from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
-from scrapers.git import open_repository, resolved
+from scrapers.git import missing_blobs, open_repository, resolved
 from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_history
 from scrapers.shard import describe_counts
@@ -67,12 +67,19 @@ def _origins(paths, shown: int = 3) -> str:
 
 def provenance(repos: list[str], config: ScrapeConfig) -> str:
     """What a scrape's output depends on: this tool, the repositories and the commits their revision
-    names now (HEAD, or both ends of a range), the scrape config."""
-    heads: list[list[Any]] = []  # [git directory, the resolved revisions (None: unreadable)]
+    names now (HEAD, or both ends of a range), what a partial clone holds of their contents, the scrape
+    config."""
+    heads: list[
+        list[Any]
+    ] = []  # [git directory, the resolved revisions (None: unreadable), contents lacking]
     for repo in repos:
         try:
             opened = open_repository(repo)
-            heads.append([str(opened.git_dir), resolved(opened, config.rev)])
+            revisions = resolved(opened, config.rev)
+            # A partial clone filled in since keeps its HEAD: how many contents it lacks tells. A full clone
+            # lacks none, and its key is what it was before this counted.
+            missing = len(missing_blobs(opened, revisions))
+            heads.append([str(opened.git_dir), revisions, *([missing] if missing else [])])
         except RepositoryError:  # the scrape reports it (and skips it, if others can be scraped)
             heads.append([str(repo), None])
     tool = tool_info()
