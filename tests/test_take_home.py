@@ -255,8 +255,9 @@ def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, m
 
 def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):
     """`generate --task message --system model` on a held-out commit's whole diff gives the fine-tuned
-    model's answer in evaluation.jsonl: the prompt cut where training cut it, the same greedy tokens."""
-    from pipeline.config import EvalConfig, TrainConfig
+    model's answer in evaluation.jsonl: the prompt cut where training cut it, the same greedy tokens, as
+    many as the scoreboard let it write (by default)."""
+    from pipeline.config import TrainConfig
     from pipeline.evaluate.retrieval import past_commits
     from pipeline.train.model import adapter_facts
     from pipeline.use.generate import generate
@@ -268,7 +269,7 @@ def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):
     assert adapter_facts(tiny_run / "adapter").prompt_tokens == TrainConfig().max_prompt_tokens
     assert asked
     for row in asked:
-        answer = generate(tiny_run, diffs[row["commit"]], EvalConfig().message_tokens, "message", "model")
+        answer = generate(tiny_run, diffs[row["commit"]], task="message", system="model")
         assert answer == row["fine_tuned"]
 
 

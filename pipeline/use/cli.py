@@ -153,7 +153,11 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
         "changelog entry, or the fine-tuned model",
     )
     parser.add_argument(
-        "--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)"
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="tokens to generate (default: with --task message as many as the scoreboard let the model "
+        "write, 48; else 128)",
     )
     parser.add_argument(
         "--merge",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.config import EvalConfig
 from pipeline.errors import ModelLoadError, PipelineError
 from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR, CHECKPOINT_DIR, newest_checkpoint
 
@@ -71,13 +72,21 @@ def load_adapter(path: str | Path, dense: bool = False):
     return model.eval(), load_saved_tokenizer(directory)
 
 
+CONTINUATION_TOKENS = 128  # what `generate` writes by default, but for a commit message
+
+
 def generate(
-    path: str | Path, prompt: str, max_new_tokens: int, task: str | None = None, system: str | None = None
+    path: str | Path,
+    prompt: str,
+    max_new_tokens: int | None = None,
+    task: str | None = None,
+    system: str | None = None,
 ) -> str:
     """The model's greedy continuation of `prompt`; with `task`, the prompt is asked as training asked
     it (`message`: write the commit message for this diff; `diff`: write the change for this message).
     A commit message comes from the system the run chose (or `system`): the repository's past answers
-    without loading the model at all."""
+    without loading the model at all. At most `max_new_tokens` tokens: by default, for a commit message
+    as many as the scoreboard let the model write (`eval.message_tokens`), else CONTINUATION_TOKENS."""
     directory = adapter_directory(path)  # a missing adapter is said before the libraries load
     if task == "message":
         prompt, suggested = _from_past(directory, prompt, system)
@@ -98,6 +107,8 @@ def generate(
         prompt = render_prompt(tokenizer, facts.style, task, prompt.strip(), facts.prompt_tokens)
         given = answer_prefix(facts.style, task)
     message = task == "message"  # a commit message that starts over is cut there; code repeats lines
+    if max_new_tokens is None:
+        max_new_tokens = EvalConfig().message_tokens if message else CONTINUATION_TOKENS
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
 
 

@@ -177,7 +177,7 @@ def suggest(argv: list[str]) -> None:
     if suggester.system == "model":
         from pipeline.use.generate import generate
 
-        written = generate(adapter, diff, 64, task="message", system="model").strip()
+        written = generate(adapter, diff, task="message", system="model").strip()
         if written:
             _write(message_file, written, original)
 
