@@ -27,6 +27,7 @@ which `bench_learning.py` shows only with a training run per repository. Exit 0,
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -101,12 +102,13 @@ def hook_reads(repo: str, suggester, held) -> str:
 
     from pipeline.evaluate.evaluation import difference_text, paired_difference, score_messages
     from pipeline.use.hook import DIFF_OPTIONS, MAX_DIFF_BYTES
+    from scrapers.safe_git import SAFE_GIT_ENV
 
     whole, read, references, differ = [], [], [], 0
     for commit in held:
         shown = subprocess.run(
-            ["git", "-C", repo, "-c", "core.quotePath=false", "show", "--format=", *DIFF_OPTIONS, commit.sha],
-            capture_output=True, check=True,
+            ["git", "-C", repo, "show", "--format=", *DIFF_OPTIONS, commit.sha],
+            env={**os.environ, **SAFE_GIT_ENV}, capture_output=True, check=True,
         ).stdout[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")  # fmt: skip
         differ += _files(shown) != _files(commit.diff)
         whole.append(suggester.select(_INDEX_LINE.sub("", shown)))  # as the hook read it: no index lines

@@ -134,9 +134,9 @@ class Filters:
         return None
 
 
-def file_filters(config: ScrapeConfig) -> dict[str, Any]:
-    """What `as_trained` needs of a scrape's config, as JSON."""
-    return {name: getattr(config, name) for name in FILE_FILTERS}
+def file_filters(config: ScrapeConfig | None = None) -> dict[str, Any]:
+    """What `as_trained` needs of a scrape's config (None: the shipped one), as JSON."""
+    return {name: getattr(config or ScrapeConfig(), name) for name in FILE_FILTERS}
 
 
 def as_trained(diff: str, filters: dict[str, Any]) -> str:

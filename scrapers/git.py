@@ -4,7 +4,7 @@ Safety: a scraped repository is untrusted. Its `.git/config` and
 `.gitattributes` can name programs that git runs on its behalf (an external
 diff, textconv filters, an fsmonitor hook that even `git status` runs, a
 pager, gpg for signatures, transports for lazy fetches). Every git process we
-start through GitPython gets `SAFE_GIT_CONFIG` as command-line-level config
+start through GitPython gets `SAFE_GIT_CONFIG` (`scrapers.safe_git`) as command-line-level config
 (through GIT_CONFIG_COUNT, the environment form of `git -c`, which outranks
 every config file), so none of them can run; `git log` also gets
 `--no-ext-diff --no-textconv --no-color`. The repository is found by git
@@ -16,7 +16,6 @@ never used, nor its helpers such as `is_dirty()` that would spawn
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import tempfile
@@ -33,40 +32,8 @@ import git
 from scrapers.commit import Commit
 from scrapers.errors import RepositoryError
 from scrapers.parse import log_format, parse_log
+from scrapers.safe_git import SAFE_GIT_ENV, SAFE_LOG_FLAGS
 
-SAFE_GIT_CONFIG = {
-    "core.fsmonitor": "false",  # `core.fsmonitor=<program>` runs on every work-tree scan
-    "core.hooksPath": os.devnull,  # no hooks from the repository
-    "core.pager": "cat",
-    "log.showSignature": "false",  # signature checks would run gpg.program
-    "protocol.allow": "never",  # no transport at all: a partial clone must not lazily fetch
-    "diff.noprefix": "false",  # the parser relies on a/ and b/ prefixes
-    "diff.mnemonicPrefix": "false",
-    "diff.relative": "false",
-    "core.quotePath": "false",  # non-ASCII paths as UTF-8, not octal escapes
-    "i18n.logOutputEncoding": "UTF-8",  # messages re-encoded from their encoding header
-    "color.ui": "false",
-    # What the repository's config could otherwise change in the diffs the parser reads.
-    "diff.submodule": "short",  # gitlinks as commit ids, not logs of the submodule
-    "diff.algorithm": "myers",
-    "diff.interHunkContext": "0",
-    "diff.ignoreSubmodules": "none",
-    "diff.suppressBlankEmpty": "false",
-    "core.attributesFile": os.devnull,
-}
-SAFE_GIT_ENV = {
-    "GIT_CONFIG_COUNT": str(len(SAFE_GIT_CONFIG)),
-    **{f"GIT_CONFIG_KEY_{i}": key for i, key in enumerate(SAFE_GIT_CONFIG)},
-    **{f"GIT_CONFIG_VALUE_{i}": value for i, value in enumerate(SAFE_GIT_CONFIG.values())},
-    "GIT_PAGER": "cat",
-    "GIT_TERMINAL_PROMPT": "0",
-    "GIT_OPTIONAL_LOCKS": "0",  # reading must not take locks or refresh the user's index
-    "GIT_EXTERNAL_DIFF": "",
-    # Fully buffered output even into a pipe: by default git flushes after every commit it lists
-    # or logs, and each flush wakes the reader (rev-list over 6,500 commits: 40 ms instead of 27).
-    "GIT_FLUSH": "0",
-}
-SAFE_LOG_FLAGS = ("--no-ext-diff", "--no-textconv", "--no-color", "--no-show-signature", "--encoding=UTF-8")
 _READ_SIZE = 1 << 20  # bytes per read from git's stdout
 
 

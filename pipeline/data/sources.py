@@ -69,9 +69,8 @@ def provenance(repos: list[str], config: ScrapeConfig) -> str:
     """What a scrape's output depends on: this tool, the repositories and the commits their revision
     names now (HEAD, or both ends of a range), what a partial clone holds of their contents, the scrape
     config."""
-    heads: list[
-        list[Any]
-    ] = []  # [git directory, the resolved revisions (None: unreadable), contents lacking]
+    # [git directory, the resolved revisions (None: unreadable), and a partial clone's contents lacking]
+    heads: list[list[Any]] = []
     for repo in repos:
         try:
             opened = open_repository(repo)

@@ -274,7 +274,7 @@ class Suggester:
         files: dict[str, Any] | None = None,
     ):
         self.index, self.selector, self.k, self.system = index, selector, k, system
-        self.files = file_filters(ScrapeConfig()) if files is None else files
+        self.files = file_filters() if files is None else files
         """How the scrape chose the files of the diffs indexed (`scrapers.filters.FILE_FILTERS`): a new
         diff is read the same way (`as_trained`)."""
         self.graded: Graded = {} if graded is None else graded
@@ -306,11 +306,15 @@ class Suggester:
             return chosen.message  # its numbers are the diff's own
         return moved(chosen.message, self.index.anchors[chosen.neighbour.position], diff)
 
-    def suggest(self, diff: str, system: str | None = None) -> str:
-        """The message `system` (default: the run's) suggests for a new diff from the past, read as the
-        indexed diffs were (`as_trained`): the selector's choice, or else the lookup's (where the model
-        suggests, its answer is generated elsewhere and this is what stands until it comes)."""
-        diff = as_trained(diff, self.files)
+    def read(self, diff: str) -> str:
+        """A new diff as the indexed diffs were read (`as_trained`: the files the scrape kept)."""
+        return as_trained(diff, self.files)
+
+    def suggest(self, diff: str, system: str | None = None, read: bool = False) -> str:
+        """The message `system` (default: the run's) suggests for a new diff from the past, `read` first
+        unless it was: the selector's choice, or else the lookup's (where the model suggests, its answer is
+        generated elsewhere and this is what stands until it comes)."""
+        diff = diff if read else self.read(diff)
         return self.select(diff) if (system or self.system) == "selector" else self.lookup(diff)
 
     def save(self, directory: Path) -> None:

@@ -119,7 +119,6 @@ def _from_past(directory: Path, diff: str, system: str | None) -> tuple[str, str
     or no past commit touched anything the diff touches."""
     from pipeline.evaluate.retrieval import INDEX_DIR
     from pipeline.evaluate.suggestion import Suggester
-    from scrapers.config import ScrapeConfig
     from scrapers.filters import as_trained, file_filters
 
     if not (directory / INDEX_DIR).is_dir():
@@ -128,13 +127,13 @@ def _from_past(directory: Path, diff: str, system: str | None) -> tuple[str, str
                 f"--system {system}: {directory} has no {INDEX_DIR}/ (it was trained before runs kept the "
                 "repository's past); train again, or leave --system out"
             )
-        return as_trained(diff, file_filters(ScrapeConfig())), None
+        return as_trained(diff, file_filters()), None
     suggester = Suggester.load(directory)
-    read = as_trained(diff, suggester.files)
+    read = suggester.read(diff)
     chosen = system or suggester.system
     if chosen == "model":
         return read, None
-    return read, suggester.suggest(read, chosen) or None
+    return read, suggester.suggest(read, chosen, read=True) or None
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

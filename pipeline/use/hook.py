@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scrapers.safe_git import SAFE_GIT_ENV
+
 HOOK = "prepare-commit-msg"
 PREVIOUS = f"{HOOK}.repotune-previous"
 MARK = "# repotune prepare-commit-msg hook"
@@ -36,18 +38,10 @@ MARK = "# repotune prepare-commit-msg hook"
 MAX_DIFF_BYTES = 16_000_000
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/use/hook.py
 OPTIONAL_IMPORTS = ("pandas", "sklearn", "dask", "pyarrow")
-# A diff as the scraper's `git log -p` prints it, whatever the user's diff settings, never through the
-# repository's external diff or textconv programs: options of `git diff` (and of `git show COMMIT`), after
-# `git -c core.quotePath=false` (UTF-8 paths, not octal escapes).
-DIFF_OPTIONS = (
-    "--no-color",
-    "--no-ext-diff",
-    "--no-textconv",
-    "-M",
-    "-U3",
-    "--src-prefix=a/",
-    "--dst-prefix=b/",
-)
+# `git diff` options that print a diff as the scraper's `git log -p` does (with SAFE_GIT_ENV, whatever the
+# user's diff settings), never through the repository's external diff or textconv programs; `git show
+# COMMIT` takes them too.
+DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "-M", "-U3")
 
 SCRIPT = """#!/bin/sh
 {mark} (`run_pipeline.py hook install`; `run_pipeline.py hook uninstall` removes it).
@@ -183,10 +177,13 @@ def suggest(argv: list[str]) -> None:
 
 
 def staged_diff() -> str:
-    """The staged change as git prints it to the scraper (DIFF_OPTIONS), at most MAX_DIFF_BYTES of it; the
-    suggestion reads it as training read commits (`scrapers.filters.as_trained`)."""
-    command = ["git", "-c", "core.quotePath=false", "diff", "--cached", *DIFF_OPTIONS]
-    output = subprocess.run(command, capture_output=True, check=True).stdout
+    """The staged change as git prints it to the scraper (DIFF_OPTIONS and the scraper's SAFE_GIT_ENV), at
+    most MAX_DIFF_BYTES of it; the suggestion reads it as training read commits
+    (`scrapers.filters.as_trained`)."""
+    output = subprocess.run(
+        ["git", "diff", "--cached", *DIFF_OPTIONS], env={**os.environ, **SAFE_GIT_ENV}, capture_output=True,
+        check=True,
+    ).stdout  # fmt: skip
     return output[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")
 
 

@@ -1,0 +1,40 @@
+"""The settings every git process the project starts runs with, whatever the repository's or the user's
+config says: no program the repository configures runs, and diffs come out as the scraper parses them.
+Apart from `scrapers.git` (which imports GitPython), so that the commit hook reads its staged diff with
+them without that import's 0.1 s."""
+
+import os
+
+SAFE_GIT_CONFIG = {
+    "core.fsmonitor": "false",  # `core.fsmonitor=<program>` runs on every work-tree scan
+    "core.hooksPath": os.devnull,  # no hooks from the repository
+    "core.pager": "cat",
+    "log.showSignature": "false",  # signature checks would run gpg.program
+    "protocol.allow": "never",  # no transport at all: a partial clone must not lazily fetch
+    "diff.noprefix": "false",  # the parser relies on a/ and b/ prefixes
+    "diff.mnemonicPrefix": "false",
+    "diff.relative": "false",
+    "core.quotePath": "false",  # non-ASCII paths as UTF-8, not octal escapes
+    "i18n.logOutputEncoding": "UTF-8",  # messages re-encoded from their encoding header
+    "color.ui": "false",
+    # What the repository's config could otherwise change in the diffs the parser reads.
+    "diff.submodule": "short",  # gitlinks as commit ids, not logs of the submodule
+    "diff.algorithm": "myers",
+    "diff.interHunkContext": "0",
+    "diff.ignoreSubmodules": "none",
+    "diff.suppressBlankEmpty": "false",
+    "core.attributesFile": os.devnull,
+}
+SAFE_GIT_ENV = {
+    "GIT_CONFIG_COUNT": str(len(SAFE_GIT_CONFIG)),
+    **{f"GIT_CONFIG_KEY_{i}": key for i, key in enumerate(SAFE_GIT_CONFIG)},
+    **{f"GIT_CONFIG_VALUE_{i}": value for i, value in enumerate(SAFE_GIT_CONFIG.values())},
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_OPTIONAL_LOCKS": "0",  # reading must not take locks or refresh the user's index
+    "GIT_EXTERNAL_DIFF": "",
+    # Fully buffered output even into a pipe: by default git flushes after every commit it lists
+    # or logs, and each flush wakes the reader (rev-list over 6,500 commits: 40 ms instead of 27).
+    "GIT_FLUSH": "0",
+}
+SAFE_LOG_FLAGS = ("--no-ext-diff", "--no-textconv", "--no-color", "--no-show-signature", "--encoding=UTF-8")
