@@ -17,6 +17,7 @@ from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     _message_scoreboard,
+    held_out_note,
     next_line,
     one_register,
     paired_difference,
@@ -340,6 +341,9 @@ def test_intervals_and_paired_differences():
         ]
         == 50.0
     )
+    # Over a handful of commits a bootstrap resamples only the scores there are: the note says so.
+    assert held_out_note(40, 100, {"commits_kept": 400})["note"].endswith("intervals are wider accordingly")
+    assert "not to be trusted" in held_out_note(3, 100, {"commits_kept": 30})["note"]
 
 
 def test_a_model_that_writes_in_one_register_is_named():
@@ -566,7 +570,7 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
         "asked": 100, "available": 6, "scored": 6,
         "note": "scored 6 held-out commits, not 100: the history kept 60 commits and at most "
         "scrape.holdout_max_share of them are held out, so that it still trains on most of itself; "
-        "intervals are wider accordingly",
+        "an interval over so few is not to be trusted: a bootstrap resamples only the scores there are",
     }  # fmt: skip
     assert "lookup" in result.err and "scored 6 held-out commits, not 100" in result.err
     # Each scoring says what it does as it starts: minutes on a CPU, before and after training.

@@ -61,6 +61,8 @@ TASK_NAMES = {"message": "commit messages", "code": "next lines"}  # as the prog
 SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
 BOOTSTRAP_RESAMPLES = 1000
+# Below this many commits a bootstrap resamples little more than the scores themselves: the note says so.
+FEWEST_FOR_AN_INTERVAL = 10
 EVALUATION_FILE = "evaluation.jsonl"
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
 EVALUATION_FORMAT = 5
@@ -576,7 +578,11 @@ def held_out_note(available: int, asked: int, scrape: dict[str, Any]) -> dict[st
         note = (
             f"scored {scored} held-out commits, not {asked}: the history kept {kept} commits and at most "
             "scrape.holdout_max_share of them are held out, so that it still trains on most of itself; "
-            "intervals are wider accordingly"
+            + (
+                "intervals are wider accordingly"
+                if scored >= FEWEST_FOR_AN_INTERVAL
+                else "an interval over so few is not to be trusted: a bootstrap resamples only the scores there are"
+            )
             if scored
             else f"no held-out commits to score: the history kept {kept} commits (20 are needed)"
         )
