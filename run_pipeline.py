@@ -406,9 +406,10 @@ def report(args: argparse.Namespace) -> None:
     """One HTML page (plots embedded) for a manifest, or comparing several; prints its path."""
     from pathlib import Path
 
+    from pipeline.manifest import manifest_file
     from pipeline.use.report import write_report
 
-    manifests = [Path(path) for path in args.manifests]
+    manifests = [manifest_file(Path(path)) for path in args.manifests]
     default = manifests[0].with_name("report.html") if len(manifests) == 1 else Path("compare.html")
     print(write_report(manifests, Path(args.output) if args.output else default, args.names))
 

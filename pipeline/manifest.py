@@ -176,6 +176,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return orjson.loads(path.read_bytes())
 
 
+def manifest_file(path: Path) -> Path:
+    """The manifest a user means: the file given, or the one in the run's output directory given."""
+    return path / MANIFEST_FILE if (path / MANIFEST_FILE).is_file() else path
+
+
 def load_manifest(path: Path) -> dict[str, Any]:
     """A manifest a user points a command at; anything that is not one is a one-line error naming it."""
     from pipeline.errors import PipelineError
@@ -183,7 +188,9 @@ def load_manifest(path: Path) -> dict[str, Any]:
     try:
         data = path.read_bytes()
     except IsADirectoryError:
-        raise PipelineError(f"{path} is a directory, not a MANIFEST.json") from None
+        raise PipelineError(
+            f"{path} is a directory without a {MANIFEST_FILE}, not a run's output directory"
+        ) from None
     except OSError as err:
         raise PipelineError(f"cannot read {path}: {err.strerror or err}") from None
     if not data.strip():

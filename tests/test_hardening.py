@@ -126,7 +126,7 @@ def test_any_revision_scrapes_whatever_head_points_to(cli, tmp_path):
 
 BAD_FILES = {
     "missing": (None, "cannot read {path}: No such file or directory"),
-    "directory": ("dir", "{path} is a directory, not a MANIFEST.json"),
+    "directory": ("dir", "{path} is a directory without a MANIFEST.json, not a run's output directory"),
     "empty": (b"", "{path} is empty, not a manifest (a run still writing it? try again when it ends)"),
     "truncated": (b'{"status": "runn', "{path} is not valid JSON"),
     "not utf-8": (b"\xff\xfe\x00{", "{path} is not UTF-8 text, so not a manifest"),

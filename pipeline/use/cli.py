@@ -203,8 +203,8 @@ def hook_options(parser: argparse.ArgumentParser) -> None:
 
 
 def diff_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("before", metavar="BEFORE.json")
-    parser.add_argument("after", metavar="AFTER.json")
+    parser.add_argument("before", metavar="BEFORE", help="a run's MANIFEST.json, or its output directory")
+    parser.add_argument("after", metavar="AFTER", help="the other run's, to compare with it")
     parser.add_argument(
         "--all",
         action="store_true",
@@ -239,7 +239,10 @@ def diff_options(parser: argparse.ArgumentParser) -> None:
 
 def report_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "manifests", nargs="+", metavar="MANIFEST.json", help="one run's manifest, or several to compare"
+        "manifests",
+        nargs="+",
+        metavar="RUN",
+        help="one run's MANIFEST.json (or its output directory), or several to compare",
     )
     parser.add_argument(
         "-o",

@@ -391,9 +391,9 @@ def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
     """(report text, stderr lines, exit code): 0 identical, 1 different, 2 a tripped --fail-if."""
     import orjson
 
-    from pipeline.manifest import load_manifest
+    from pipeline.manifest import load_manifest, manifest_file
 
-    before, after = (load_manifest(Path(path)) for path in (before_path, after_path))
+    before, after = (load_manifest(manifest_file(Path(path))) for path in (before_path, after_path))
     conditions = [Condition.parse(text) for text in options.fail_if]
     messages = [warning] if (warning := schema_warning(before, after)) else []
     compared = compare(before, after, options.include_volatile)
