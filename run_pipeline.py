@@ -138,9 +138,10 @@ def tokenize_the_rest(record: Record, loaded: LoadedConfig, data: Data, measured
 
 
 def train_and_evaluate(
-    record: Record, loaded: LoadedConfig, data: Data, model: Loaded, resume: bool
+    record: Record, loaded: LoadedConfig, data: Data, model: Loaded, resume: bool, history: Path | None = None
 ) -> tuple[TrainOutcome, Any]:
-    """Index the repository's past, evaluate on the held-out commits, train (resuming, retrying an
+    """Index the repository's past (with an update's `history`: the whole history's scrape, where its own
+    holds the new commits alone), evaluate on the held-out commits, train (resuming, retrying an
     out-of-memory), evaluate again beside the lookup and the suggestion system; the training's outcome
     and the suggestion system to save beside the adapter (None on ranks that do not write)."""
     from pipeline.data.dataset import held_out_blocks, validation_blocks
@@ -165,7 +166,9 @@ def train_and_evaluate(
     config, prepared, plan, packed = loaded.config, data.prepared, data.plan, data.packed
     held_out = held_out_blocks(packed, plan.eval_blocks)
     past = (
-        record.step("retrieval", learn_past, data.scraped.sequences_path, config.retrieval, plan.seed)
+        record.step(
+            "retrieval", learn_past, data.scraped.sequences_path, config.retrieval, plan.seed, history
+        )
         if record.writes
         else None
     )
@@ -250,7 +253,9 @@ def train_within_memory(job: Job, prepared: Prepared, machine: Machine, loaded: 
 def update(args: argparse.Namespace) -> None:
     """Continue a run's adapter on the commits made since it: check the parent → scrape the new commits →
     tokenize → plan (short warmup, lower peak) → train from the parent's adapter → evaluate on the newest
-    commits and on the parent's held-out ones (forgetting) → save, with the lineage in the manifest."""
+    commits and on the parent's held-out ones (forgetting) → save, with the lineage in the manifest.
+    Retrieval answers from the whole history (scraped again up to the new HEAD into PAST_DIR)."""
+    from pipeline.data.sources import PAST_DIR, SEQUENCES_FILE, scrape_past
     from pipeline.evaluate.evaluation import evaluate
     from pipeline.progress import say
     from pipeline.record.card import model_card
@@ -285,7 +290,9 @@ def update(args: argparse.Namespace) -> None:
         kept = record.step(
             "evaluate_parent_before", evaluate, *loss_only, "the parent on its held-out commits"
         )
-        outcome, suggester = train_and_evaluate(record, loaded, data, model, False)
+        past = record.output_dir / PAST_DIR
+        record.step("scrape_past", scrape_past, parent.repo, loaded.config.scrape, parent.new_head, past)
+        outcome, suggester = train_and_evaluate(record, loaded, data, model, False, past / SEQUENCES_FILE)
         after = record.step(
             "evaluate_parent_after", evaluate, *loss_only, "the update on the parent's held-out commits"
         )

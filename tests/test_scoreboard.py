@@ -34,6 +34,7 @@ from pipeline.evaluate.suggestion import (
     backtest,
     learn_past,
     nearest_and_recent,
+    with_history,
 )
 from pipeline.evaluate.versions import anchors, moved
 from pipeline.types import Past, PastCommit, Scores, TextStyle
@@ -494,6 +495,19 @@ def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_
         ".txt",
         ".jsonl",
     }
+
+
+def test_an_update_answers_from_the_whole_history_and_chooses_on_as_many_commits_as_a_full_run():
+    def commit(sha, split):
+        return PastCommit(sha, f"message {sha}", f"diff {sha}", split)
+
+    new = [commit("n1", "eval"), commit("n2", "train"), commit("n3", "train")]  # an update's few commits
+    history = [commit("n1", "eval"), commit("n2", "eval"), commit("n3", "valid"), commit("o1", "valid"),
+               commit("o2", "train"), commit("o3", "train")]  # fmt: skip
+    combined = with_history(new, history)
+    assert [(c.sha, c.split) for c in combined] == [
+        ("n1", "eval"), ("n2", "train"), ("n3", "train"), ("o1", "valid"), ("o2", "valid"), ("o3", "train")
+    ]  # fmt: skip
 
 
 def test_the_backtests_selectors_learn_from_the_grades_the_runs_selector_made(tmp_path, monkeypatch):

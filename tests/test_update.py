@@ -75,6 +75,12 @@ def test_an_update_trains_the_parent_adapter_on_the_new_commits_only(cli, parent
     assert "held-out commits: loss" in result.err
     assert (child / "adapter" / "adapter_model.safetensors").exists()
     assert manifest["run"]["command"] == "update" and manifest["status"] == "completed"
+    # Retrieval answers from the whole history, not from the 6 new commits alone: the parent's past and them.
+    answered_from = [orjson.loads((run / "adapter" / "retrieval" / "commits.json").read_bytes())["shas"]
+                     for run in (out, child)]  # fmt: skip
+    assert answered_from[1] == lineage["commits_added"] + answered_from[0]
+    assert manifest["retrieval"]["index"]["commits"] == len(answered_from[1]) - 1  # all but the held-out one
+    assert "scraped the history up to" in result.err and manifest["timings"]["scrape_past_s"] > 0
 
     from pipeline.use.report import render_report
 

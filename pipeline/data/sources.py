@@ -20,6 +20,8 @@ from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_history
 from scrapers.shard import describe_counts
 
+PAST_DIR = "past"  # an update's output directory holds the whole history's scrape here, for retrieval
+
 
 def scrape(
     repos: list[str], config: ScrapeConfig, output_dir: Path, earlier: dict[str, Any] | None = None
@@ -54,6 +56,20 @@ def scrape(
             "not hold: git cannot diff them and the scrape fetches nothing; a clone without --filter trains on them"
         )
     return scraped
+
+
+def scrape_past(repo: str, config: ScrapeConfig, rev: str, output_dir: Path) -> None:
+    """The whole history up to `rev`, scraped as `config` scrapes the new commits, into `output_dir`'s
+    SEQUENCES_FILE: the past an update's retrieval answers from, where it trains on the commits since
+    its parent alone."""
+    from dataclasses import replace
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    result = scrape_history([repo], replace(config, rev=rev), output_dir, usable_cores())
+    say(
+        f"scraped the history up to {rev[:12]} for retrieval: {result.stats.commits_kept} commits kept "
+        f"({result.duration_s:.2f} s)"
+    )
 
 
 def _origins(paths, shown: int = 3) -> str:

@@ -353,12 +353,16 @@ class Suggester:
         )  # fmt: skip
 
 
-def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past:
+def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history: Path | None = None) -> Past:
     """Every kept commit of the scrape, the index over those that are not held out (the held-out ones
-    are what it is scored on) and the selector learned on its training commits."""
+    are what it is scored on) and the selector learned on its training commits. An update's scrape
+    holds only the commits since its parent: `history` (the whole history's scrape) gives the older
+    ones, so that it answers from the whole past as a full run does."""
     from pipeline.data.sources import read_sequences
 
     commits = tuple(past_commits(read_sequences(sequences_path)))
+    if history is not None:
+        commits = with_history(commits, past_commits(read_sequences(history)))
     known = [commit for commit in commits if commit.split != "eval"]
     index = Index.build(known)
     started = time.perf_counter()
@@ -381,6 +385,28 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int) -> Past
     learning = f", the selector learned on the newest {learned:,} ({seconds:.0f} s)" if selector else ""
     say(f"indexed {built['commits']:,} past commits for retrieval ({built['build_s']:.0f} s){learning}")
     return Past(commits, Suggester(index, selector, config.k, graded=graded), facts)
+
+
+def with_history(new: Sequence[PastCommit], history: Sequence[PastCommit]) -> tuple[PastCommit, ...]:
+    """An update's commits, then the older ones of the whole history (`history`, newest first, as a full
+    run's scrape splits it). The update holds out and validates on its own new commits; where it has fewer
+    validation commits than the full run would, the newest older commits take their place, so the system
+    is chosen on as many commits as a full run chooses it on (the full run's newest are what the parent
+    held out, never trained on)."""
+    from dataclasses import replace
+
+    shas = {commit.sha for commit in new}
+    older = [commit for commit in history if commit.sha not in shas]
+    wanted = sum(commit.split == "valid" for commit in history) - sum(
+        commit.split == "valid" for commit in new
+    )
+    return (
+        *new,
+        *(
+            replace(commit, split="valid" if position < wanted else "train")
+            for position, commit in enumerate(older)
+        ),
+    )
 
 
 BACKTEST_BLOCKS = (
