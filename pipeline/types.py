@@ -429,6 +429,10 @@ class PastCommit:
     diff: str
     split: str
     """`train`, `valid` or `eval` (see scrapers.scrape.SPLITS)."""
+    repo: str = ""
+    """The repository's name in a run over several (each sequence's `repo`)."""
+    date: str = ""
+    """Its date as the scrape wrote it (ISO 8601)."""
 
 
 @dataclass(frozen=True)
@@ -443,6 +447,19 @@ class Past:
 
     def split(self, name: str) -> list[PastCommit]:
         return [commit for commit in self.commits if commit.split == name]
+
+    def older_than(self) -> dict[str, int]:
+        """Each held-out commit's place in the index (which holds the other commits, in this order): the
+        position of the newest indexed commit newer than it, -1 where none is. Retrieval answers it from
+        the commits after that alone: in a run over several repositories each holds out its own newest,
+        and one repository's held-out commits are older than another's newest indexed ones."""
+        places, indexed = {}, 0
+        for commit in self.commits:
+            if commit.split == "eval":
+                places[commit.sha] = indexed - 1
+            else:
+                indexed += 1
+        return places
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,51 @@ def test_the_lookup_never_answers_from_a_held_out_or_a_newer_commit(tmp_path):
     assert index.nearest(commits[-1].diff, 5, older_than=len(index) - 1) == []  # nothing is older
 
 
+def test_in_a_run_over_several_repositories_a_held_out_commit_is_answered_from_older_commits_alone(tmp_path):
+    """Each repository holds out its own newest commits, so one's held-out commits can be older than
+    another's indexed ones: the past is ordered by date across them, and each held-out commit is answered
+    from the commits older than it."""
+    first = topic_repo(tmp_path / "a")  # dated from 2024-01-01 on
+    asked = scraped(first, tmp_path / "only-a", eval_commits=4, valid_commits=4)
+    twin = next(c for c in asked if c.split == "eval" and "cache" in c.message)
+    second = GitRepo(tmp_path / "b")
+    second._tick = 400  # a year later: every commit newer than the first repository's
+    for n in range(
+        30
+    ):  # commits 4 and 5 make the first's held-out cache change again; the newest 3 are held out
+        content = {4: f"{twin.sha}^:docs/cache.rst", 5: f"{twin.sha}:docs/cache.rst"}.get(n)
+        second.commit(
+            f"Second: change {n}",
+            {"docs/cache.rst": first.git("show", content) + "\n" if content else f"{n}\n"},
+        )
+    out = tmp_path / "out"
+    out.mkdir()
+    scrape(
+        [first.path, second.path],
+        ScrapeConfig(format=["diff", "message"], eval_commits=4, valid_commits=4),
+        out,
+    )
+    past = learn_past(out / "sequences.jsonl", RetrievalConfig(selector_history=0), 0)
+    dated = {c.sha: c.date for c in past.commits}
+    assert list(dated.values()) == sorted(dated.values(), reverse=True)  # interleaved by date
+    assert {c.repo for c in past.commits[:3]} == {"b"}
+    held_out = {c.sha: c for c in past.split("eval")}
+    assert twin.sha in held_out and len(held_out) == 4 + 3
+    index, places = past.suggester.index, past.older_than()
+    assert (
+        index.nearest(twin.diff, 1)[0].message == "Second: change 5"
+    )  # a year newer than it: not to be offered
+    for sha, commit in held_out.items():
+        for found in index.nearest(commit.diff, 10, places[sha]):
+            assert (
+                dated[index.shas[found.position]] < commit.date and index.shas[found.position] not in held_out
+            )
+    prompts = task_prompts(list(held_out.values()), None, RAW, 100, None)
+    scored = score_past(past, prompts, None, RetrievalConfig(selector_history=0, system="lookup"), 0)
+    answers = dict(zip(held_out, scored.nearest_commit.outputs["message"], strict=True))
+    assert answers[twin.sha] == "Document the cache options"  # the first repository's own older one
+
+
 def fetch_asked(tmp_path: Path) -> tuple[Index, PastCommit]:
     """The index of a topic repository's older commits, and its held-out commit about fetching."""
     commits = scraped(topic_repo(tmp_path / "repo"), tmp_path / "out", eval_commits=4, valid_commits=4)

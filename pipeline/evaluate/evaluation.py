@@ -439,14 +439,15 @@ def score_past(
     started = time.perf_counter()
     suggester = past.suggester
     asked = [p for p in prompts if p.task == "message"]
-    lookup = [suggester.lookup(p.diff) for p in asked]
+    places = past.older_than()
+    lookup = [suggester.lookup(p.diff, places.get(p.commit, -1)) for p in asked]
     nearest = Scores(
         None, score_outputs(prompts, {"message": lookup}), {"message": lookup}, time.perf_counter() - started
     )
     selected = None
     if suggester.selector is not None:  # scored whichever system suggests: retrieval without the model
         started = time.perf_counter()
-        picked = [suggester.select(p.diff) for p in asked]
+        picked = [suggester.select(p.diff, places.get(p.commit, -1)) for p in asked]
         selected = Scores(
             None,
             score_outputs(prompts, {"message": picked}),

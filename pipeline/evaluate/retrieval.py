@@ -18,11 +18,13 @@ anchors (JSON), nothing executable.
 
 from __future__ import annotations
 
+import heapq
 import re
 import sys
 import time
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +76,35 @@ def past_commits(records: Iterable[dict[str, Any]]) -> list[PastCommit]:
             continue
         content = prompt_content(record["format"], prompt)
         message, diff = (content, response) if record["format"] == "diff" else (response.strip(), content)
-        seen[record["commit"]] = PastCommit(record["commit"], message.strip(), diff, record["split"])
+        seen[record["commit"]] = PastCommit(
+            record["commit"],
+            message.strip(),
+            diff,
+            record["split"],
+            record.get("repo", ""),
+            record.get("date", ""),
+        )
     return list(seen.values())
+
+
+def newest_first(commits: Sequence[PastCommit]) -> tuple[PastCommit, ...]:
+    """The commits of several repositories, each newest first as its scrape wrote them, interleaved by
+    date, so that a later position is older across repositories too (the scrape writes one repository
+    after another); each repository keeps its own order, and one repository's commits are as they were."""
+    runs: dict[str, list[PastCommit]] = {}
+    for commit in commits:
+        runs.setdefault(commit.repo, []).append(commit)
+    if len(runs) < 2:
+        return tuple(commits)
+    return tuple(heapq.merge(*runs.values(), key=lambda commit: _moment(commit.date), reverse=True))
+
+
+def _moment(date: str) -> float:
+    """A scraped date as seconds since the epoch (its offset applied); 0 where it cannot be read."""
+    try:
+        return datetime.fromisoformat(date).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def changed_paths(diff: str) -> list[str]:

@@ -35,7 +35,15 @@ import orjson
 from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
 from pipeline.evaluate.changelog import entry
-from pipeline.evaluate.retrieval import INDEX_DIR, Index, Neighbour, changed_paths, identifiers, past_commits
+from pipeline.evaluate.retrieval import (
+    INDEX_DIR,
+    Index,
+    Neighbour,
+    changed_paths,
+    identifiers,
+    newest_first,
+    past_commits,
+)
 from pipeline.evaluate.versions import moved
 from pipeline.progress import say
 from pipeline.types import Past, PastCommit
@@ -360,7 +368,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history
     ones, so that it answers from the whole past as a full run does."""
     from pipeline.data.sources import read_sequences
 
-    commits = tuple(past_commits(read_sequences(sequences_path)))
+    commits = newest_first(past_commits(read_sequences(sequences_path)))
     if history is not None:
         commits = with_history(commits, past_commits(read_sequences(history)))
     known = [commit for commit in commits if commit.split != "eval"]
