@@ -255,6 +255,8 @@ def update(args: argparse.Namespace) -> None:
     tokenize → plan (short warmup, lower peak) → train from the parent's adapter → evaluate on the newest
     commits and on the parent's held-out ones (forgetting) → save, with the lineage in the manifest.
     Retrieval answers from the whole history (scraped again up to the new HEAD into PAST_DIR)."""
+    import shutil
+
     from pipeline.data.sources import PAST_DIR, SEQUENCES_FILE, scrape_past
     from pipeline.evaluate.evaluation import evaluate
     from pipeline.progress import say
@@ -293,6 +295,7 @@ def update(args: argparse.Namespace) -> None:
         past = record.output_dir / PAST_DIR
         record.step("scrape_past", scrape_past, parent.repo, loaded.config.scrape, parent.new_head, past)
         outcome, suggester = train_and_evaluate(record, loaded, data, model, False, past / SEQUENCES_FILE)
+        shutil.rmtree(past)  # the index saved beside the adapter holds what use needs of it (rails: 526 MB)
         after = record.step(
             "evaluate_parent_after", evaluate, *loss_only, "the update on the parent's held-out commits"
         )
