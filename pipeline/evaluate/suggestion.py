@@ -96,11 +96,12 @@ def nearest_and_recent(
     """The `k` commits most like a diff (BM25), then the RECENT_CANDIDATES newest older ones that changed
     one of its files: how this part of the repository is described now, which BM25's nearest, often
     years older, may not show."""
-    found = index.nearest_terms(query, k, older_than)
+    scores = index.scores(query) if query else None
+    found = index.nearest_terms(query, k, older_than, scores)
     if not found:
         return found
     skip = {neighbour.position for neighbour in found}
-    return found + index.newest_touching(query, query_paths, RECENT_CANDIDATES, older_than, skip)
+    return found + index.newest_touching(query, query_paths, RECENT_CANDIDATES, older_than, skip, scores)
 
 
 def features(
