@@ -101,6 +101,7 @@ def hook_reads(repo: str, suggester, held) -> str:
     import subprocess
 
     from pipeline.evaluate.evaluation import difference_text, paired_difference, score_messages
+    from pipeline.evaluate.retrieval import changed_paths
     from pipeline.use.hook import DIFF_OPTIONS, MAX_DIFF_BYTES
     from scrapers.safe_git import SAFE_GIT_ENV
 
@@ -110,7 +111,7 @@ def hook_reads(repo: str, suggester, held) -> str:
             ["git", "-C", repo, "show", "--format=", *DIFF_OPTIONS, commit.sha],
             env={**os.environ, **SAFE_GIT_ENV}, capture_output=True, check=True,
         ).stdout[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")  # fmt: skip
-        differ += _files(shown) != _files(commit.diff)
+        differ += len(changed_paths(shown)) != len(changed_paths(commit.diff))
         whole.append(suggester.select(_INDEX_LINE.sub("", shown)))  # as the hook read it: no index lines
         read.append(suggester.suggest(shown, "selector"))
         references.append(commit.message)
@@ -126,10 +127,6 @@ def hook_reads(repo: str, suggester, held) -> str:
 
 
 _INDEX_LINE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+.*\n", re.MULTILINE)
-
-
-def _files(diff: str) -> int:
-    return sum(line.startswith("diff --git ") for line in diff.splitlines())
 
 
 def compare(lookup: list[str], selector: list[str], references: list[str]) -> str:

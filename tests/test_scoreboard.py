@@ -171,7 +171,7 @@ def test_the_selector_is_also_offered_the_newest_older_commits_to_the_same_files
             :RECENT_CANDIDATES
         ]
         assert all(n.position > older_than and n.score > 0 for n in found)
-    assert index.newest_touching(query, paths, 0) == []
+    assert index.newest_touching(paths, 0, index.scores(query)) == []
 
 
 def release(repo: GitRepo, version: str) -> None:

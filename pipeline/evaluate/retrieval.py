@@ -211,17 +211,11 @@ class Index:
         ]
 
     def newest_touching(
-        self,
-        query: list[str],
-        paths: Sequence[str],
-        n: int,
-        older_than: int = -1,
-        skip: Container[int] = (),
-        scores=None,
+        self, paths: Sequence[str], n: int, scores, older_than: int = -1, skip: Container[int] = ()
     ) -> list[Neighbour]:
         """The `n` newest commits older than `older_than` that changed one of `paths` (among the
-        RECENT_SCAN just older; none of the positions in `skip`), with their BM25 `scores` for `query`
-        (computed here where not given, and only where a commit is found)."""
+        RECENT_SCAN just older; none of the positions in `skip`), with their BM25 `scores` (`Index.scores`
+        of the diff's identifiers)."""
         wanted = set(paths)
         found: list[Neighbour] = []
         for position in range(older_than + 1, min(len(self), older_than + 1 + RECENT_SCAN)):
@@ -229,8 +223,6 @@ class Index:
                 break
             if position in skip or not wanted.intersection(self.paths[position]):
                 continue
-            if scores is None:
-                scores = self.scores(query)
             found.append(
                 Neighbour(position, float(scores[position]), self.messages[position], self.shas[position])
             )

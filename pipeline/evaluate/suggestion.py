@@ -96,12 +96,14 @@ def nearest_and_recent(
     """The `k` commits most like a diff (BM25), then the RECENT_CANDIDATES newest older ones that changed
     one of its files: how this part of the repository is described now, which BM25's nearest, often
     years older, may not show."""
-    scores = index.scores(query) if query else None
+    if not query:
+        return []
+    scores = index.scores(query)  # one scoring for both kinds of candidate
     found = index.nearest_terms(query, k, older_than, scores)
     if not found:
         return found
     skip = {neighbour.position for neighbour in found}
-    return found + index.newest_touching(query, query_paths, RECENT_CANDIDATES, older_than, skip, scores)
+    return found + index.newest_touching(query_paths, RECENT_CANDIDATES, scores, older_than, skip)
 
 
 def features(
