@@ -364,6 +364,12 @@ class Suggester:
         )  # fmt: skip
 
 
+def saved_file_filters(directory: Path) -> dict[str, Any]:
+    """How the scrape chose the files of the diffs an adapter's past indexed (`Suggester.files`), read
+    without loading the index."""
+    return orjson.loads((directory / INDEX_DIR / SYSTEM_FILE).read_bytes()).get("files") or file_filters()
+
+
 def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history: Path | None = None) -> Past:
     """Every kept commit of the scrape, the index over those that are not held out (the held-out ones
     are what it is scored on) and the selector learned on its training commits. An update's scrape

@@ -118,7 +118,7 @@ def _from_past(directory: Path, diff: str, system: str | None) -> tuple[str, str
     None when the model is to answer: it was chosen or asked for, the adapter has no retrieval saved,
     or no past commit touched anything the diff touches."""
     from pipeline.evaluate.retrieval import INDEX_DIR
-    from pipeline.evaluate.suggestion import Suggester
+    from pipeline.evaluate.suggestion import Suggester, saved_file_filters
     from scrapers.filters import as_trained, file_filters
 
     if not (directory / INDEX_DIR).is_dir():
@@ -128,6 +128,8 @@ def _from_past(directory: Path, diff: str, system: str | None) -> tuple[str, str
                 "repository's past); train again, or leave --system out"
             )
         return as_trained(diff, file_filters()), None
+    if system == "model":  # reading the diff needs the saved file filters alone, not the index
+        return as_trained(diff, saved_file_filters(directory)), None
     suggester = Suggester.load(directory)
     read = suggester.read(diff)
     chosen = system or suggester.system
