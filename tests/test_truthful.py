@@ -32,6 +32,38 @@ def test_a_signal_before_training_names_the_stage_and_what_is_kept(cli, sample_r
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_signal_after_training_offers_its_checkpoint_and_resume_scores_it(
+    cli, sample_repo, tmp_path, monkeypatch
+):
+    from pipeline.evaluate import evaluation
+
+    score_past = evaluation.score_past
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(evaluation, "score_past", terminated)
+    out = tmp_path / "out"
+    result = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING)
+    assert result.code == 143
+    newest = max((out / "checkpoints").glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    assert (
+        result.err.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"during evaluate_past; kept: the scrape (reused by the next run on the same HEADs and config), the token "
+            f"cache, the converted model, the trained model's last checkpoint ({newest.name}: run the same command "
+            "with --resume to start from it instead of training again)"
+        )
+    )
+    monkeypatch.setattr(evaluation, "score_past", score_past)
+    resumed = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING, "--resume")
+    assert resumed.code == 0, resumed.err
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["status"] == "completed"
+    assert manifest["run"]["resumed_from"].endswith(newest.name)
+
+
 def test_a_running_manifest_whose_process_is_gone_is_said_to_be(cli, sample_repo, tmp_path):
     out = tmp_path / "out"
     assert cli("scrape", "--repo", sample_repo.path, "--output-dir", out).code == 0

@@ -36,6 +36,7 @@ from pipeline.manifest import (
 )
 from pipeline.progress import say
 from pipeline.train.distributed import Coordinator, launch_from_environment
+from pipeline.train.model import CHECKPOINT_DIR, newest_checkpoint
 from pipeline.types import (
     Evaluation,
     Lineage,
@@ -333,6 +334,12 @@ def _interrupted(record: Record, message: str, checkpointed: bool = False) -> st
         )
         if stage in done
     ]
+    if "train_s" in done and (trained := newest_checkpoint(record.output_dir / CHECKPOINT_DIR)):
+        # Scoring and saving come after training: the last checkpoint holds all of it.
+        kept.append(
+            f"the trained model's last checkpoint ({trained.name}: run the same command with --resume to "
+            "start from it instead of training again)"
+        )
     return f"{message} during {record.stage}; kept: {', '.join(kept) if kept else 'nothing yet'}"
 
 
