@@ -20,6 +20,27 @@ FILE_FILTERS = ("exclude_globs", "include_globs", "max_file_diff_bytes")
 (`file_filters`), so that a diff from outside the history is read as training read commits (`as_trained`)."""
 
 
+KEEPS = {
+    "merge": "--set scrape.include_merges=true",
+    "bot_author": "--set scrape.bot_authors=[]",
+    "trivial_message": "--set scrape.trivial_messages=[]",
+    "message_too_large": "a larger scrape.max_message_bytes",
+    "too_many_files": "a larger scrape.max_commit_files",
+    "commit_too_large": "a larger scrape.max_commit_diff_bytes",
+}
+"""For a commit's skip reason that a setting decides, what keeps such commits (a history all bots or all
+merges must say how to learn from it anyway)."""
+
+
+def what_keeps(skipped: dict[str, int]) -> str | None:
+    """How to keep the most commits a setting skipped, as a clause for a message; None if no setting did."""
+    counts = [(count, reason) for reason, count in skipped.items() if reason in KEEPS]
+    if not counts:
+        return None
+    count, reason = max(counts)
+    return f"{KEEPS[reason]} keeps the {count} skipped as {reason}"
+
+
 def glob_pattern(globs: Iterable[str]) -> re.Pattern[str] | None:
     """One regex for a list of path globs, or None for an empty list.
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import run_pipeline
-from tests.conftest import GitRepo, read_json
+from tests.conftest import FAST_TRAINING, GitRepo, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,6 +106,21 @@ def test_repository_whose_commits_are_all_filtered(cli, tmp_path):
     result = cli("--repo", repo.path, "--output-dir", tmp_path / "out")
     line = assert_one_line_error(result)
     assert line.endswith("no commit survived the filters (skipped: no_text_changes 1); nothing to train on")
+
+
+def test_a_history_of_bots_alone_says_how_to_learn_from_it(cli, tmp_path):
+    repo = GitRepo(tmp_path / "bots")
+    for day in range(3):
+        repo.commit(f"Update data {day}", {"data.txt": f"day {day}\n"}, author="github-actions[bot] <bot@example.com>")
+    out = tmp_path / "out"
+    line = assert_one_line_error(cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING))
+    assert line.endswith(
+        "no commit survived the filters (skipped: bot_author 3); nothing to train on "
+        "(--set scrape.bot_authors=[] keeps the 3 skipped as bot_author)"
+    )
+    kept = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "scrape.bot_authors=[]")
+    assert kept.code == 0, kept.err
+    assert read_json(out / "MANIFEST.json")["scrape"]["commits_kept"] == 3
 
 
 def test_unloadable_model_fails_fast_offline(cli, sample_repo, tmp_path, monkeypatch):

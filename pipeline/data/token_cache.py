@@ -233,12 +233,15 @@ def prepare(
         tokenizer_recipe,
     )
     from pipeline.data.sources import skipped
+    from scrapers.filters import what_keeps
 
     quiet_library_output()
     total = scraped.summary["split"]["train_sequences"]
     if not total:
+        keeps = what_keeps(scraped.summary["skipped"])
         raise RepositoryError(
             f"{scraped.where}: no commit survived the filters (skipped: {skipped(scraped)}); nothing to train on"
+            + (f" ({keeps})" if keeps else "")
         )
     model_name = loaded.config.train.model
     pretrained = pretrained_tokenizer(model_name)  # loaded once: for the key, and to tokenize on a miss
