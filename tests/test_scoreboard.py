@@ -666,7 +666,7 @@ def test_a_history_too_small_to_hold_out_says_so(cli, tmp_path, kept):
     result = cli("--repo", repo.path, "--output-dir", tmp_path / "out", "--model", "tiny", "--budget", "none",
                  "--set", "train.epochs=1", "--set", "train.max_sequence_length=128")  # fmt: skip
     assert result.code == 0, result.err
-    assert "scored 1 held-out commits, not 100: the history kept 12 commits" in result.err
+    assert "scored 1 held-out commit, not 100: the history kept 12 commits" in result.err
 
 
 def test_the_base_models_scores_are_reused_by_a_new_version_of_the_tool_on_the_same_tokens(tmp_path):

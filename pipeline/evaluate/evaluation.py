@@ -331,7 +331,8 @@ def evaluate(
     started = time.perf_counter()
     counts = Counter(p.task for p in prompts)
     asked = ", ".join(f"{counts[task]} {TASK_NAMES[task]}" for task in TASKS if counts[task])
-    say(f"scoring {who}: held-out loss" + (f", then {asked}" if asked else ""))
+    if parts := (["held-out loss"] if held_out else []) + ([asked] if asked else []):
+        say(f"scoring {who}: " + ", then ".join(parts))
     with merged(model, plan.quantization):
         loss = held_out_loss(model, held_out, plan.batch_size, plan.precision)
         if loss is not None and loss["loss"] is not None:
@@ -577,7 +578,7 @@ def held_out_note(available: int, asked: int, scrape: dict[str, Any]) -> dict[st
     note = None
     if asked and scored < asked:
         note = (
-            f"scored {scored} held-out commits, not {asked}: the history kept {kept} commits and at most "
+            f"scored {_commits(scored, 'held-out commit')}, not {asked}: the history kept {_commits(kept)} and at most "
             "scrape.holdout_max_share of them are held out, so that it still trains on most of itself; "
             + (
                 "intervals are wider accordingly"
@@ -585,9 +586,13 @@ def held_out_note(available: int, asked: int, scrape: dict[str, Any]) -> dict[st
                 else "an interval over so few is not to be trusted: a bootstrap resamples only the scores there are"
             )
             if scored
-            else f"no held-out commits to score: the history kept {kept} commits (20 are needed)"
+            else f"no held-out commits to score: the history kept {_commits(kept)} (20 are needed)"
         )
     return {"asked": asked, "available": available, "scored": scored, "note": note}
+
+
+def _commits(count: int, what: str = "commit") -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 def relative_change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
