@@ -111,7 +111,9 @@ def test_repository_whose_commits_are_all_filtered(cli, tmp_path):
 def test_a_history_of_bots_alone_says_how_to_learn_from_it(cli, tmp_path):
     repo = GitRepo(tmp_path / "bots")
     for day in range(3):
-        repo.commit(f"Update data {day}", {"data.txt": f"day {day}\n"}, author="github-actions[bot] <bot@example.com>")
+        repo.commit(
+            f"Update data {day}", {"data.txt": f"day {day}\n"}, author="github-actions[bot] <bot@example.com>"
+        )
     out = tmp_path / "out"
     line = assert_one_line_error(cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING))
     assert line.endswith(
