@@ -386,6 +386,9 @@ def export(args: argparse.Namespace) -> None:
     )
     print(f"  ollama: cd {exported.gguf.parent} && ollama create repotune -f {exported.modelfile.name}")
     print(f"  llama.cpp: llama-cli -m {exported.gguf}")
+    print(
+        f"  a message for the staged change, its files read as training read them: {exported.staged} | ollama run repotune"
+    )
 
 
 def hook(args: argparse.Namespace) -> None:

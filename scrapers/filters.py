@@ -160,6 +160,22 @@ def file_filters(config: ScrapeConfig | None = None) -> dict[str, Any]:
     return {name: getattr(config or ScrapeConfig(), name) for name in FILE_FILTERS}
 
 
+def git_pathspecs(filters: dict[str, Any]) -> list[str]:
+    """The scrape's path filters (`include_globs`, `exclude_globs`) as git pathspecs, for a diff piped
+    where `as_trained` cannot read it first (Ollama, llama.cpp): `git diff --cached -- SPECS` leaves out
+    the lockfiles and vendored code training never saw (binary files and oversized diffs, which no name
+    tells, stay). The globs mean what `glob_pattern` makes of them: git's glob magic is the same
+    wildmatch (`*` within a component), with `**/` for "in any directory"."""
+
+    def spec(glob: str) -> str:
+        if glob.endswith("/"):
+            return f"**/{glob.rstrip('/')}/**"
+        return glob.lstrip("/") if "/" in glob else f"**/{glob}"
+
+    included = [f":(glob){spec(glob)}" for glob in filters.get("include_globs") or ()] or ["."]
+    return included + [f":(exclude,glob){spec(glob)}" for glob in filters.get("exclude_globs") or ()]
+
+
 def as_trained(diff: str, filters: dict[str, Any]) -> str:
     """A diff from outside the history (the staged change the commit hook reads, a diff given to
     `generate --task message`) as training saw commits: only the files the scrape keeps (no lockfile,

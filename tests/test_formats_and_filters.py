@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from pipeline.config import ScrapeConfig
 from scrapers.commit import Commit, FileChange
-from scrapers.filters import Filters, glob_pattern
+from scrapers.filters import Filters, file_filters, git_pathspecs, glob_pattern
 from scrapers.formats import FORMATS, KeptCommit, clean_message, render_file, trim_context
+from tests.conftest import GitRepo
 
 
 def change(path="src/app.py", **fields) -> FileChange:
@@ -57,6 +60,39 @@ def test_glob_forms():
     assert pattern.match("tests/__snapshots__/ui.snap")
     assert not pattern.match("sub/docs/build/index.html")  # a slash inside anchors at the root
     assert glob_pattern([]) is None
+
+
+PATHS = [
+    "a.lock", "sub/dir/Cargo.lock", "lock", "vendor/x.go", "src/vendor/y.go", "vendored/z.go", "lib/app.min.js",
+    "lib/app.js", "pkg/api.pb.go", "x_pb2.py", "src/main.py", "src/deep/er/util.py", "docs/build/index.html",
+    "docs/build/sub/page.html", "docs/guide.md", "node_modules/left-pad/index.js", "go.sum", "cmd/go.sum",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        file_filters(),
+        {"exclude_globs": ["docs/build/*", "*.md", "vendor/"], "include_globs": ["src/**", "*.go", "docs/"]},
+    ],
+)
+def test_git_pathspecs_pick_the_files_the_globs_keep(tmp_path, filters):
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("Add files", dict.fromkeys(PATHS, "x\n"))
+    excluded, included = glob_pattern(filters["exclude_globs"]), glob_pattern(filters["include_globs"])
+    kept = {
+        path
+        for path in PATHS
+        if not (excluded and excluded.match(path)) and (not included or included.match(path))
+    }
+    listed = subprocess.run(
+        ["git", "ls-files", "--", *git_pathspecs(filters)],
+        cwd=repo.path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert set(listed) == kept and 0 < len(kept) < len(PATHS)
 
 
 def test_commit_filters_name_their_reason():

@@ -574,7 +574,7 @@ def base_scores_cache(config: EvalConfig, facts: ModelFacts, continuing: bool) -
 def held_out_note(available: int, asked: int, scrape: dict[str, Any]) -> dict[str, Any]:
     """How many held-out commits the tasks scored, and why fewer than `eval.samples` when they did."""
     scored = min(available, asked)
-    kept = scrape.get("commits_kept")
+    kept = int(scrape.get("commits_kept") or 0)
     note = None
     if asked and scored < asked:
         note = (

@@ -366,8 +366,9 @@ class Suggester:
 
 def saved_file_filters(directory: Path) -> dict[str, Any]:
     """How the scrape chose the files of the diffs an adapter's past indexed (`Suggester.files`), read
-    without loading the index."""
-    return orjson.loads((directory / INDEX_DIR / SYSTEM_FILE).read_bytes()).get("files") or file_filters()
+    without loading the index; the shipped ones for an adapter saved without its past."""
+    saved = directory / INDEX_DIR / SYSTEM_FILE
+    return (orjson.loads(saved.read_bytes()).get("files") if saved.exists() else None) or file_filters()
 
 
 def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history: Path | None = None) -> Past:

@@ -12,6 +12,7 @@ ollama run NAME` asks exactly what training taught.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,17 @@ class Exported:
     gguf_type: str
     bytes: int
     tensors: int
+    staged: str
+    """The command that pipes the staged change as training read commits' (`git diff --cached -- SPECS`)."""
 
 
 def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> Exported:
     """Merge `adapter` into its base and write `output` (a .gguf file) and a Modelfile beside it; the
     file appears whole or not at all."""
+    from pipeline.evaluate.suggestion import saved_file_filters
     from pipeline.train.model import adapter_facts
     from pipeline.use.generate import adapter_directory, load_adapter
+    from scrapers.filters import git_pathspecs
 
     destination = Path(output).expanduser()
     if destination.suffix != ".gguf":
@@ -65,9 +70,10 @@ def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> E
     finally:
         staging.unlink(missing_ok=True)
     style = adapter_facts(directory).style
+    staged = shlex.join(["git", "diff", "--cached", "--", *git_pathspecs(saved_file_filters(directory))])
     modelfile = destination.with_name(MODELFILE)
-    modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style), encoding="utf-8")
-    return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors)
+    modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style, staged), encoding="utf-8")
+    return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors, staged)
 
 
 def _write(path: Path, merged, tokenizer, vocabulary: dict[str, Any], gguf_type: str, adapter: Path) -> int:
@@ -206,10 +212,10 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
     return {"tokens": tokens, "types": types, "merges": merges}
 
 
-def ollama_modelfile(gguf_name: str, tokenizer, style) -> str:
+def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str) -> str:
     """An Ollama Modelfile for the GGUF beside it: the commit-message prompt exactly as training asked
     it (the model's chat template rendered around it, or the raw format), greedy, stopping at the end
-    of the answer."""
+    of the answer; its comment pipes the staged change with `staged` (the files training read)."""
     from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 
     rendered = render_prompt(tokenizer, style, "message", PROMPT_MARK)
@@ -227,7 +233,8 @@ def ollama_modelfile(gguf_name: str, tokenizer, style) -> str:
     ]
     lines = [
         "# repotune: the fine-tuned model as a commit-message writer. Give it a diff:",
-        f"#   ollama create repotune -f {MODELFILE} && git diff --cached | ollama run repotune",
+        f"#   ollama create repotune -f {MODELFILE}",
+        f"#   {staged} | ollama run repotune",
         f"FROM ./{gguf_name}",
         f'TEMPLATE """{template}"""',
     ]
