@@ -270,6 +270,7 @@ def update(args: argparse.Namespace) -> None:
         update_config,
     )
     from pipeline.train.model import save_adapter
+    from pipeline.use.hook import installed_adapter
 
     parent = find_parent(args.parent, args.repos, args.model)
     loaded = update_config(parent, args.config, args.overrides, command_flags(args))
@@ -306,6 +307,11 @@ def update(args: argparse.Namespace) -> None:
             loaded.config.train.max_prompt_tokens, suggester, model_card(record.doc),
         )  # fmt: skip
         record.finish("completed")
+    if installed_adapter(parent.repo) == parent.adapter_dir.resolve():
+        say(
+            f"the commit hook in {parent.repo} still suggests with {parent.directory}: "
+            f"`hook install --repo {parent.repo} --adapter {record.output_dir}` moves it to this update"
+        )
     record.announce()
 
 

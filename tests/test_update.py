@@ -46,8 +46,13 @@ def test_an_update_trains_the_parent_adapter_on_the_new_commits_only(cli, parent
     add_features(repo, range(23, 29))
     new_head = repo.git("rev-parse", "HEAD").strip()
     child = tmp_path / "child"
+    assert cli("hook", "install", "--repo", repo.path, "--adapter", out).code == 0
     result = cli("update", "--from", out, "--repo", repo.path, "--output-dir", child, "--model", "tiny")
     assert result.code == 0, result.err
+    assert (  # the hook is the user's to move, and the update says how
+        f"the commit hook in {repo.path} still suggests with {out}: "
+        f"`hook install --repo {repo.path} --adapter {child}` moves it to this update"
+    ) in result.err
     manifest = read_json(child / "MANIFEST.json")
     lineage = manifest["lineage"]
     assert lineage["parent_manifest"] == str((out / "MANIFEST.json").resolve())

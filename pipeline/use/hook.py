@@ -110,6 +110,22 @@ def install(repo: str | Path, adapter: str | Path, timeout: float) -> str:
     return f"installed {hook}: suggestions from {directory} within {timeout:g} s{kept}"
 
 
+def installed_adapter(repo: str | Path) -> Path | None:
+    """The adapter repotune's hook in `repo` suggests with; None where there is no such hook."""
+    from pipeline.errors import PipelineError
+
+    try:
+        hook = hooks_directory(repo) / HOOK
+    except PipelineError:
+        return None
+    if not _ours(hook):
+        return None
+    for line in hook.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("adapter="):
+            return Path(shlex.split(line.removeprefix("adapter="))[0])
+    return None
+
+
 def uninstall(repo: str | Path) -> str:
     """Remove repotune's hook and put back the one it set aside; what was done."""
     from pipeline.errors import PipelineError
