@@ -108,6 +108,15 @@ def test_repository_whose_commits_are_all_filtered(cli, tmp_path):
     assert line.endswith("no commit survived the filters (skipped: no_text_changes 1); nothing to train on")
 
 
+def test_a_range_that_holds_no_commit_says_so(cli, sample_repo, tmp_path):
+    line = assert_one_line_error(
+        cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--since", "2099-01-01")
+    )
+    assert line.endswith(
+        "the history read (scrape.rev HEAD, scrape.since 2099-01-01) holds no commit; nothing to train on"
+    )
+
+
 def test_a_history_of_bots_alone_says_how_to_learn_from_it(cli, tmp_path):
     repo = GitRepo(tmp_path / "bots")
     for day in range(3):

@@ -237,6 +237,18 @@ def prepare(
 
     quiet_library_output()
     total = scraped.summary["split"]["train_sequences"]
+    if not scraped.summary["commits_seen"]:
+        scrape = loaded.config.scrape
+        read = {
+            "rev": scrape.rev,
+            "since": scrape.since,
+            "until": scrape.until,
+            "max_commits": scrape.max_commits,
+        }
+        asked = ", ".join(f"scrape.{key} {value}" for key, value in read.items() if value is not None)
+        raise RepositoryError(
+            f"{scraped.where}: the history read ({asked}) holds no commit; nothing to train on"
+        )
     if not total:
         keeps = what_keeps(scraped.summary["skipped"])
         raise RepositoryError(
