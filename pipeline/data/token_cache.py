@@ -33,14 +33,15 @@ from typing import Any
 
 import orjson
 
-from pipeline.config import LoadedConfig
+from pipeline.config import LoadedConfig, ScrapeConfig
 from pipeline.data.examples import encode_batch, style_key, text_style
-from pipeline.data.sources import read_sequences
+from pipeline.data.sources import read_sequences, skipped
 from pipeline.hardware import usable_cores
 from pipeline.manifest import provenance_hash
 from pipeline.progress import Progress, say
 from pipeline.types import Data, DataStats, Prepared, Scraped, TextStyle, TokenCache
 from scrapers.errors import RepositoryError
+from scrapers.filters import what_keeps
 from scrapers.scrape import SPLITS, ending_quietly
 
 CACHE_FORMAT = 4  # bump when the layout or the tokenization changes
@@ -210,6 +211,28 @@ def _encode_chunk(chunk: tuple[list[str], list[str]]):
     return flat_ids, flat_masks, lengths
 
 
+def something_to_train(scraped: Scraped, scrape: ScrapeConfig) -> None:
+    """One line where the scrape left nothing to train on: the history read held no commit, or none
+    survived the filters (with the setting that keeps the most of them, where one does)."""
+    if not scraped.summary["commits_seen"]:
+        read = {
+            "rev": scrape.rev,
+            "since": scrape.since,
+            "until": scrape.until,
+            "max_commits": scrape.max_commits,
+        }
+        asked = ", ".join(f"scrape.{key} {value}" for key, value in read.items() if value is not None)
+        raise RepositoryError(
+            f"{scraped.where}: the history read ({asked}) holds no commit; nothing to train on"
+        )
+    if not scraped.summary["split"]["train_sequences"]:
+        keeps = what_keeps(scraped.summary["skipped"])
+        raise RepositoryError(
+            f"{scraped.where}: no commit survived the filters (skipped: {skipped(scraped)}); nothing to train on"
+            + (f" ({keeps})" if keeps else "")
+        )
+
+
 def prepare(
     scraped: Scraped,
     loaded: LoadedConfig,
@@ -232,29 +255,10 @@ def prepare(
         quiet_library_output,
         tokenizer_recipe,
     )
-    from pipeline.data.sources import skipped
-    from scrapers.filters import what_keeps
 
     quiet_library_output()
+    something_to_train(scraped, loaded.config.scrape)
     total = scraped.summary["split"]["train_sequences"]
-    if not scraped.summary["commits_seen"]:
-        scrape = loaded.config.scrape
-        read = {
-            "rev": scrape.rev,
-            "since": scrape.since,
-            "until": scrape.until,
-            "max_commits": scrape.max_commits,
-        }
-        asked = ", ".join(f"scrape.{key} {value}" for key, value in read.items() if value is not None)
-        raise RepositoryError(
-            f"{scraped.where}: the history read ({asked}) holds no commit; nothing to train on"
-        )
-    if not total:
-        keeps = what_keeps(scraped.summary["skipped"])
-        raise RepositoryError(
-            f"{scraped.where}: no commit survived the filters (skipped: {skipped(scraped)}); nothing to train on"
-            + (f" ({keeps})" if keeps else "")
-        )
     model_name = loaded.config.train.model
     pretrained = pretrained_tokenizer(model_name)  # loaded once: for the key, and to tokenize on a miss
     style = text_style(loaded, model_name, bool(pretrained is not None and pretrained.chat_template))
