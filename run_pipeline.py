@@ -407,7 +407,7 @@ def hook(args: argparse.Namespace) -> None:
         return
     if not args.adapter:
         raise PipelineError("hook install: give --adapter DIR (a run's output directory, or its adapter/)")
-    print(commit_hook.install(args.repo, args.adapter, args.timeout))
+    print(commit_hook.install(args.repo, args.adapter, args.timeout, args.alternatives))
 
 
 def diff(args: argparse.Namespace) -> int:

@@ -18,7 +18,9 @@ Prints chrF and edit similarity of each, with 95% bootstrap intervals, and the p
 selector − lookup with its interval: a gain inside it is noise. Then the selector on the held-out commits
 as the commit hook is given a change (`git show` of each, with the hook's diff options): read whole, as
 the hook read a change before (the baseline), and read as training read commits (`as_trained`: the files
-the scrape kept), as it does now. Also times the backtest two ways, its
+the scrape kept), as it does now; and the hook's suggestion with the alternatives it shows below it, as
+a user who keeps the closest of them would (against the suggestion alone, and against as many of the
+lookup's nearest messages). Also times the backtest two ways, its
 selectors reusing the grades the run's selector made of their commits (as a run does) and grading them
 anew (the baseline), and says whether the answers are the same. For changes to retrieval and the selector,
 which `bench_learning.py` shows only with a training run per repository. Exit 0, or 2 when a scrape fails.
@@ -92,6 +94,47 @@ def report(name: str, sequences: Path, repo: str) -> None:
         if references:
             print(f"  {label}, {len(references)}: {compare(lookup, selector, references)}")
     print(f"  {hook_reads(repo, past.suggester, held)}")
+    print(f"  {picked(past.suggester, held)}")
+
+
+def picked(suggester, held) -> str:
+    """The hook's suggestion and the alternatives it shows below it, on the held-out commits: what a user
+    who keeps the one closest to the message written gets (by edit similarity), against the suggestion
+    alone, and against as many of the lookup's nearest messages picked the same way (the baseline)."""
+    from pipeline.evaluate.evaluation import (
+        difference_text,
+        edit_similarities,
+        paired_difference,
+        score_messages,
+    )
+    from pipeline.use.hook import ALTERNATIVES
+
+    shown = 1 + ALTERNATIVES
+    references = [commit.message for commit in held]
+    ranked = [suggester.ranked(commit.diff, shown) or [""] for commit in held]
+    nearest = [
+        list(dict.fromkeys(found.message for found in suggester.index.nearest(commit.diff, shown))) or [""]
+        for commit in held
+    ]
+
+    def closest(options: list[list[str]]) -> list[str]:
+        kept = []
+        for offered, reference in zip(options, references, strict=True):
+            scores = edit_similarities(offered, [reference] * len(offered))
+            kept.append(offered[int(scores.argmax())])  # ties: the first offered
+        return kept
+
+    first, kept, near = [row[0] for row in ranked], closest(ranked), closest(nearest)
+    over_first = paired_difference("message", first, kept, references)
+    over_lookup = paired_difference("message", near, kept, references)
+    mine, theirs = score_messages(kept, references), score_messages(near, references)
+    return (
+        f"the hook's {shown} (the suggestion and {ALTERNATIVES} more), the closest kept: {mine['chrf']:.1f} / "
+        f"{mine['edit_similarity']:.1f}, − the suggestion alone {difference_text(over_first, 'chrf')} / "
+        f"{difference_text(over_first, 'edit_similarity')}; the lookup's {shown} nearest, the closest kept: "
+        f"{theirs['chrf']:.1f} / {theirs['edit_similarity']:.1f}, the hook's − them "
+        f"{difference_text(over_lookup, 'chrf')} / {difference_text(over_lookup, 'edit_similarity')}"
+    )
 
 
 def hook_reads(repo: str, suggester, held) -> str:

@@ -215,16 +215,63 @@ def last_message(repo: GitRepo) -> str:
     return repo.git("log", "-1", "--format=%B")
 
 
-def test_the_hook_suggests_a_past_message_for_the_staged_change(tiny_run, work_repo, cli):
+def test_the_hook_suggests_a_past_message_for_the_staged_change(tiny_run, work_repo, tmp_path, cli):
     result = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
-    assert result.code == 0 and "installed" in result.out
+    assert result.code == 0 and "installed" in result.out and "2 more below it, commented out" in result.out
     hook = work_repo.path / ".git" / "hooks" / "prepare-commit-msg"
     assert hook.stat().st_mode & stat.S_IXUSR
     stage(work_repo, 12)
-    done = git_commit(work_repo)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    done = git_commit(work_repo, env={"GIT_EDITOR": f"cp -t {seen}"})  # the editor keeps what it is shown
     assert done.returncode == 0, done.stderr
     assert last_message(work_repo).startswith("Add compute_")  # a message from the trained history
     assert done.stderr == ""
+    shown = (seen / "COMMIT_EDITMSG").read_text().splitlines()
+    more = shown.index(
+        "# repotune: 2 more from this repository's past (to use one, put it in place of the first line):"
+    )
+    assert shown[0] == last_message(work_repo).strip() and shown[1] == ""
+    alternatives = [line.removeprefix("# 1. ").removeprefix("# 2. ") for line in shown[more + 1 : more + 3]]
+    assert all(line.startswith("Add compute_") for line in alternatives) and shown[0] not in alternatives
+    assert "repotune" not in last_message(work_repo)  # commented out: git dropped them
+
+
+@pytest.mark.parametrize(
+    "config", [["core.commentChar", ";"], ["commit.cleanup", "whitespace"], ["core.commentChar", "auto"], []]
+)
+def test_the_hook_shows_alternatives_only_where_git_drops_them(config, tiny_run, work_repo, tmp_path, cli):
+    alternatives = [] if config else ["--alternatives", "0"]
+    assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run, *alternatives).code == 0
+    if config:
+        work_repo.git("config", *config)
+    stage(work_repo, 12)
+    assert git_commit(work_repo, env={"GIT_EDITOR": f"cp -t {tmp_path}"}).returncode == 0
+    shown = (tmp_path / "COMMIT_EDITMSG").read_text()
+    assert ("; repotune: 2 more" in shown) == (config == ["core.commentChar", ";"])  # git's own character
+    message = last_message(work_repo)
+    assert message.startswith("Add compute_")
+    assert "repotune" not in message  # git's own comment character dropped them; elsewhere none were shown
+    if config != ["commit.cleanup", "whitespace"]:  # (which keeps git's own comments too)
+        assert message.strip().count("\n") == 0
+
+
+def test_a_hook_installed_before_alternatives_still_suggests(tiny_run, work_repo, tmp_path, monkeypatch):
+    import signal
+
+    from pipeline.use.hook import suggest
+
+    stage(work_repo, 12)
+    message = tmp_path / "COMMIT_EDITMSG"
+    message.write_text("\n# Please enter the commit message\n")
+    monkeypatch.chdir(work_repo.path)
+    handler = signal.getsignal(signal.SIGALRM)
+    try:
+        suggest([str(message), str(tiny_run / "adapter"), "20"])  # three arguments, as those hooks pass
+    finally:  # its deadline is the hook process's, not this one's
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler)
+    assert message.read_text().startswith("Add compute_") and "# 2. " in message.read_text()
 
 
 def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, monkeypatch):

@@ -141,7 +141,8 @@ def _chrf_statistics(outputs: Sequence[str], references: Sequence[str]):
     return metric, np.asarray(metric._extract_corpus_statistics(list(outputs), [list(references)]))
 
 
-def _edit_similarities(outputs: Sequence[str], references: Sequence[str]):
+def edit_similarities(outputs: Sequence[str], references: Sequence[str]):
+    """Each output's normalised character Levenshtein similarity to its reference, 0–100."""
     import numpy as np
     from rapidfuzz.distance import Levenshtein
 
@@ -169,7 +170,7 @@ def score_messages(outputs: Sequence[str], references: Sequence[str]) -> dict[st
     produced = [o.strip() for o in outputs]
     wanted = [r.strip() for r in references]
     metric, statistics = _chrf_statistics(produced, wanted)
-    similarity = _edit_similarities(produced, wanted)
+    similarity = edit_similarities(produced, wanted)
     resamples = _resamples(len(wanted))
     subjects = [(_subject(o), _subject(r)) for o, r in zip(produced, wanted, strict=True)]
     return {
@@ -195,7 +196,7 @@ def score_code(outputs: Sequence[str], references: Sequence[str]) -> dict[str, A
     produced = [o.strip() for o in outputs]
     wanted = [r.strip() for r in references]
     exact = 100 * np.asarray([o == r for o, r in zip(produced, wanted, strict=True)], dtype=float)
-    similarity = _edit_similarities(produced, wanted)
+    similarity = edit_similarities(produced, wanted)
     resamples = _resamples(len(wanted))
     return {
         "samples": len(wanted),
@@ -237,7 +238,7 @@ def _paired_resampled(
     wanted = [r.strip() for r in references]
     ours, theirs = [o.strip() for o in system], [o.strip() for o in baseline]
     resamples = _resamples(len(wanted))
-    similarity = _edit_similarities(ours, wanted) - _edit_similarities(theirs, wanted)
+    similarity = edit_similarities(ours, wanted) - edit_similarities(theirs, wanted)
     result = {"edit_similarity": (float(similarity.mean()), similarity[resamples].mean(axis=1))}
     if task == "message":
         metric, mine = _chrf_statistics(ours, wanted)

@@ -301,21 +301,36 @@ class Suggester:
     def select(self, diff: str, older_than: int = -1) -> str:
         """The candidate the selector ranks closest to the message that will be written (the
         lookup's when there is no selector), its version numbers moved to `diff`'s."""
+        return next(iter(self.ranked(diff, 1, older_than)), "")
+
+    def ranked(self, diff: str, count: int, older_than: int = -1) -> list[str]:
+        """The `count` candidates the selector ranks closest, best first (distinct messages; the
+        candidates' own order without a selector), version numbers moved to `diff`'s."""
         import numpy as np
 
         query, paths = identifiers(diff), changed_paths(diff)
         neighbours = nearest_and_recent(self.index, query, paths, self.k, older_than)
         found = candidates(neighbours, diff if "changelog" in self.feature_names else "")
-        if not found:
-            return ""
-        chosen = found[0]
-        if self.selector is not None:
+        order = list(range(len(found)))
+        if self.selector is not None and found:
             rows = np.asarray(features(self.index, query, paths, older_than, found), dtype=np.float64)
             read = rows[:, [FEATURES.index(name) for name in self.feature_names]]
-            chosen = found[int(np.argmax(self.selector.predict(read)))]
-        if chosen.changelog:
-            return chosen.message  # its numbers are the diff's own
-        return moved(chosen.message, self.index.anchors[chosen.neighbour.position], diff)
+            order = np.argsort(
+                -self.selector.predict(read), kind="stable"
+            ).tolist()  # ties: the first, as argmax
+        chosen: list[str] = []
+        for position in order:
+            candidate = found[position]
+            message = (
+                candidate.message  # an entry's numbers are the diff's own
+                if candidate.changelog
+                else moved(candidate.message, self.index.anchors[candidate.neighbour.position], diff)
+            )
+            if message not in chosen:
+                chosen.append(message)
+            if len(chosen) == count:
+                break
+        return chosen
 
     def read(self, diff: str) -> str:
         """A new diff as the indexed diffs were read (`as_trained`: the files the scrape kept)."""
@@ -325,8 +340,16 @@ class Suggester:
         """The message `system` (default: the run's) suggests for a new diff from the past, `read` first
         unless it was: the selector's choice, or else the lookup's (where the model suggests, its answer is
         generated elsewhere and this is what stands until it comes)."""
+        return next(iter(self.suggestions(diff, 1, system, read)), "")
+
+    def suggestions(self, diff: str, count: int, system: str | None = None, read: bool = False) -> list[str]:
+        """`suggest`'s message and the next best, `count` distinct ones at most: the selector's ranking,
+        or else the nearest past commits' messages."""
         diff = diff if read else self.read(diff)
-        return self.select(diff) if (system or self.system) == "selector" else self.lookup(diff)
+        if (system or self.system) == "selector":
+            return self.ranked(diff, count)
+        nearest = [found.message for found in self.index.nearest(diff, count)]
+        return list(dict.fromkeys(nearest))  # distinct, nearest first
 
     def save(self, directory: Path) -> None:
         self.index.save(directory / INDEX_DIR)

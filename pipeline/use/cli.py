@@ -200,6 +200,14 @@ def hook_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="install: give up on a suggestion after this long and leave the message as git had it (default 5)",
     )
+    parser.add_argument(
+        "--alternatives",
+        type=int,
+        default=2,
+        metavar="N",
+        help="install: show the next N best messages below the suggestion, commented out so that git drops "
+        "them unless you use one (default 2; 0 shows none)",
+    )
 
 
 def diff_options(parser: argparse.ArgumentParser) -> None:

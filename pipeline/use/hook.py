@@ -12,7 +12,10 @@ its own work, with one line on stderr at most.
 
 The suggestion comes from the system the run chose (`adapter/retrieval/system.json`): the lookup or the
 selector answer in well under a second; where the run chose the fine-tuned model, the retrieval
-system's answer is written first and the model's replaces it if it comes within the deadline.
+system's answer is written first and the model's replaces it if it comes within the deadline. Below
+it, the next best messages (`--alternatives`, 2 by default), commented out so that git drops them unless
+one is put in place of the first line; only where git surely drops them (its own comment character, a
+`commit.cleanup` that strips comments).
 
 An existing hook that is not repotune's is kept and run first (`prepare-commit-msg.repotune-previous`);
 `uninstall` puts it back.
@@ -36,6 +39,11 @@ MARK = "# repotune prepare-commit-msg hook"
 # left out are dropped: a regenerated lockfile is megabytes, and package-lock.json sorts before the code.
 # Reading and dropping 11 MB of one takes 0.06 s.
 MAX_DIFF_BYTES = 16_000_000
+# The next best messages shown below the suggestion, commented out: a user who reads three and keeps the
+# closest edits less (best of the selector's three against its first, edit similarity on 100 held-out
+# commits: +4.1 flask, +4.8 requests, +2.9 gson, +6.0 cobra, +6.2 axios, +7.7 httpx).
+ALTERNATIVES = 2
+BODY_LINES_SHOWN = 8  # of an alternative's body; more is marked, not shown
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/use/hook.py
 OPTIONAL_IMPORTS = ("pandas", "sklearn", "dask", "pyarrow")
 # `git diff` options that print a diff as the scraper's `git log -p` does (with SAFE_GIT_ENV, whatever the
@@ -50,6 +58,7 @@ SCRIPT = """#!/bin/sh
 python={python}
 adapter={adapter}
 timeout={timeout}
+alternatives={alternatives}
 previous="$(dirname "$0")/{previous}"
 if [ -x "$previous" ]; then
     "$previous" "$@" || exit $?  # the hook that was here first keeps its say
@@ -64,7 +73,7 @@ if [ ! -x "$python" ]; then
     echo "repotune: no suggestion: $python is gone (run_pipeline.py hook install again)" >&2
     exit 0
 fi
-"$python" -I -c {launcher} "$1" "$adapter" "$timeout" 2>/dev/null
+"$python" -I -c {launcher} "$1" "$adapter" "$timeout" "$alternatives" 2>/dev/null
 status=$?
 if [ "$status" -eq 142 ]; then
     echo "repotune: no suggestion within ${{timeout}}s; the message is as git had it" >&2
@@ -75,13 +84,15 @@ exit 0
 """
 
 
-def install(repo: str | Path, adapter: str | Path, timeout: float) -> str:
+def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives: int = ALTERNATIVES) -> str:
     """Write the hook into `repo`, keeping a hook that is already there (run first); what was done."""
     from pipeline.errors import PipelineError
     from pipeline.use.generate import adapter_directory
 
     if not 0 < timeout <= 600:
         raise PipelineError(f"--timeout {timeout}: give the seconds a suggestion may take (e.g. 5)")
+    if not 0 <= alternatives <= 9:
+        raise PipelineError(f"--alternatives {alternatives}: give how many more messages to show, 0 to 9")
     directory = adapter_directory(adapter).resolve()
     hooks = hooks_directory(repo)
     hook, previous = hooks / HOOK, hooks / PREVIOUS
@@ -99,6 +110,7 @@ def install(repo: str | Path, adapter: str | Path, timeout: float) -> str:
         python=shlex.quote(sys.executable),
         adapter=shlex.quote(str(directory)),
         timeout=shlex.quote(f"{timeout:g}"),
+        alternatives=alternatives,
         previous=PREVIOUS,
         launcher=shlex.quote(launcher),
     )
@@ -107,7 +119,8 @@ def install(repo: str | Path, adapter: str | Path, timeout: float) -> str:
     staging.write_text(text, encoding="utf-8")
     staging.chmod(0o755)
     os.replace(staging, hook)
-    return f"installed {hook}: suggestions from {directory} within {timeout:g} s{kept}"
+    shown = f", {alternatives} more below it, commented out" if alternatives else ""
+    return f"installed {hook}: suggestions from {directory} within {timeout:g} s{shown}{kept}"
 
 
 def installed_adapter(repo: str | Path) -> Path | None:
@@ -165,9 +178,11 @@ def _ours(hook: Path) -> bool:
 
 
 def suggest(argv: list[str]) -> None:
-    """The hook's work: MESSAGE_FILE ADAPTER TIMEOUT. Ended by the kernel at the deadline; the message
-    file is replaced whole or not at all."""
+    """The hook's work: MESSAGE_FILE ADAPTER TIMEOUT [ALTERNATIVES] (a hook installed before there were
+    alternatives passes three). Ended by the kernel at the deadline; the message file is replaced whole
+    or not at all."""
     message_file, adapter, timeout = Path(argv[0]), Path(argv[1]), float(argv[2])
+    count = int(argv[3]) if len(argv) > 3 else ALTERNATIVES
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     # lightgbm imports pandas and scikit-learn when they are installed (measured: 0.5 s and 1.2 s more
@@ -181,15 +196,47 @@ def suggest(argv: list[str]) -> None:
 
     original = message_file.read_text(encoding="utf-8", errors="replace")
     suggester = Suggester.load(adapter)
-    answer = suggester.suggest(diff)
-    if answer:
-        _write(message_file, answer, original)
+    prefix = comment_prefix() if count else None
+    found = suggester.suggestions(diff, 1 + count if prefix else 1)
+    if found:
+        _write(message_file, found[0], _commented(found[1:], prefix) + original)
     if suggester.system == "model":
         from pipeline.use.generate import generate
 
         written = generate(adapter, diff, task="message", system="model").strip()
-        if written:
-            _write(message_file, written, original)
+        if written:  # the retrieval's answers become the alternatives
+            _write(message_file, written, _commented(found[:count], prefix) + original)
+
+
+def comment_prefix() -> str | None:
+    """What begins a line git strips from the message (`core.commentString`, `core.commentChar`, `#`
+    unset); None where a commented line might be kept: `auto` picks the character per message, and a
+    `commit.cleanup` other than strip keeps comments."""
+
+    def config(key: str) -> str | None:
+        found = subprocess.run(["git", "config", "--get", key], capture_output=True, text=True, timeout=10)
+        return found.stdout.rstrip("\n") if found.returncode == 0 else None
+
+    if (config("commit.cleanup") or "default") not in ("default", "strip"):
+        return None
+    prefix = config("core.commentString") or config("core.commentChar") or "#"
+    return None if prefix == "auto" else prefix
+
+
+def _commented(alternatives: list[str], prefix: str | None) -> str:
+    """The next best messages as lines git strips, to copy in place of the suggestion; "" for none."""
+    if not alternatives or prefix is None:
+        return ""
+    lines = [
+        f"{prefix} repotune: {len(alternatives)} more from this repository's past (to use one, put it in place of the first line):"
+    ]
+    for number, alternative in enumerate(alternatives, 1):
+        subject, *body = alternative.strip().splitlines()
+        lines.append(f"{prefix} {number}. {subject}")
+        lines += [f"{prefix}    {line}".rstrip() for line in body[:BODY_LINES_SHOWN]]
+        if len(body) > BODY_LINES_SHOWN:
+            lines.append(f"{prefix}    (and {len(body) - BODY_LINES_SHOWN} more lines)")
+    return "\n".join(lines) + "\n"
 
 
 def staged_diff() -> str:
