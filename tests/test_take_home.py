@@ -256,6 +256,13 @@ def test_the_hook_shows_alternatives_only_where_git_drops_them(config, tiny_run,
         assert message.strip().count("\n") == 0
 
 
+def test_without_an_editor_the_hook_adds_no_comment_git_would_keep(tiny_run, work_repo, cli):
+    assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
+    stage(work_repo, 12)
+    assert git_commit(work_repo, "--no-edit").returncode == 0  # git keeps the file as the hook left it
+    assert last_message(work_repo).startswith("Add compute_") and "repotune" not in last_message(work_repo)
+
+
 def test_a_hook_installed_before_alternatives_still_suggests(tiny_run, work_repo, tmp_path, monkeypatch):
     import signal
 

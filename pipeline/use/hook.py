@@ -196,7 +196,7 @@ def suggest(argv: list[str]) -> None:
 
     original = message_file.read_text(encoding="utf-8", errors="replace")
     suggester = Suggester.load(adapter)
-    prefix = comment_prefix() if count else None
+    prefix = comment_prefix(original) if count else None
     found = suggester.suggestions(diff, 1 + count if prefix else 1)
     if found:
         _write(message_file, found[0], _commented(found[1:], prefix) + original)
@@ -208,10 +208,11 @@ def suggest(argv: list[str]) -> None:
             _write(message_file, written, _commented(found[:count], prefix) + original)
 
 
-def comment_prefix() -> str | None:
+def comment_prefix(original: str) -> str | None:
     """What begins a line git strips from the message (`core.commentString`, `core.commentChar`, `#`
-    unset); None where a commented line might be kept: `auto` picks the character per message, and a
-    `commit.cleanup` other than strip keeps comments."""
+    unset); None where a commented line might be kept: `auto` picks the character per message, a
+    `commit.cleanup` other than strip keeps comments, and where git wrote no comment of its own into
+    `original` no editor opens (`--no-edit`), and git keeps what the file holds."""
 
     def config(key: str) -> str | None:
         found = subprocess.run(["git", "config", "--get", key], capture_output=True, text=True, timeout=10)
@@ -220,7 +221,8 @@ def comment_prefix() -> str | None:
     if (config("commit.cleanup") or "default") not in ("default", "strip"):
         return None
     prefix = config("core.commentString") or config("core.commentChar") or "#"
-    return None if prefix == "auto" else prefix
+    shown = any(line.startswith(prefix) for line in original.splitlines())
+    return prefix if shown and prefix != "auto" else None
 
 
 def _commented(alternatives: list[str], prefix: str | None) -> str:
