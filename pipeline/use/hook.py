@@ -205,7 +205,8 @@ def suggest(argv: list[str]) -> None:
 
         written = generate(adapter, diff, task="message", system="model").strip()
         if written:  # the retrieval's answers become the alternatives
-            _write(message_file, written, _commented(found[:count], prefix) + original)
+            others = [text for text in found if text != written][:count]
+            _write(message_file, written, _commented(others, prefix) + original)
 
 
 def comment_prefix(original: str) -> str | None:
@@ -227,6 +228,7 @@ def comment_prefix(original: str) -> str | None:
 
 def _commented(alternatives: list[str], prefix: str | None) -> str:
     """The next best messages as lines git strips, to copy in place of the suggestion; "" for none."""
+    alternatives = [text for text in alternatives if text.strip()]
     if not alternatives or prefix is None:
         return ""
     lines = [
