@@ -4,6 +4,7 @@ suggests a message and never blocks a commit."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -263,7 +264,9 @@ def test_without_an_editor_the_hook_adds_no_comment_git_would_keep(tiny_run, wor
     assert last_message(work_repo).startswith("Add compute_") and "repotune" not in last_message(work_repo)
 
 
-def test_a_hook_installed_before_alternatives_still_suggests(tiny_run, work_repo, tmp_path, monkeypatch):
+def suggested_in_process(work_repo: GitRepo, tmp_path: Path, monkeypatch, *argv: str) -> str:
+    """The message file `hook.suggest` leaves for the staged feature 12, run in this process (its alarm
+    cancelled after: the deadline is the hook process's, not the tests')."""
     import signal
 
     from pipeline.use.hook import suggest
@@ -274,11 +277,32 @@ def test_a_hook_installed_before_alternatives_still_suggests(tiny_run, work_repo
     monkeypatch.chdir(work_repo.path)
     handler = signal.getsignal(signal.SIGALRM)
     try:
-        suggest([str(message), str(tiny_run / "adapter"), "20"])  # three arguments, as those hooks pass
-    finally:  # its deadline is the hook process's, not this one's
+        suggest([str(message), *argv])
+    finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, handler)
-    assert message.read_text().startswith("Add compute_") and "# 2. " in message.read_text()
+    return message.read_text()
+
+
+def test_a_hook_installed_before_alternatives_still_suggests(tiny_run, work_repo, tmp_path, monkeypatch):
+    shown = suggested_in_process(work_repo, tmp_path, monkeypatch, str(tiny_run / "adapter"), "20")
+    assert shown.startswith("Add compute_") and "# 2. " in shown  # three arguments, as those hooks pass
+
+
+def test_where_the_model_answers_retrievals_answers_are_the_alternatives(
+    tiny_run, work_repo, tmp_path, monkeypatch
+):
+    from pipeline.use import generate
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(tiny_run / "adapter", adapter)
+    system = adapter / "retrieval" / "system.json"
+    system.write_bytes(orjson.dumps({**orjson.loads(system.read_bytes()), "system": "model"}))
+    monkeypatch.setattr(generate, "generate", lambda *args, **kwargs: "Written by the model")
+    shown = suggested_in_process(work_repo, tmp_path, monkeypatch, str(adapter), "20", "2")
+    lines = shown.splitlines()
+    assert lines[0] == "Written by the model" and lines[3].startswith("# 1. Add compute_")
+    assert lines[4].startswith("# 2. Add compute_") and "Written by the model" not in "\n".join(lines[1:])
 
 
 def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, monkeypatch):
