@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
 from pipeline.errors import USER_ERRORS
+from pipeline.use.hook import ALTERNATIVES
 
 DEFAULT_COMMAND = "run"
 DESCRIPTION = "Fine-tune a code language model (LoRA) on a git repository's own history."
@@ -203,10 +204,10 @@ def hook_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--alternatives",
         type=int,
-        default=2,
+        default=ALTERNATIVES,
         metavar="N",
         help="install: show the next N best messages below the suggestion, commented out so that git drops "
-        "them unless you use one (default 2; 0 shows none)",
+        f"them unless you use one (default {ALTERNATIVES}; 0 shows none)",
     )
 
 

@@ -15,7 +15,7 @@ selector answer in well under a second; where the run chose the fine-tuned model
 system's answer is written first and the model's replaces it if it comes within the deadline. Below
 it, the next best messages (`--alternatives`, 2 by default), commented out so that git drops them unless
 one is put in place of the first line; only where git surely drops them (its own comment character, a
-`commit.cleanup` that strips comments).
+`commit.cleanup` that strips comments, an editor that opens).
 
 An existing hook that is not repotune's is kept and run first (`prepare-commit-msg.repotune-previous`);
 `uninstall` puts it back.
