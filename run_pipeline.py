@@ -371,14 +371,22 @@ def monitor(args: argparse.Namespace) -> None:
 
 
 def generate(args: argparse.Namespace) -> None:
-    """Load base model + adapter: print a continuation of --prompt, or --merge into a standalone model."""
+    """Load base model + adapter: print a continuation of --prompt (and with --alternatives the next best
+    messages), or --merge into a standalone model."""
+    from pipeline.errors import PipelineError
     from pipeline.use import generate as generation
+    from pipeline.use.hook import commented
 
     if args.merge:
         print(generation.merge(args.adapter, args.merge))
-    else:
-        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-        print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system))
+        return
+    if args.alternatives and args.task != "message":
+        raise PipelineError("--alternatives are commit messages: use it with --task message")
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    answer = generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system)
+    print(answer)
+    if more := generation.more_messages(args.adapter, prompt, args.alternatives, answer, args.system):
+        print("\n" + commented(more, "#"), end="")
 
 
 def export(args: argparse.Namespace) -> None:

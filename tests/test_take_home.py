@@ -3,6 +3,7 @@ suggests a message and never blocks a commit."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import stat
@@ -333,6 +334,26 @@ def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, m
     with_lockfile = staged_diff()
     assert with_lockfile.index("package-lock.json") < with_lockfile.index("pkg/feature_12.py")
     assert suggester.suggest(with_lockfile, "lookup") == "Add compute_12"
+
+
+def test_generate_prints_the_alternatives_the_hook_shows(tiny_run, work_repo, cli, monkeypatch):
+    from pipeline.use.hook import staged_diff
+
+    monkeypatch.chdir(work_repo.path)
+    stage(work_repo, 12)
+    diff = staged_diff()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(diff))
+    shown = cli(
+        "generate", "--adapter", tiny_run, "--task", "message", "--prompt", "-", "--alternatives", "2"
+    )
+    assert shown.code == 0, shown.err
+    first, blank, header, *more = shown.out.splitlines()
+    assert first.startswith("Add compute_") and blank == "" and header.startswith("# repotune: 2 more")
+    assert [line[:15] for line in more] == ["# 1. Add comput", "# 2. Add comput"] and first not in shown.out[
+        len(first) :
+    ]
+    refused = cli("generate", "--adapter", tiny_run, "--prompt", "def ", "--alternatives", "2")
+    assert refused.code == 2 and "use it with --task message" in refused.err
 
 
 def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):

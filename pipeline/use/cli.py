@@ -161,6 +161,14 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
         "write, 48; else 128)",
     )
     parser.add_argument(
+        "--alternatives",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --task message: also print the next N best messages from the repository's past, as the "
+        "commit hook shows them (commented out with #: for reading, not for git commit -F)",
+    )
+    parser.add_argument(
         "--merge",
         metavar="DIR",
         help="instead of generating, write the base model with the adapter merged in",

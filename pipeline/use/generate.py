@@ -112,6 +112,23 @@ def generate(
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
 
 
+def more_messages(
+    path: str | Path, diff: str, count: int, answer: str, system: str | None = None
+) -> list[str]:
+    """The next best `count` messages from the repository's past for `diff`, beside `answer` (what
+    `generate` gave): the selector's ranking, or the nearest past commits' messages (`system`, else the
+    run's choice; where the model answers, the retrieval's); none for an adapter saved without its past."""
+    from pipeline.evaluate.retrieval import INDEX_DIR
+    from pipeline.evaluate.suggestion import Suggester
+
+    directory = adapter_directory(path)
+    if count <= 0 or not (directory / INDEX_DIR).is_dir():
+        return []
+    retrieval = system if system in ("lookup", "selector") else None
+    found = Suggester.load(directory).suggestions(diff, count + 1, retrieval)
+    return [message for message in found if message.strip() != answer.strip()][:count]
+
+
 def _from_past(directory: Path, diff: str, system: str | None) -> tuple[str, str | None]:
     """`diff` read as training read commits (`as_trained`: the files the scrape kept, the adapter's
     past says which), and the retrieval system's message for it (the lookup's or the selector's), or

@@ -199,14 +199,14 @@ def suggest(argv: list[str]) -> None:
     prefix = comment_prefix(original) if count else None
     found = suggester.suggestions(diff, 1 + count if prefix else 1)
     if found:
-        _write(message_file, found[0], _commented(found[1:], prefix) + original)
+        _write(message_file, found[0], commented(found[1:], prefix) + original)
     if suggester.system == "model":
         from pipeline.use.generate import generate
 
         written = generate(adapter, diff, task="message", system="model").strip()
         if written:  # the retrieval's answers become the alternatives
             others = [text for text in found if text != written][:count]
-            _write(message_file, written, _commented(others, prefix) + original)
+            _write(message_file, written, commented(others, prefix) + original)
 
 
 def comment_prefix(original: str) -> str | None:
@@ -226,8 +226,9 @@ def comment_prefix(original: str) -> str | None:
     return prefix if shown and prefix != "auto" else None
 
 
-def _commented(alternatives: list[str], prefix: str | None) -> str:
-    """The next best messages as lines git strips, to copy in place of the suggestion; "" for none."""
+def commented(alternatives: list[str], prefix: str | None) -> str:
+    """The next best messages as lines git strips, to copy in place of the suggestion (the hook's, and
+    `generate --alternatives`); "" for none."""
     alternatives = [text for text in alternatives if text.strip()]
     if not alternatives or prefix is None:
         return ""
