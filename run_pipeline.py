@@ -383,9 +383,14 @@ def generate(args: argparse.Namespace) -> None:
     if args.alternatives and args.task != "message":
         raise PipelineError("--alternatives are commit messages: use it with --task message")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    answer = generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system)
+    if args.task != "message":
+        print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system))
+        return
+    answer, *more = generation.commit_messages(
+        args.adapter, prompt, args.alternatives, args.system, args.max_new_tokens
+    )
     print(answer)
-    if more := generation.more_messages(args.adapter, prompt, args.alternatives, answer, args.system):
+    if more:
         print("\n" + commented(more, "#"), end="")
 
 

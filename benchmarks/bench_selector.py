@@ -111,11 +111,10 @@ def picked(suggester, held) -> str:
 
     shown = 1 + ALTERNATIVES
     references = [commit.message for commit in held]
-    ranked = [suggester.ranked(commit.diff, shown) or [""] for commit in held]
-    nearest = [
-        list(dict.fromkeys(found.message for found in suggester.index.nearest(commit.diff, shown))) or [""]
-        for commit in held
-    ]
+    ranked, nearest = (
+        [suggester.suggestions(commit.diff, shown, system, read=True) or [""] for commit in held]
+        for system in ("selector", "lookup")
+    )
 
     def closest(options: list[list[str]]) -> list[str]:
         kept = []

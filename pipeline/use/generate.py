@@ -83,17 +83,44 @@ def generate(
     system: str | None = None,
 ) -> str:
     """The model's greedy continuation of `prompt`; with `task`, the prompt is asked as training asked
-    it (`message`: write the commit message for this diff; `diff`: write the change for this message).
-    A commit message comes from the system the run chose (or `system`): the repository's past answers
-    without loading the model at all. At most `max_new_tokens` tokens: by default, for a commit message
-    as many as the scoreboard let the model write (`eval.message_tokens`), else CONTINUATION_TOKENS."""
+    it (`message`: write the commit message for this diff, see `commit_messages`; `diff`: write the change
+    for this message). At most `max_new_tokens` tokens: by default, for a commit message as many as the
+    scoreboard let the model write (`eval.message_tokens`), else CONTINUATION_TOKENS."""
     directory = adapter_directory(path)  # a missing adapter is said before the libraries load
     if task == "message":
-        prompt, suggested = _from_past(directory, prompt, system)
-        if suggested is not None:
-            return suggested
-    elif system:
+        return commit_messages(path, prompt, 0, system, max_new_tokens)[0]
+    if system:
         raise ModelLoadError("--system chooses who writes a commit message: use it with --task message")
+    return _continuation(path, directory, prompt, task, max_new_tokens)
+
+
+def commit_messages(
+    path: str | Path,
+    diff: str,
+    alternatives: int = 0,
+    system: str | None = None,
+    max_new_tokens: int | None = None,
+) -> list[str]:
+    """The commit message for `diff` from the system the run chose (or `system`): the repository's past
+    answers without loading the model at all. Then the next best `alternatives` from the past (the
+    commit hook's, beside the model's answer where the model writes), the past read once for all."""
+    directory = adapter_directory(path)
+    read, found, model = _from_past(directory, diff, system, 1 + alternatives)
+    if not model:
+        return found
+    answer = _continuation(path, directory, read, "message", max_new_tokens)
+    return [answer, *beside(answer, found, alternatives)]
+
+
+def beside(answer: str, found: list[str], count: int) -> list[str]:
+    """The first `count` of the past's messages `found` that are not the model's `answer`."""
+    return [text for text in found if text.strip() != answer.strip()][:count]
+
+
+def _continuation(
+    path: str | Path, directory: Path, prompt: str, task: str | None, max_new_tokens: int | None
+) -> str:
+    """The model's greedy answer to `prompt` (asked as training asked `task`, where one is given)."""
     if not prompt.strip():
         raise PipelineError("--prompt is empty: give the model text to continue (or - to read it from stdin)")
     from pipeline.data.examples import answer_prefix, render_prompt
@@ -112,47 +139,30 @@ def generate(
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
 
 
-def more_messages(
-    path: str | Path, diff: str, count: int, answer: str, system: str | None = None
-) -> list[str]:
-    """The next best `count` messages from the repository's past for `diff`, beside `answer` (what
-    `generate` gave): the selector's ranking, or the nearest past commits' messages (`system`, else the
-    run's choice; where the model answers, the retrieval's); none for an adapter saved without its past."""
-    from pipeline.evaluate.retrieval import INDEX_DIR
-    from pipeline.evaluate.suggestion import Suggester
-
-    directory = adapter_directory(path)
-    if count <= 0 or not (directory / INDEX_DIR).is_dir():
-        return []
-    retrieval = system if system in ("lookup", "selector") else None
-    found = Suggester.load(directory).suggestions(diff, count + 1, retrieval)
-    return [message for message in found if message.strip() != answer.strip()][:count]
-
-
-def _from_past(directory: Path, diff: str, system: str | None) -> tuple[str, str | None]:
+def _from_past(directory: Path, diff: str, system: str | None, count: int) -> tuple[str, list[str], bool]:
     """`diff` read as training read commits (`as_trained`: the files the scrape kept, the adapter's
-    past says which), and the retrieval system's message for it (the lookup's or the selector's), or
-    None when the model is to answer: it was chosen or asked for, the adapter has no retrieval saved,
-    or no past commit touched anything the diff touches."""
+    past says which); the `count` best messages of the retrieval system (the lookup's or the selector's:
+    the one chosen or asked for, else the run's); and whether the model is to answer: it was chosen or
+    asked for, the adapter has no retrieval saved, or no past commit touched anything the diff touches."""
     from pipeline.evaluate.retrieval import INDEX_DIR
     from pipeline.evaluate.suggestion import Suggester, saved_file_filters
-    from scrapers.filters import as_trained, file_filters
+    from scrapers.filters import as_trained
 
-    if not (directory / INDEX_DIR).is_dir():
-        if system in ("lookup", "selector"):
-            raise ModelLoadError(
-                f"--system {system}: {directory} has no {INDEX_DIR}/ (it was trained before runs kept the "
-                "repository's past); train again, or leave --system out"
-            )
-        return as_trained(diff, file_filters()), None
-    if system == "model":  # reading the diff needs the saved file filters alone, not the index
-        return as_trained(diff, saved_file_filters(directory)), None
+    saved = (directory / INDEX_DIR).is_dir()
+    if not saved and system in ("lookup", "selector"):
+        raise ModelLoadError(
+            f"--system {system}: {directory} has no {INDEX_DIR}/ (it was trained before runs kept the "
+            "repository's past); train again, or leave --system out"
+        )
+    if not saved or (system == "model" and count == 1):  # the saved file filters alone read the diff
+        return as_trained(diff, saved_file_filters(directory)), [], True
     suggester = Suggester.load(directory)
     read = suggester.read(diff)
-    chosen = system or suggester.system
-    if chosen == "model":
-        return read, None
-    return read, suggester.suggest(read, chosen, read=True) or None
+    model = (system or suggester.system) == "model"
+    if model and count == 1:  # no alternatives asked for: the model's answer alone
+        return read, [], True
+    found = suggester.suggestions(read, count, None if system == "model" else system, read=True)
+    return read, found, model or not found
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

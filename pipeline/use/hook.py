@@ -201,12 +201,11 @@ def suggest(argv: list[str]) -> None:
     if found:
         _write(message_file, found[0], commented(found[1:], prefix) + original)
     if suggester.system == "model":
-        from pipeline.use.generate import generate
+        from pipeline.use.generate import beside, generate
 
         written = generate(adapter, diff, task="message", system="model").strip()
         if written:  # the retrieval's answers become the alternatives
-            others = [text for text in found if text != written][:count]
-            _write(message_file, written, commented(others, prefix) + original)
+            _write(message_file, written, commented(beside(written, found, count), prefix) + original)
 
 
 def comment_prefix(original: str) -> str | None:
