@@ -294,9 +294,11 @@ def update(args: argparse.Namespace) -> None:
             "evaluate_parent_before", evaluate, *loss_only, "the parent on its held-out commits"
         )
         past = record.output_dir / PAST_DIR
-        record.step("scrape_past", scrape_past, parent.repo, loaded.config.scrape, parent.new_head, past)
-        outcome, suggester = train_and_evaluate(record, loaded, data, model, False, past / SEQUENCES_FILE)
-        shutil.rmtree(past)  # the index saved beside the adapter holds what use needs of it (rails: 526 MB)
+        try:
+            record.step("scrape_past", scrape_past, parent.repo, loaded.config.scrape, parent.new_head, past)
+            outcome, suggester = train_and_evaluate(record, loaded, data, model, False, past / SEQUENCES_FILE)
+        finally:  # read once, by this run alone: the index saved beside the adapter holds what use needs of it
+            shutil.rmtree(past, ignore_errors=True)  # (rails: 526 MB), and a failed update leaves none behind
         after = record.step(
             "evaluate_parent_after", evaluate, *loss_only, "the update on the parent's held-out commits"
         )
