@@ -140,6 +140,7 @@ def hook_reads(repo: str, suggester, held) -> str:
     """The selector on the held-out commits given as the commit hook is given a change (`git show` of each
     with the hook's diff options): read whole (what the hook read before `as_trained`, the baseline) and
     read as training read commits (what it reads now), against the diffs the scrape kept."""
+    import contextlib
     import subprocess
 
     from pipeline.evaluate.evaluation import difference_text, paired_difference, score_messages
@@ -155,7 +156,8 @@ def hook_reads(repo: str, suggester, held) -> str:
         ).stdout[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")  # fmt: skip
         differ += len(changed_paths(shown)) != len(changed_paths(commit.diff))
         whole.append(suggester.select(_INDEX_LINE.sub("", shown)))  # as the hook read it: no index lines
-        read.append(suggester.suggest(shown, "selector"))
+        with contextlib.chdir(repo):  # where the hook runs: a notebook's versions are read from there
+            read.append(suggester.suggest(shown, "selector"))
         references.append(commit.message)
     kept = [suggester.select(commit.diff) for commit in held]
     delta = paired_difference("message", whole, read, references)

@@ -27,6 +27,8 @@ class FileChange:
     """File mode of an added or deleted file (`100644`), as git's `new file mode` line gives it."""
     blob: str | None = None
     """Blob id after the change (before it, for a deletion); tells a huge file from a binary one."""
+    old_blob: str | None = None
+    """Blob id before the change; None for an addition (a notebook's is read: `scrapers.notebooks`)."""
 
     # Counted when asked (only the rich format shows them), not for every file git prints.
     @property

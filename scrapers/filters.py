@@ -13,6 +13,7 @@ from typing import Any
 from scrapers.commit import Commit, FileChange
 from scrapers.config import ScrapeConfig
 from scrapers.formats import DEFAULT_CONTEXT, render_file
+from scrapers.notebooks import Contents, as_source, blobs_of, contents_here
 from scrapers.parse import parse_diff
 
 FILE_FILTERS = ("exclude_globs", "include_globs", "max_file_diff_bytes")
@@ -176,16 +177,19 @@ def git_pathspecs(filters: dict[str, Any]) -> list[str]:
     return included + [f":(exclude,glob){spec(glob)}" for glob in filters.get("exclude_globs") or ()]
 
 
-def as_trained(diff: str, filters: dict[str, Any]) -> str:
+def as_trained(diff: str, filters: dict[str, Any], contents: Contents = contents_here) -> str:
     """A diff from outside the history (the staged change the commit hook reads, a diff given to
     `generate --task message`) as training saw commits: only the files the scrape keeps (no lockfile,
     binary, LFS pointer, vendored or oversized diff: the retrieval never indexed them, and a lockfile
     sorted first would fill the model's prompt), each rendered as the formats render it (no `index`
-    line, git's 3 lines of context, UTF-8 paths). `diff` as given where it is not git's; where
+    line, git's 3 lines of context, UTF-8 paths), a notebook as its cells' source where `contents`
+    reads both versions (the repository run in). `diff` as given where it is not git's; where
     training would have kept none of its files, all of them, rendered so (a suggestion from a lockfile's
     change beats none)."""
     config = ScrapeConfig(**filters)
     filtering = Filters(config)
     changes = parse_diff(diff.encode(), config.max_file_diff_bytes)
-    read = [change for change in changes if filtering.file_reason(change) is None] or changes
-    return "".join(render_file(change, DEFAULT_CONTEXT) for change in read) if read else diff
+    read = contents(blobs_of(changes))
+    sources = [as_source(change, read, DEFAULT_CONTEXT) for change in changes]
+    kept = [change for change in sources if filtering.file_reason(change) is None] or sources
+    return "".join(render_file(change, DEFAULT_CONTEXT) for change in kept) if kept else diff

@@ -31,6 +31,7 @@ import git
 
 from scrapers.commit import Commit
 from scrapers.errors import RepositoryError
+from scrapers.notebooks import parse_batch
 from scrapers.parse import log_format, parse_log
 from scrapers.safe_git import SAFE_GIT_ENV, SAFE_LOG_FLAGS
 
@@ -323,6 +324,18 @@ def blob_sizes(repo: Repository, blobs: list[str]) -> dict[str, int]:
         if len(parts) == 3 and parts[2].isdigit():
             sizes[parts[0]] = int(parts[2])
     return sizes
+
+
+def blob_contents(repo: Repository, blobs: list[str]) -> dict[str, bytes]:
+    """The given blobs' bytes from ONE `git cat-file --batch` process (those it could read)."""
+    if not blobs:
+        return {}
+    with _stdin_with(blobs) as stdin:
+        try:
+            output = repo.git.execute(["git", "cat-file", "--batch"], istream=stdin, stdout_as_string=False)
+        except git.GitCommandError:
+            return {}  # unreadable (a partial clone's missing blob): the notebook stays as git diffed it
+    return parse_batch(blobs, output)
 
 
 @contextmanager

@@ -159,7 +159,7 @@ def _parse_file(segment: bytes, encoding: str, max_file_bytes: int) -> FileChang
     lines = header.split(b"\n")
     old_path = new_path = None
     status = "M"
-    blob = mode = None
+    blob = old_blob = mode = None
     binary = submodule = False
     for line in lines[1:]:
         if line.startswith(b"--- "):
@@ -180,6 +180,7 @@ def _parse_file(segment: bytes, encoding: str, max_file_bytes: int) -> FileChang
         elif line.startswith(b"index "):
             ids = line[6:].split(b" ")[0].split(b"..")
             blob = (ids[0] if ids[-1].strip(b"0") == b"" else ids[-1]).decode()
+            old_blob = ids[0].decode() if ids[0].strip(b"0") else None
             submodule |= line.endswith(b"160000")
         elif line.startswith((b"Binary files ", b"GIT binary patch")):
             binary = True
@@ -201,6 +202,7 @@ def _parse_file(segment: bytes, encoding: str, max_file_bytes: int) -> FileChang
         oversize=oversize,
         mode=mode,
         blob=blob,
+        old_blob=old_blob,
     )
 
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import orjson
 
+from scrapers.commit import Commit, FileChange
 from scrapers.config import ScrapeConfig
 from scrapers.filters import Filters
 from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
-from scrapers.git import LogOptions, blob_sizes, repository_at, stream_commits
+from scrapers.git import LogOptions, blob_contents, blob_sizes, repository_at, stream_commits
+from scrapers.notebooks import as_source, blobs_of, is_notebook
 from scrapers.secrets import redact_all, redaction_origins
 
 REDACT_BATCH = 128  # commits redacted together: enough to share the hint scans, little to hold
@@ -51,9 +53,13 @@ class ScrapeStats:
     redacted_commits: list[str] = field(default_factory=list)
     redacted_paths: Counter = field(default_factory=Counter)
     """Secrets replaced, by the file (or commit message) they were in: a fixture or a leak?"""
+    notebooks_read: int = 0
+    """Notebook changes read as their cells' source instead of git's JSON diff (`scrapers.notebooks`)."""
 
     def add(self, other: ScrapeStats) -> None:
-        for name in ("commits_seen", "commits_kept", "files_seen", "files_kept", "bytes_seen", "bytes_kept"):
+        for name in (
+            "commits_seen", "commits_kept", "files_seen", "files_kept", "bytes_seen", "bytes_kept", "notebooks_read"
+        ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.skipped.update(other.skipped)
         self.files_skipped.update(other.files_skipped)
@@ -72,6 +78,7 @@ class ScrapeStats:
             "files_kept": self.files_kept,
             "bytes_seen": self.bytes_seen,
             "bytes_kept": self.bytes_kept,
+            "notebooks_read": self.notebooks_read,
             "skipped": dict(sorted(self.skipped.items())),
             "files_skipped": dict(sorted(self.files_skipped.items())),
             "redactions": dict(sorted(self.redactions.items())),
@@ -147,14 +154,7 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
             reason = filters.commit_reason(commit, message)
             files = []
             if reason is None:
-                for change in commit.files:
-                    file_reason = filters.file_reason(change)
-                    if file_reason == "binary_file":
-                        binary_blobs.append(change.blob)  # counted once sizes are known
-                    elif file_reason:
-                        stats.files_skipped[file_reason] += 1
-                    else:
-                        files.append(change)
+                files = _kept_files(repo, commit, filters, options.context_lines, stats, binary_blobs)
                 reason = filters.size_reason(files)
             if reason:
                 stats.skipped[reason] += 1
@@ -174,6 +174,30 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
             progress.value += stats.commits_seen % PROGRESS_EVERY
     _count_binary_files(repo, binary_blobs, config.max_file_bytes, stats)
     return ShardResult(stats, kept, time.perf_counter() - started)
+
+
+def _kept_files(
+    repo, commit: Commit, filters: Filters, context: int, stats: ScrapeStats, binary_blobs: list[str | None]
+) -> list[FileChange]:
+    """The files of a kept commit that training reads, a notebook's as its cells' source (`notebooks`);
+    the others counted by why they were dropped (binary ones in `binary_blobs`, until sizes are known)."""
+    contents = blob_contents(repo, blobs_of(commit.files))
+    files = []
+    for change in commit.files:
+        reason = filters.file_reason(change)
+        if reason in (None, "binary_file", "file_diff_too_large") and is_notebook(
+            change
+        ):  # its source may not be
+            source = as_source(change, contents, context)
+            stats.notebooks_read += source is not change
+            change, reason = source, filters.file_reason(source)
+        if reason == "binary_file":
+            binary_blobs.append(change.blob)
+        elif reason:
+            stats.files_skipped[reason] += 1
+        else:
+            files.append(change)
+    return files
 
 
 def _write_batch(

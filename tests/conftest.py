@@ -88,6 +88,19 @@ def module_source(index: int) -> str:
     )
 
 
+def trained_diff(repo: GitRepo, message: str, out: Path) -> str:
+    """Commit what `repo` has staged, scrape it into `out`, and give the diff training saw of it."""
+    from pipeline.config import ScrapeConfig
+    from pipeline.evaluate.retrieval import past_commits
+    from scrapers.scrape import scrape
+
+    repo.git("commit", "--quiet", "-m", message)
+    out.mkdir()
+    scrape([repo.path], ScrapeConfig(), out)
+    records = [orjson.loads(line) for line in (out / "sequences.jsonl").read_bytes().splitlines()]
+    return next(commit for commit in past_commits(records) if commit.message == message).diff
+
+
 def add_features(repo: GitRepo, indexes: range = range(1, 23)) -> GitRepo:
     """One commit `Add compute_N` per index, each adding its own module (22: enough to hold one out)."""
     for index in indexes:

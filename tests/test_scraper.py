@@ -16,7 +16,7 @@ from scrapers.git import (
 )
 from scrapers.parse import _unquote, parse_log
 from scrapers.scrape import scrape
-from tests.conftest import GitRepo, module_source
+from tests.conftest import GitRepo, module_source, trained_diff
 
 
 def commits_of(repo: GitRepo | str, max_file_diff_bytes: int = 1 << 20, context_lines: int = 3):
@@ -72,7 +72,6 @@ def test_a_staged_change_is_read_as_training_read_commits(tmp_path, monkeypatch)
     """What the commit hook and `generate --task message` are given (git's diff of the staged change,
     under the user's own diff settings) becomes what training saw of the same change once committed: a
     lockfile sorted first, a binary, an LFS pointer and a vendored file are not in it, and no `index` line."""
-    from pipeline.evaluate.retrieval import past_commits
     from pipeline.use.hook import staged_diff
     from scrapers.filters import as_trained, file_filters
 
@@ -95,13 +94,7 @@ def test_a_staged_change_is_read_as_training_read_commits(tmp_path, monkeypatch)
     monkeypatch.chdir(repo.path)
     staged = staged_diff()
     read = as_trained(staged, file_filters(ScrapeConfig()))
-    repo.git("commit", "--quiet", "-m", "Grow the core")
-    out = tmp_path / "out"
-    out.mkdir()
-    scrape([repo.path], ScrapeConfig(), out)
-    records = [orjson.loads(line) for line in (out / "sequences.jsonl").read_bytes().splitlines()]
-    trained = next(commit for commit in past_commits(records) if commit.message == "Grow the core")
-    assert read == trained.diff
+    assert read == trained_diff(repo, "Grow the core", tmp_path / "out")
     assert [line.split(" b/")[1] for line in read.splitlines() if line.startswith("diff --git")] == [
         "pkg/caf\u00e9.py",
         "pkg/core.py",
