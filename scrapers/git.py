@@ -31,7 +31,6 @@ import git
 
 from scrapers.commit import Commit
 from scrapers.errors import RepositoryError
-from scrapers.notebooks import parse_batch
 from scrapers.parse import log_format, parse_log
 from scrapers.safe_git import SAFE_GIT_ENV, SAFE_LOG_FLAGS
 
@@ -326,16 +325,17 @@ def blob_sizes(repo: Repository, blobs: list[str]) -> dict[str, int]:
     return sizes
 
 
-def blob_contents(repo: Repository, blobs: list[str]) -> dict[str, bytes]:
-    """The given blobs' bytes from ONE `git cat-file --batch` process (those it could read)."""
-    if not blobs:
-        return {}
-    with _stdin_with(blobs) as stdin:
+def blob_contents(repo: Repository, blobs: list[str], max_bytes: int) -> dict[str, bytes]:
+    """The given blobs' bytes, those git holds up to `max_bytes` each, from the repository's two
+    persistent `git cat-file` processes (a process for each commit cost a scrape seconds)."""
+    contents = {}
+    for blob in blobs:
         try:
-            output = repo.git.execute(["git", "cat-file", "--batch"], istream=stdin, stdout_as_string=False)
-        except git.GitCommandError:
-            return {}  # unreadable (a partial clone's missing blob): the notebook stays as git diffed it
-    return parse_batch(blobs, output)
+            if repo.git.get_object_header(blob)[2] <= max_bytes:
+                contents[blob] = repo.git.get_object_data(blob)[3]
+        except (ValueError, OSError):
+            continue  # not held (a partial clone's blob): what needs it stays as git diffed it
+    return contents
 
 
 @contextmanager

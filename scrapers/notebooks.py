@@ -24,6 +24,8 @@ from scrapers.commit import FileChange
 from scrapers.safe_git import SAFE_GIT_ENV
 
 SUFFIX = ".ipynb"
+MAX_BYTES = 64 << 20
+"""A notebook's version is read up to this size (bytes; one at a time): its outputs make it large."""
 
 Contents = Callable[[Sequence[str]], dict[str, bytes]]
 """Blob ids → their bytes (those that could be read)."""
@@ -76,8 +78,8 @@ def cells_source(raw: bytes | None) -> list[str] | None:
         cells = [
             cell
             for sheet in notebook["worksheets"]
-            if isinstance(sheet, dict)
-            for cell in sheet.get("cells") or []
+            if isinstance(sheet, dict) and isinstance(sheet.get("cells"), list)
+            for cell in sheet["cells"]
         ]
     if not isinstance(cells, list):
         return None
@@ -87,7 +89,7 @@ def cells_source(raw: bytes | None) -> list[str] | None:
             return None
         kind = cell.get("cell_type")
         source = cell.get("source", cell.get("input", ""))
-        text = "".join(source) if isinstance(source, list) else str(source)
+        text = "".join(map(str, source)) if isinstance(source, list) else str(source)
         if lines:
             lines.append("")
         if kind == "code":

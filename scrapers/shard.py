@@ -22,6 +22,7 @@ from scrapers.config import ScrapeConfig
 from scrapers.filters import Filters
 from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
 from scrapers.git import LogOptions, blob_contents, blob_sizes, repository_at, stream_commits
+from scrapers.notebooks import MAX_BYTES as NOTEBOOK_BYTES
 from scrapers.notebooks import as_source, blobs_of, is_notebook
 from scrapers.secrets import redact_all, redaction_origins
 
@@ -173,6 +174,7 @@ def scrape_shard(task: ShardTask, progress=None) -> ShardResult:
         with progress.get_lock():
             progress.value += stats.commits_seen % PROGRESS_EVERY
     _count_binary_files(repo, binary_blobs, config.max_file_bytes, stats)
+    repo.git.clear_cache()  # ends the persistent `git cat-file` processes that read notebooks
     return ShardResult(stats, kept, time.perf_counter() - started)
 
 
@@ -181,7 +183,7 @@ def _kept_files(
 ) -> list[FileChange]:
     """The files of a kept commit that training reads, a notebook's as its cells' source (`notebooks`);
     the others counted by why they were dropped (binary ones in `binary_blobs`, until sizes are known)."""
-    contents = blob_contents(repo, blobs_of(commit.files))
+    contents = blob_contents(repo, blobs_of(commit.files), NOTEBOOK_BYTES)
     files = []
     for change in commit.files:
         reason = filters.file_reason(change)

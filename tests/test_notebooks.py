@@ -128,7 +128,9 @@ def test_cells_source_reads_both_notebook_formats():
     }
     assert cells_source(orjson.dumps(version_3)) == ["# %% [heading]", "# Title", "", "# %%", "a = 1", "a"]
     assert cells_source(b'{"cells": []}') == []
-    assert [cells_source(raw) for raw in (b"[1]", b"{}", b"not json", None)] == [None] * 4
+    assert [cells_source(raw) for raw in (b"[1]", b"{}", b"not json", b'{"cells": [1]}', None)] == [None] * 5
+    odd = {"worksheets": [{"cells": 5}, {"cells": [{"cell_type": "code", "source": ["x", 1, None]}]}]}
+    assert cells_source(orjson.dumps(odd)) == ["# %%", "x1None"]  # never a traceback
 
 
 def test_parse_batch_keys_each_blob_by_the_id_asked():
@@ -136,3 +138,17 @@ def test_parse_batch_keys_each_blob_by_the_id_asked():
     a missing one, still find theirs."""
     output = b"aaaa1111 blob 3\nabc\nbbbb missing\ncccc2222 blob 0\n\n"
     assert parse_batch(["aaaa", "bbbb", "cccc"], output) == {"aaaa": b"abc", "cccc": b""}
+
+
+def test_blob_contents_reads_what_git_holds_up_to_the_limit(tmp_path):
+    """The scrape's reader: a notebook larger than the limit, or a blob the repository does not hold
+    (a partial clone's), is not read, and its change stays as git diffed it."""
+    from scrapers.git import blob_contents, open_repository
+
+    repo = GitRepo(tmp_path / "nb")
+    repo.commit("Add", {"small.ipynb": '{"cells": []}', "large.ipynb": notebook(10, 1)})
+    small, large = (repo.git("rev-parse", f"HEAD:{name}") for name in ("small.ipynb", "large.ipynb"))
+    opened = open_repository(repo.path)
+    read = blob_contents(opened, [small, large, "0123456789" * 4], max_bytes=4096)
+    opened.git.clear_cache()
+    assert read == {small: b'{"cells": []}'}
