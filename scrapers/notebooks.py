@@ -3,7 +3,8 @@
 git diffs a notebook as JSON: each line of code a quoted string with its `\\n`, between execution
 counts, metadata and outputs (base64 images, printed tables). A model trained on that learns JSON
 punctuation, and retrieval indexes output numbers as if they were names. Both versions of a
-changed notebook are read instead (one `git cat-file --batch`), each rendered in the percent format
+changed notebook are read instead (`scrapers.git.blob_contents` in a scrape; `contents_here` in the
+commit hook, which does without GitPython's import), each rendered in the percent format
 that jupytext, VS Code and Spyder read as a notebook (`# %%` before a code cell, `# %% [markdown]`
 before a Markdown cell, whose lines are commented), without outputs, counts or metadata, and diffed
 with git's context. The commit hook and `generate` read a staged notebook the same way
@@ -112,7 +113,7 @@ def parse_batch(blobs: Sequence[str], output: bytes) -> dict[str, bytes]:
         at = end + 1
         if len(header) == 3 and header[2].isdigit():
             size = int(header[2])
-            if header[1] == b"blob":
+            if header[1] == b"blob" and size <= MAX_BYTES:  # what the scrape would read
                 contents[blob] = output[at : at + size]
             at += size + 1
     return contents

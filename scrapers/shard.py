@@ -23,7 +23,7 @@ from scrapers.filters import Filters
 from scrapers.formats import DEFAULT_CONTEXT, FORMATS, KeptCommit, clean_message, format_diff
 from scrapers.git import LogOptions, blob_contents, blob_sizes, repository_at, stream_commits
 from scrapers.notebooks import MAX_BYTES as NOTEBOOK_BYTES
-from scrapers.notebooks import as_source, blobs_of, is_notebook
+from scrapers.notebooks import as_source, blobs_of
 from scrapers.secrets import redact_all, redaction_origins
 
 REDACT_BATCH = 128  # commits redacted together: enough to share the hint scans, little to hold
@@ -187,12 +187,11 @@ def _kept_files(
     files = []
     for change in commit.files:
         reason = filters.file_reason(change)
-        if reason in (None, "binary_file", "file_diff_too_large") and is_notebook(
-            change
-        ):  # its source may not be
+        if reason in (None, "binary_file", "file_diff_too_large"):  # a notebook's source may not be
             source = as_source(change, contents, context)
-            stats.notebooks_read += source is not change
-            change, reason = source, filters.file_reason(source)
+            if source is not change:
+                stats.notebooks_read += 1
+                change, reason = source, filters.file_reason(source)
         if reason == "binary_file":
             binary_blobs.append(change.blob)
         elif reason:
