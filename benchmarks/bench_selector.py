@@ -57,9 +57,10 @@ def main() -> int:
 def report(name: str, sequences: Path, repo: str) -> None:
     """The lookup and the selector on the older commits (pooled blocks) and on the held-out ones, and the
     selector on the held-out ones as the commit hook reads a change."""
+    from dataclasses import replace
+
     from pipeline.config import load_config
     from pipeline.evaluate.suggestion import Suggester, backtest, learn_past
-    from pipeline.types import Past
 
     config = load_config(None).config
     started = time.perf_counter()
@@ -69,7 +70,7 @@ def report(name: str, sequences: Path, repo: str) -> None:
     tested = time.perf_counter()
     # The baseline: the backtest's selectors grading their commits anew, not reusing the run's grades.
     suggester = Suggester(past.suggester.index, past.suggester.selector, past.suggester.k)
-    anew = backtest(Past(past.commits, suggester, past.facts), config.retrieval, config.train.seed)
+    anew = backtest(replace(past, suggester=suggester), config.retrieval, config.train.seed)
     regraded = time.perf_counter() - tested
     blocks = [block for block in every if "selector" in block]
     print(

@@ -444,6 +444,9 @@ class Past:
     suggester: Any
     facts: dict[str, Any]
     """Index size, build and selector times (the manifest's `retrieval`)."""
+    whole_history: Any
+    """The index over every commit, held-out ones included (a `pipeline.evaluate.retrieval.Index`): what
+    the run leaves for new diffs."""
 
     def split(self, name: str) -> list[PastCommit]:
         return [commit for commit in self.commits if commit.split == name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -37,7 +38,7 @@ from pipeline.evaluate.suggestion import (
     with_history,
 )
 from pipeline.evaluate.versions import anchors, moved
-from pipeline.types import Past, PastCommit, Scores, TextStyle
+from pipeline.types import PastCommit, Scores, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
 from tests.conftest import GitRepo, module_source
@@ -144,6 +145,22 @@ def fetch_asked(tmp_path: Path) -> tuple[Index, PastCommit]:
     commits = scraped(topic_repo(tmp_path / "repo"), tmp_path / "out", eval_commits=4, valid_commits=4)
     index = Index.build([c for c in commits if c.split != "eval"])
     return index, next(c for c in commits if c.split == "eval" and "fetch" in c.message)
+
+
+def test_a_diff_is_indexed_by_its_paths_and_the_names_it_changes():
+    diff = (
+        "diff --git a/src/HttpClient.py b/src/HttpClient.py\n--- a/src/HttpClient.py\n+++ b/src/HttpClient.py\n"
+        "@@ -10,3 +10,3 @@ class HttpClient:\n     def keep(self): pass\n"
+        "-    def parseURL(self, raw_url): return raw_url\n+    def parse_url(self, rawURL): return rawURL\n"
+        "diff --git a/docs/api.md b/docs/api.md\n--- a/docs/api.md\n+++ b/docs/api.md\n@@ -1 +1 @@\n"
+        "-Old text x\r\n+--- an added line: maxRetries\n+New text\n"
+    )
+    assert identifiers(diff) == [
+        "src", "httpclient", "py", "class", "httpclient", "http", "client",  # path, hunk heading
+        "def", "parseurl", "parse", "url", "self", "raw_url", "raw", "url", "return", "raw_url", "raw", "url",
+        "def", "parse_url", "parse", "url", "self", "rawurl", "raw", "url", "return", "rawurl", "raw", "url",
+        "docs", "api", "md", "old", "text", "an", "added", "line", "maxretries", "max", "retries", "new", "text",
+    ]  # fmt: skip  # the context line (keep) and the file headers are left out; one-letter names too
 
 
 def test_the_lookup_finds_the_commit_that_touched_the_same_names(tmp_path):
@@ -574,7 +591,7 @@ def test_the_backtests_selectors_learn_from_the_grades_the_runs_selector_made(tm
     blocks = suggestion.backtest(past, config, 0)
     assert len(blocks) == 4 and all("selector" in block for block in blocks) and grading == []
     again = Suggester(past.suggester.index, past.suggester.selector, config.k)
-    assert suggestion.backtest(Past(past.commits, again, past.facts), config, 0) == blocks and grading
+    assert suggestion.backtest(replace(past, suggester=again), config, 0) == blocks and grading
 
 
 def test_keep_best_restores_the_best_weights_and_stops_when_validation_stops_improving():
@@ -636,7 +653,13 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
     for who in ("the base model", "the fine-tuned model"):
         assert f"scoring {who}: held-out loss, then 6 commit messages, " in result.err
     assert manifest["retrieval"]["index"]["commits"] == 54  # every commit that is not held out
-    assert "indexed 54 past commits for retrieval (" in result.err
+    # ... and the one the run leaves for new diffs, every commit: the held-out ones are the newest past.
+    saved = orjson.loads((out / "adapter" / "retrieval" / "commits.json").read_bytes())["shas"]
+    assert manifest["retrieval"]["whole_history"]["commits"] == len(saved) == 60
+    assert (
+        "indexed 54 past commits for retrieval (" in result.err
+        and ") and all 60 for new diffs (" in result.err
+    )
     answers = [orjson.loads(line) for line in (out / EVALUATION_FILE).read_bytes().splitlines()]
     assert len(answers) == 6 + tasks["after"]["code"]["samples"]
     assert {"base", "fine_tuned", "nearest_commit", "suggested"} <= set(answers[0])

@@ -85,6 +85,7 @@ def test_an_update_trains_the_parent_adapter_on_the_new_commits_only(cli, parent
                      for run in (out, child)]  # fmt: skip
     assert answered_from[1] == lineage["commits_added"] + answered_from[0]
     assert manifest["retrieval"]["index"]["commits"] == len(answered_from[1]) - 1  # all but the held-out one
+    assert manifest["retrieval"]["whole_history"]["commits"] == len(answered_from[1])
     assert "scraped the history up to" in result.err and manifest["timings"]["scrape_past_s"] > 0
     assert not (child / "past").exists()  # read, then removed: the adapter's index keeps what use needs
 
