@@ -195,12 +195,16 @@ def work_repo(tmp_path) -> GitRepo:
     return repo
 
 
-def git_commit(repo: GitRepo, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`git commit` as a user runs it (no editor: the message git would open is what it keeps)."""
+def git_commit(
+    repo: GitRepo, *args: str, env: dict[str, str] | None = None, given: str | None = None
+) -> subprocess.CompletedProcess:
+    """`git commit` as a user runs it (no editor: the message git would open is what it keeps); `given`
+    is its standard input (`-F -`)."""
     return subprocess.run(
         ["git", "commit", "--quiet", *args],
         cwd=repo.path,
         env={**os.environ, **GIT_ENV, "GIT_EDITOR": "true", **(env or {})},
+        input=given,
         capture_output=True,
         text=True,
     )
@@ -258,11 +262,20 @@ def test_the_hook_shows_alternatives_only_where_git_drops_them(config, tiny_run,
         assert message.strip().count("\n") == 0
 
 
-def test_without_an_editor_the_hook_adds_no_comment_git_would_keep(tiny_run, work_repo, cli):
+def test_without_an_editor_the_hook_suggests_nothing_to_commit_unread(tiny_run, work_repo, cli, monkeypatch):
+    """`git commit --no-edit` opens no editor (git runs its hooks with GIT_EDITOR=:): a suggestion would be
+    committed unread, so git's message stays empty and git refuses it, as without the hook. Reading the
+    suggestion first and committing it is `generate`'s, into `git commit -F -`."""
     assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
     stage(work_repo, 12)
-    assert git_commit(work_repo, "--no-edit").returncode == 0  # git keeps the file as the hook left it
-    assert last_message(work_repo).startswith("Add compute_") and "repotune" not in last_message(work_repo)
+    refused = git_commit(work_repo, "--no-edit")
+    assert refused.returncode == 1 and "empty commit message" in refused.stderr
+    assert "repotune" not in refused.stderr and last_message(work_repo) == "Add compute_1"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(work_repo.git("diff", "--cached")))
+    suggested = cli("generate", "--adapter", tiny_run, "--task", "message", "--prompt", "-")
+    assert suggested.code == 0 and suggested.out.startswith("Add compute_")
+    assert git_commit(work_repo, "-F", "-", given=suggested.out).returncode == 0
+    assert last_message(work_repo) == suggested.out.strip()
 
 
 def suggested_in_process(work_repo: GitRepo, tmp_path: Path, monkeypatch, *argv: str) -> str:

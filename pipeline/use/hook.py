@@ -2,8 +2,9 @@
 
 `install` writes a small POSIX shell hook into the repository's hooks directory (`git rev-parse
 --git-path hooks`, so `core.hooksPath` is honoured). The shell part decides whether to suggest at all:
-not for `-m`/`-F`, merges, squashes, amends (`commit` source), or while a rebase, cherry-pick or revert
-is under way, and not when the interpreter it was installed with is gone. Then `suggest` (below) runs in
+not for `-m`/`-F`, merges, squashes, amends (`commit` source), where no editor opens (`--no-edit`: git
+runs its hooks with `GIT_EDITOR=:` then, and a suggestion would be committed unread), or while a rebase,
+cherry-pick or revert is under way, and not when the interpreter it was installed with is gone. Then `suggest` (below) runs in
 an isolated interpreter (`python -I`: the committed repository's files and environment variables cannot
 shadow a module) with a hard deadline: the kernel ends it at `--timeout` seconds whatever it is doing
 (SIGALRM's default action), and the message file is only ever replaced whole, so a timeout, a crash, a
@@ -64,6 +65,7 @@ if [ -x "$previous" ]; then
     "$previous" "$@" || exit $?  # the hook that was here first keeps its say
 fi
 case "$2" in message|merge|squash|commit) exit 0 ;; esac
+[ "$GIT_EDITOR" = : ] && exit 0  # git's sign to its hooks that no editor opens (--no-edit): none would read it
 [ "$REPOTUNE_HOOK" = off ] && exit 0
 git_dir=$(git rev-parse --git-dir 2>/dev/null) || exit 0
 for busy in rebase-merge rebase-apply CHERRY_PICK_HEAD REVERT_HEAD MERGE_HEAD; do
@@ -212,7 +214,7 @@ def comment_prefix(original: str) -> str | None:
     """What begins a line git strips from the message (`core.commentString`, `core.commentChar`, `#`
     unset); None where a commented line might be kept: `auto` picks the character per message, a
     `commit.cleanup` other than strip keeps comments, and where git wrote no comment of its own into
-    `original` no editor opens (`--no-edit`), and git keeps what the file holds."""
+    `original` it may keep them (it strips comments by default only where an editor opens)."""
 
     def config(key: str) -> str | None:
         found = subprocess.run(["git", "config", "--get", key], capture_output=True, text=True, timeout=10)
