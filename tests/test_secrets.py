@@ -97,6 +97,7 @@ def test_a_file_that_is_a_credential_by_its_name_is_redacted_whole():
         'SECRET_KEY = "change-me-in-production"',
         'api_key: str = ""',
         'url = "postgres://user:${PGPASSWORD}@db/app"',
+        'url = "http://127.0.0.1:#{@port}/ws/websocket"',  # Elixir's (and Ruby's) interpolation
         'clone = "https://github.com/org/repo.git"',
         'token_type = "bearer_token_v2"',
         "AKIA_PREFIX = 'AKIA'",
