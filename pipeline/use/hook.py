@@ -3,12 +3,13 @@
 `install` writes a small POSIX shell hook into the repository's hooks directory (`git rev-parse
 --git-path hooks`, so `core.hooksPath` is honoured). The shell part decides whether to suggest at all:
 not for `-m`/`-F`, merges, squashes, amends (`commit` source), where no editor opens (`--no-edit`: git
-runs its hooks with `GIT_EDITOR=:` then, and a suggestion would be committed unread), or while a rebase,
-cherry-pick or revert is under way, and not when the interpreter it was installed with is gone. Then `suggest` (below) runs in
-an isolated interpreter (`python -I`: the committed repository's files and environment variables cannot
-shadow a module) with a hard deadline: the kernel ends it at `--timeout` seconds whatever it is doing
-(SIGALRM's default action), and the message file is only ever replaced whole, so a timeout, a crash, a
-moved adapter or a broken environment leaves git's message as it was. The hook always exits 0 after
+runs its hooks with `GIT_EDITOR=:` then, and a suggestion would be committed unread), or while a
+rebase, cherry-pick or revert is under way, and not when the interpreter it was installed with is gone.
+Then `suggest` (below) runs in an isolated interpreter (`python -I`: the committed repository's files
+and environment variables cannot shadow a module) with a hard deadline: the kernel ends it at
+`--timeout` seconds whatever it is doing (SIGALRM's default action), and the message file is only ever
+replaced whole, so a timeout, a crash, a moved adapter or a broken environment leaves git's message as
+it was. The hook always exits 0 after
 its own work, with one line on stderr at most.
 
 The suggestion comes from the system the run chose (`adapter/retrieval/system.json`): the lookup or the
