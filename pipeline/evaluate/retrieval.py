@@ -168,6 +168,14 @@ def parse(commit: PastCommit) -> Parsed:
     )
 
 
+def parse_all(commits: Sequence[PastCommit]) -> list[Parsed]:
+    """Every commit's `parse`; the names split on the way are forgotten after (on rails/rails, 20,000
+    diffs held 71,095 distinct names), so that training does not hold them."""
+    parsed = [parse(commit) for commit in commits]
+    _terms_of.cache_clear()
+    return parsed
+
+
 @dataclass(frozen=True)
 class Neighbour:
     position: int
@@ -202,7 +210,7 @@ class Index:
         bm25s = _import_bm25s()
         started = time.perf_counter()
         if parsed is None:
-            parsed = [parse(commit) for commit in commits]
+            parsed = parse_all(commits)
         retriever = bm25s.BM25()
         retriever.index([each.terms for each in parsed], show_progress=False)
         return cls(

@@ -42,7 +42,7 @@ from pipeline.evaluate.retrieval import (
     changed_paths,
     identifiers,
     newest_first,
-    parse,
+    parse_all,
     past_commits,
 )
 from pipeline.evaluate.versions import moved
@@ -439,7 +439,7 @@ def _indexes(commits: Sequence[PastCommit]) -> tuple[Index, Index]:
     what the run leaves, `for_use`). Each diff is read once for both: on rails/rails' 70,413 commits
     reading took 24 s and indexing 16."""
     started = time.perf_counter()
-    parsed = [parse(commit) for commit in commits]
+    parsed = parse_all(commits)
     known = [position for position, commit in enumerate(commits) if commit.split != "eval"]
     index = Index.build([commits[i] for i in known], [parsed[i] for i in known])
     index.build_seconds = time.perf_counter() - started
