@@ -200,14 +200,16 @@ _NOT_LITERALS = frozenset(
 `credentials: 'include'`, `password: str`, `secrets: inherit`."""
 
 
-_TEMPLATE = re.compile(r"\$\{|\{\{|\{\w*\}|%[sdrif(]")
-"""Where a string is filled in by code: `${X}`, `{{ x }}`, `{}`, `{0}`, `{name}`, `%s`, `%(name)s`."""
+_TEMPLATE = re.compile(r"\$\{|#\{|\{\{|\{\w*\}|%[sdrif(]")
+"""Where a string is filled in by code: `${X}`, Ruby's and Elixir's `#{x}`, `{{ x }}`, `{}`, `{0}`, `{name}`,
+`%s`, `%(name)s`."""
 
 
 def is_literal(value: str, name: str = "") -> bool:
     """A value a person wrote down, not code, a reference or a placeholder: `hunter2hunter`, `secret`
-    (people's passwords are words); not `${DB_PASSWORD}`, `{{ vault_pw }}`, `!vault`, `*alias`, `$(cat f)`, `getpass()`, `/run/secrets/db`,
-    `true`, `changeme`, or the key's own name (`password=password`)."""
+    (people's passwords are words); not `${DB_PASSWORD}`, `#{ENV['DB_PASSWORD']}`, `{{ vault_pw }}`,
+    `!vault`, `*alias`, `$(cat f)`, `getpass()`, `/run/secrets/db`, `true`, `changeme`, or the key's own
+    name (`password=password`)."""
     value = value.strip()
     lowered = value.lower()
     return not (

@@ -98,6 +98,8 @@ def test_a_file_that_is_a_credential_by_its_name_is_redacted_whole():
         'api_key: str = ""',
         'url = "postgres://user:${PGPASSWORD}@db/app"',
         'url = "http://127.0.0.1:#{@port}/ws/websocket"',  # Elixir's (and Ruby's) interpolation
+        """password: "#{ENV['DB_PASSWORD']}",""",
+        'password: "#{ENV["DB_PASSWORD"]}",',
         'clone = "https://github.com/org/repo.git"',
         'token_type = "bearer_token_v2"',
         "AKIA_PREFIX = 'AKIA'",
