@@ -62,6 +62,17 @@ def test_an_answer_that_starts_over_is_cut_where_it_repeats_a_line():
     assert unlooped("") == ""
 
 
+def test_an_answer_that_says_one_phrase_over_and_over_in_a_line_is_cut_after_the_first():
+    assert unlooped("fix: fix: fix: fix: fix:") == "fix:"
+    assert unlooped("Update the test's own test's own test's own test's ow") == "Update the test's own"
+    assert (
+        unlooped("Add a test\n\nIt covers a a case") == "Add a test\n\nIt covers a a case"
+    )  # twice is no loop
+    assert unlooped("* * * *") == "* * * *"  # a phrase without a letter or digit is not one
+    # The first line that loops or repeats decides: what follows never moves the cut.
+    assert unlooped("Add x\nsay it say it say it\nAdd x") == "Add x\nsay it"
+
+
 def test_a_message_ends_at_the_line_break_that_completes_a_repeated_line(pretrained):
     """The decoder stops a row there, saving the steps a loop would take to the token limit; a line that
     has not ended yet ("Update chan…") may still become another, and a line break ends code at once."""
