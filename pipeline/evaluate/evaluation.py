@@ -65,7 +65,7 @@ BOOTSTRAP_RESAMPLES = 1000
 FEWEST_FOR_AN_INTERVAL = 10
 EVALUATION_FILE = "evaluation.jsonl"
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = 5
+EVALUATION_FORMAT = 6  # 6: a phrase said three times running in a line is cut (`unlooped`)
 CODE_CONTEXT_LINES = 6  # lines of the hunk before the one asked: prompts are most of the cost
 CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data line would be the whole prompt)
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
