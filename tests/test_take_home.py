@@ -264,8 +264,8 @@ def test_the_hook_shows_alternatives_only_where_git_drops_them(config, tiny_run,
 
 def test_without_an_editor_the_hook_suggests_nothing_to_commit_unread(tiny_run, work_repo, cli, monkeypatch):
     """`git commit --no-edit` opens no editor (git runs its hooks with GIT_EDITOR=:): a suggestion would be
-    committed unread, so git's message stays empty and git refuses it, as without the hook. Reading the
-    suggestion first and committing it is `generate`'s, into `git commit -F -`."""
+    committed unread, so git's message stays empty and git refuses it, as without the hook. Committing a
+    suggestion without an editor on purpose is `generate`'s, piped into `git commit -F -`."""
     assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
     stage(work_repo, 12)
     refused = git_commit(work_repo, "--no-edit")
