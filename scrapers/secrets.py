@@ -497,11 +497,12 @@ RULES: tuple[Rule, ...] = (
         # The pattern without its scheme: only lines with a user and a password in a URL.
         (r"://[^/\s:@'\"<>]+:[^/\s@'\"<>]+@",),
         group=1,
-        # Not a template's placeholder: `${PASS}`, `{password}`, `<password>`, `%s`, and Ruby's or Elixir's
-        # interpolation, `"http://127.0.0.1:#{@port}/ws"` (its `@` is an attribute's, not a host's).
+        # Not a template's placeholder: `$PASS`, `{password}`, `<password>`, `%s`, or one `_TEMPLATE` knows, as
+        # Ruby's and Elixir's `"http://127.0.0.1:#{@port}/ws"` (its `@` is an attribute's, not a host's).
         accept=lambda match: (
             not (
-                match.group(1).startswith(("$", "{", "<", "%", "#{"))
+                match.group(1).startswith(("$", "{", "<", "%"))
+                or _TEMPLATE.match(match.group(1))
                 or match.group(1) in ("password", "pass", "****")
             )
         ),

@@ -26,6 +26,8 @@ from scrapers.notebooks import MAX_BYTES as NOTEBOOK_BYTES
 from scrapers.notebooks import as_source, blobs_of
 from scrapers.secrets import redact_all, redaction_origins
 
+SOURCE_MAY_KEEP = (None, "binary_file", "file_diff_too_large")
+"""Why a notebook's change may be dropped as git diffed it, where its cells' source would be kept."""
 REDACT_BATCH = 128  # commits redacted together: enough to share the hint scans, little to hold
 PROGRESS_EVERY = 64  # commits between progress-counter updates (a shared counter costs a lock)
 
@@ -183,11 +185,15 @@ def _kept_files(
 ) -> list[FileChange]:
     """The files of a kept commit that training reads, a notebook's as its cells' source (`notebooks`);
     the others counted by why they were dropped (binary ones in `binary_blobs`, until sizes are known)."""
-    contents = blob_contents(repo, blobs_of(commit.files), NOTEBOOK_BYTES)
+    reasons = [filters.file_reason(change) for change in commit.files]
+    # Only a notebook kept but for git's diff of it is read: one excluded by the globs never is.
+    readable = [
+        change for change, reason in zip(commit.files, reasons, strict=True) if reason in SOURCE_MAY_KEEP
+    ]
+    contents = blob_contents(repo, blobs_of(readable), NOTEBOOK_BYTES)
     files = []
-    for change in commit.files:
-        reason = filters.file_reason(change)
-        if reason in (None, "binary_file", "file_diff_too_large"):  # a notebook's source may not be
+    for change, reason in zip(commit.files, reasons, strict=True):
+        if reason in SOURCE_MAY_KEEP:
             source = as_source(change, contents, context)
             if source is not change:
                 stats.notebooks_read += 1

@@ -9,8 +9,7 @@ Then `suggest` (below) runs in an isolated interpreter (`python -I`: the committ
 and environment variables cannot shadow a module) with a hard deadline: the kernel ends it at
 `--timeout` seconds whatever it is doing (SIGALRM's default action), and the message file is only ever
 replaced whole, so a timeout, a crash, a moved adapter or a broken environment leaves git's message as
-it was. The hook always exits 0 after
-its own work, with one line on stderr at most.
+it was. The hook always exits 0 after its own work, with one line on stderr at most.
 
 The suggestion comes from the system the run chose (`adapter/retrieval/system.json`): the lookup or the
 selector answer in well under a second; where the run chose the fine-tuned model, the retrieval
