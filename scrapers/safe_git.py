@@ -13,6 +13,8 @@ SAFE_GIT_CONFIG = {
     "protocol.allow": "never",  # no transport at all: a partial clone must not lazily fetch
     "diff.noprefix": "false",  # the parser relies on a/ and b/ prefixes
     "diff.mnemonicPrefix": "false",
+    "diff.srcPrefix": "a/",  # git 2.45 and later read these two; earlier ones ignore them
+    "diff.dstPrefix": "b/",
     "diff.relative": "false",
     "core.quotePath": "false",  # non-ASCII paths as UTF-8, not octal escapes
     "i18n.logOutputEncoding": "UTF-8",  # messages re-encoded from their encoding header
@@ -20,9 +22,13 @@ SAFE_GIT_CONFIG = {
     # What the repository's config could otherwise change in the diffs the parser reads.
     "diff.submodule": "short",  # gitlinks as commit ids, not logs of the submodule
     "diff.algorithm": "myers",
+    "diff.indentHeuristic": "true",  # git's default; false moves hunks' edges (379 lines of flask's newest 300 diffs)
+    "diff.renameLimit": "1000",  # git's default; 1 would read a renamed file as deleted and added
     "diff.interHunkContext": "0",
     "diff.ignoreSubmodules": "none",
     "diff.suppressBlankEmpty": "false",
+    "diff.orderFile": os.devnull,  # an order file would move which files come first, and so survive a cut
+    "log.showRoot": "true",  # false would read the first commit without its diff
     "core.attributesFile": os.devnull,
 }
 SAFE_GIT_ENV = {

@@ -59,6 +59,8 @@ def test_the_recorded_remote_url_is_stripped(sample_repo):
 
 def hostile_config(repo: GitRepo) -> None:
     """What a repository's own config may hold that once broke or steered a scrape."""
+    order = repo.path / ".git" / "order.txt"
+    order.write_text("pkg/*\n")  # files in another order than git's, which a prompt's cut would see
     with (repo.path / ".git" / "config").open("a") as config:
         config.write(
             '[includeIf "gitdir:/"]\n\tpath = elsewhere.inc\n'
@@ -67,7 +69,9 @@ def hostile_config(repo: GitRepo) -> None:
             '[weird "section"]\n\tvalue = 1\n'
             "[core]\n\tworktree = /nonexistent/worktree\n\tquotePath = true\n"
             "[diff]\n\tsubmodule = log\n\talgorithm = patience\n\tnoprefix = true\n\tinterHunkContext = 9\n"
-            "[log]\n\tshowSignature = true\n"
+            f"\tsrcPrefix = x/\n\tdstPrefix = y/\n\torderFile = {order}\n\tindentHeuristic = false\n"
+            "\trenameLimit = 1\n"
+            "[log]\n\tshowSignature = true\n\tshowRoot = false\n"
             '[remote "origin"]\n\turl = https://user:token@example.com/x.git?private_token=abc\n'
         )
     (repo.path / ".git" / "elsewhere.inc").write_text(
