@@ -82,6 +82,13 @@ class Repository:
         """The repository's path for messages and the manifest: the work tree, or the git dir if bare."""
         return str(self.work_tree or self.git_dir)
 
+    @property
+    def common_dir(self) -> Path:
+        """Where the config and the shallow list are: a linked work tree's (`git worktree add`) git dir
+        names the main one's in its `commondir` file, as git reads it."""
+        named = self.git_dir / "commondir"
+        return (self.git_dir / named.read_text().strip()).resolve() if named.is_file() else self.git_dir
+
 
 def open_repository(path: str | Path) -> Repository:
     """Open the repository containing `path`, with every configured program disabled."""
@@ -97,7 +104,7 @@ def open_repository(path: str | Path) -> Repository:
     try:
         git_dir, bare = runner.execute(
             ["git", "rev-parse", "--absolute-git-dir", "--is-bare-repository"]
-        ).split()
+        ).splitlines()  # one per line: a path may hold spaces
     except git.GitCommandError as err:
         failure = git_failure(err.stderr)
         if "not a git repository" in failure:
@@ -152,7 +159,7 @@ def describe_repository(repo: Repository, commit_count: int | None = None) -> Re
         branch=branch,
         remote_url=_remote_url(repo),
         bare=repo.work_tree is None,
-        shallow=(repo.git_dir / "shallow").exists(),
+        shallow=(repo.common_dir / "shallow").exists(),
         commit_count=commit_count,
     )
 
@@ -166,7 +173,7 @@ def _remote_url(repo: Repository) -> str | None:
                 "git",
                 "config",
                 "--file",
-                str(repo.git_dir / "config"),
+                str(repo.common_dir / "config"),
                 "--no-includes",
                 "--get-regexp",
                 r"^remote\..*\.url$",
@@ -252,7 +259,7 @@ def resolved(repo: Repository, rev: str) -> list[str]:
 
 def shallow_boundaries(repo: Repository) -> frozenset[str]:
     """Commits where a shallow clone's history was cut (their parents are missing)."""
-    path = repo.git_dir / "shallow"
+    path = repo.common_dir / "shallow"
     return frozenset(path.read_text().split()) if path.exists() else frozenset()
 
 

@@ -109,6 +109,26 @@ def test_the_repositorys_config_neither_breaks_nor_steers_the_scrape(cli, sample
     assert texts[0] == texts[1]
 
 
+def test_a_repository_whose_path_holds_spaces_scrapes(cli, tmp_path):
+    repo = GitRepo(tmp_path / "my projects" / "the repo ü")
+    for index in range(1, 4):
+        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    result = cli("scrape", "--repo", repo.path, "--output-dir", tmp_path / "out")
+    assert result.code == 0, result.err
+    assert read_json(tmp_path / "out" / "MANIFEST.json")["repository"]["path"] == str(repo.path.resolve())
+
+
+def test_a_linked_work_tree_reads_its_main_repositorys_config(cli, sample_repo, tmp_path):
+    """`git worktree add`: the linked tree's git dir holds neither the config nor the shallow list."""
+    sample_repo.git("remote", "add", "origin", "https://bob:hunter2@example.com/team/sample.git")
+    sample_repo.git("worktree", "add", "--quiet", "--detach", str(tmp_path / "linked"), "HEAD~2")
+    result = cli("scrape", "--repo", tmp_path / "linked", "--output-dir", tmp_path / "out")
+    assert result.code == 0, result.err
+    described = read_json(tmp_path / "out" / "MANIFEST.json")["repository"]
+    assert described["remote_url"] == "https://example.com/team/sample.git"
+    assert (described["path"], described["commit_count"]) == (str((tmp_path / "linked").resolve()), 10)
+
+
 def test_any_revision_scrapes_whatever_head_points_to(cli, tmp_path):
     repo = GitRepo(tmp_path / "repo")
     for index in range(1, 4):
