@@ -13,6 +13,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from shlex import quote
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import LoadedConfig
@@ -312,7 +313,8 @@ def update(args: argparse.Namespace) -> None:
     if installed_adapter(parent.repo) == parent.adapter_dir.resolve():
         say(
             f"the commit hook in {parent.repo} still suggests with {parent.directory}: "
-            f"`hook install --repo {parent.repo} --adapter {record.output_dir}` moves it to this update"
+            f"`hook install --repo {quote(str(parent.repo))} --adapter {quote(str(record.output_dir))}` moves it "
+            "to this update"
         )
     record.announce()
 
@@ -405,8 +407,12 @@ def export(args: argparse.Namespace) -> None:
         f"wrote {exported.gguf} ({exported.gguf_type}, {exported.tensors} tensors, "
         f"{exported.bytes / 1e6:.0f} MB) and {exported.modelfile}"
     )
-    print(f"  ollama: cd {exported.gguf.parent} && ollama create repotune -f {exported.modelfile.name}")
-    print(f"  llama.cpp: llama-cli -m {exported.gguf}")
+    # Commands to paste into a shell, so quoted: a path may hold a space.
+    print(
+        f"  ollama: cd {quote(str(exported.gguf.parent))} && ollama create repotune -f "
+        f"{quote(exported.modelfile.name)}"
+    )
+    print(f"  llama.cpp: llama-cli -m {quote(str(exported.gguf))}")
     print(
         f"  a message for the staged change, its files read as training read them: {exported.staged} | ollama run repotune"
     )

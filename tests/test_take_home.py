@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -170,10 +171,17 @@ def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
 
 
 def test_q8_0_is_smaller_and_loads(tiny_run, tmp_path, cli):
-    assert cli("export", "--adapter", tiny_run, "--output", tmp_path / "f16.gguf").code == 0
-    assert cli("export", "--adapter", tiny_run, "--output", tmp_path / "q8.gguf", "--type", "q8_0").code == 0
-    assert (tmp_path / "q8.gguf").stat().st_size < (tmp_path / "f16.gguf").stat().st_size
-    model, tokenizer = load_gguf(tmp_path / "q8.gguf")
+    home = tmp_path / "take home"  # the commands it prints are pasted into a shell: quoted
+    assert cli("export", "--adapter", tiny_run, "--output", home / "f16.gguf").code == 0
+    exported = cli("export", "--adapter", tiny_run, "--output", home / "q8.gguf", "--type", "q8_0")
+    assert exported.code == 0
+    printed = {
+        line.split(": ", 1)[0].strip(): line.split(": ", 1)[1] for line in exported.out.splitlines()[1:3]
+    }
+    assert shlex.split(printed["llama.cpp"]) == ["llama-cli", "-m", str(home / "q8.gguf")]
+    assert shlex.split(printed["ollama"])[:2] == ["cd", str(home)]
+    assert (home / "q8.gguf").stat().st_size < (home / "f16.gguf").stat().st_size
+    model, tokenizer = load_gguf(home / "q8.gguf")
     assert len(greedy(model, tokenizer, PROMPTS[0], 4)) == 4
 
 

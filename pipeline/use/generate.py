@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from pipeline.config import EvalConfig
@@ -20,7 +21,7 @@ def adapter_directory(path: str | Path) -> Path:
     if newest := newest_checkpoint(directory / CHECKPOINT_DIR):
         raise ModelLoadError(
             f"--adapter {path}: no adapter/ (the run did not finish), but its newest checkpoint has one: "
-            f"--adapter {newest}"
+            f"--adapter {shlex.quote(str(newest))}"
         )
     raise ModelLoadError(
         f"--adapter {path}: no adapter_config.json there (pass a run's output directory or its adapter/)"
