@@ -35,6 +35,7 @@ from pipeline.use.cli import (
     run_command,
     update_options,
 )
+from scrapers.safe_git import forget_inherited_repository
 
 if TYPE_CHECKING:  # torch comes with it: loaded where training starts, not for --help
     from pipeline.train.trainer import Job
@@ -497,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     # the rest anew (2 cores: a run's training libraries 29-35 s to import instead of 11-13.5, `generate`
     # 5.4-6.0 s instead of 1.6-2.0).
     sys.dont_write_bytecode = False
+    forget_inherited_repository()
     args = parse_args(sys.argv[1:] if argv is None else argv, COMMANDS)
     return run_command(COMMANDS[args.command].handler, args)
 

@@ -44,3 +44,19 @@ SAFE_GIT_ENV = {
     "GIT_FLUSH": "0",
 }
 SAFE_LOG_FLAGS = ("--no-ext-diff", "--no-textconv", "--no-color", "--no-show-signature", "--encoding=UTF-8")
+# The variables through which a process inherits a repository rather than finding it (`git rev-parse
+# --local-env-vars`, git 2.39): git sets GIT_DIR and GIT_INDEX_FILE for its hooks and aliases, and with
+# them in the environment `--repo PATH` would read another repository's history under PATH's name.
+LOCAL_GIT_ENV = (
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_CONFIG", "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT",
+    "GIT_OBJECT_DIRECTORY", "GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE", "GIT_GRAFT_FILE",
+    "GIT_INDEX_FILE", "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE", "GIT_PREFIX",
+    "GIT_INTERNAL_SUPER_PREFIX", "GIT_SHALLOW_FILE", "GIT_COMMON_DIR",
+)  # fmt: skip
+
+
+def forget_inherited_repository() -> None:
+    """Leave the repository to `--repo`: no git variable this process inherited names one instead. Not
+    for the commit hook, whose staged change is the one GIT_DIR and GIT_INDEX_FILE name."""
+    for name in LOCAL_GIT_ENV:
+        os.environ.pop(name, None)

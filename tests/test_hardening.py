@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from scrapers.git import describe_repository, open_repository, strip_credentials
+from scrapers.safe_git import LOCAL_GIT_ENV
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +128,25 @@ def test_a_linked_work_tree_reads_its_main_repositorys_config(cli, sample_repo, 
     described = read_json(tmp_path / "out" / "MANIFEST.json")["repository"]
     assert described["remote_url"] == "https://example.com/team/sample.git"
     assert (described["path"], described["commit_count"]) == (str((tmp_path / "linked").resolve()), 10)
+
+
+def test_git_variables_inherited_from_a_hook_or_an_alias_do_not_swap_the_repository(
+    cli, sample_repo, tmp_path, monkeypatch
+):
+    other = GitRepo(tmp_path / "other")
+    other.commit("Add the other module", {"other.py": module_source(1)})
+    monkeypatch.setenv("GIT_DIR", str(other.path / ".git"))  # as git sets it for a hook or an alias
+    monkeypatch.setenv("GIT_INDEX_FILE", str(other.path / ".git" / "index"))
+    result = cli("scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out")
+    assert result.code == 0, result.err
+    assert read_json(tmp_path / "out" / "MANIFEST.json")["repository"]["commit_count"] == 12
+
+
+def test_every_variable_that_names_a_repository_is_forgotten():
+    listed = subprocess.run(
+        ["git", "rev-parse", "--local-env-vars"], capture_output=True, text=True, check=True
+    )
+    assert set(listed.stdout.split()) <= set(LOCAL_GIT_ENV)
 
 
 def test_any_revision_scrapes_whatever_head_points_to(cli, tmp_path):
