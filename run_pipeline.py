@@ -456,16 +456,24 @@ def report(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {
-    "run": Command(run, "scrape, plan and train a LoRA adapter (the default command)", resume_option),
+    "run": Command(
+        run, "scrape, plan and train a LoRA adapter (the default command)", resume_option, needs_git=True
+    ),
     "update": Command(
         update,
         "continue a run's adapter on the commits made since it, with lineage and forgetting measured",
         update_options,
         needs_repo=False,
+        needs_git=True,
     ),
-    "scrape": Command(scrape, "turn the repository's history into sequences.jsonl, without training"),
+    "scrape": Command(
+        scrape, "turn the repository's history into sequences.jsonl, without training", needs_git=True
+    ),
     "plan": Command(
-        plan, "decide every training parameter and say why, without training", hardware_profile_option
+        plan,
+        "decide every training parameter and say why, without training",
+        hardware_profile_option,
+        needs_git=True,
     ),
     "generate": Command(
         generate, "generate with a trained adapter, or merge it into its base model", generate_options, False
@@ -478,13 +486,17 @@ COMMANDS = {
         "install a git hook that suggests commit messages (never blocking a commit)",
         hook_options,
         False,
+        needs_git=True,
     ),
     "diff": Command(diff, "compare two manifests: what changed, by how much", diff_options, False),
     "report": Command(
         report, "write one self-contained HTML page about a run, or comparing runs", report_options, False
     ),
     "prepare": Command(
-        prepare, "scrape and tokenize into the token cache without training", hardware_profile_option
+        prepare,
+        "scrape and tokenize into the token cache without training",
+        hardware_profile_option,
+        needs_git=True,
     ),
     "monitor": Command(
         monitor, "watch GPUs, CPU and RAM (and a process), then summarise and advise", monitor_options, False
@@ -500,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.dont_write_bytecode = False
     forget_inherited_repository()
     args = parse_args(sys.argv[1:] if argv is None else argv, COMMANDS)
-    return run_command(COMMANDS[args.command].handler, args)
+    return run_command(COMMANDS[args.command], args)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,20 @@ def test_unwritable_output_directory(cli, sample_repo, tmp_path):
     assert "cannot write to output directory" in assert_one_line_error(result)
 
 
+@pytest.mark.parametrize("command", [(), ("scrape",), ("hook", "install")])
+def test_without_git_a_command_that_reads_a_repository_says_so(
+    command, cli, sample_repo, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a minimal image: no git
+    extra = ("--adapter", tmp_path) if command == ("hook", "install") else ("--output-dir", tmp_path / "out")
+    result = cli(*command, "--repo", sample_repo.path, *extra)
+    assert "git is not installed, or not on PATH" in assert_one_line_error(result)
+    assert (
+        not (tmp_path / "out").exists()
+        and not (sample_repo.path / ".git" / "hooks" / "prepare-commit-msg").exists()
+    )
+
+
 def test_config_error_exits_2_without_touching_the_output(cli, sample_repo, tmp_path):
     result = cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--set", "train.epochs=zero")
     assert "`train.epochs` (from the command line) must be an integer" in assert_one_line_error(result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
-from pipeline.errors import USER_ERRORS
+from pipeline.errors import USER_ERRORS, PipelineError
 from pipeline.use.hook import ALTERNATIVES
 
 DEFAULT_COMMAND = "run"
@@ -30,6 +31,8 @@ class Command:
     """Takes the shared options (--repo, --output-dir, --config, --set, ...)."""
     needs_repo: bool = True
     """--repo is required (an update takes its parent's repository by default)."""
+    needs_git: bool = False
+    """Reads a repository through git: without git on PATH the command says so in one line."""
 
 
 def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
@@ -347,12 +350,18 @@ def command_flags(args: argparse.Namespace) -> dict[str, Any]:
 SILENT_RANK_GRACE_S = 2.0  # how long a silent rank waits before failing, so rank 0 is heard
 
 
-def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+def run_command(command: Command, args: argparse.Namespace) -> int:
     """Run a command; an error the user can fix becomes one line on stderr and its exit code."""
     # Under torchrun every rank fails alike; only rank 0 says so, so the user reads one line.
     speaks = os.environ.get("RANK", "0") == "0"
     try:
-        return handler(args) or 0
+        if command.needs_git and shutil.which("git") is None:
+            # GitPython's own check, at its import, fails with twenty lines about its settings.
+            raise PipelineError(
+                "git is not installed, or not on PATH: repotune reads the repository through it "
+                "(install git, e.g. `apt install git`, then run this again)"
+            )
+        return command.handler(args) or 0
     except BrokenPipeError:
         # The reader went away (`... | head`): what it wanted it has. Quietly, and for good: the
         # interpreter flushes stdout again at exit, into the same closed pipe.
