@@ -4,6 +4,9 @@ Apart from `scrapers.git` (which imports GitPython), so that the commit hook rea
 them without that import's 0.1 s."""
 
 import os
+import re
+import shutil
+import subprocess
 
 SAFE_GIT_CONFIG = {
     "core.fsmonitor": "false",  # `core.fsmonitor=<program>` runs on every work-tree scan
@@ -60,3 +63,27 @@ def forget_inherited_repository() -> None:
     for the commit hook, whose staged change is the one GIT_DIR and GIT_INDEX_FILE name."""
     for name in LOCAL_GIT_ENV:
         os.environ.pop(name, None)
+
+
+# GIT_CONFIG_COUNT, through which SAFE_GIT_CONFIG reaches every git process, and `--diff-merges` came in
+# git 2.31 (March 2021); an older git would ignore the first without a word.
+OLDEST_GIT = (2, 31)
+
+
+def git_problem() -> str | None:
+    """Why the git on PATH cannot read a repository for repotune (missing, or older than OLDEST_GIT), as
+    one line that says what to do; None when it can."""
+    if shutil.which("git") is None:
+        return (
+            "git is not installed, or not on PATH: repotune reads the repository through it "
+            "(install git, e.g. `apt install git`, then run this again)"
+        )
+    said = subprocess.run(["git", "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    found = re.search(r"(\d+)\.(\d+)", said)
+    if found and (int(found[1]), int(found[2])) < OLDEST_GIT:
+        oldest = ".".join(map(str, OLDEST_GIT))
+        return (
+            f"{said} is older than git {oldest}, the oldest that repotune's safety settings reach "
+            "(install a newer git, e.g. from your distribution's backports, then run this again)"
+        )
+    return None

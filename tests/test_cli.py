@@ -95,17 +95,24 @@ def test_unwritable_output_directory(cli, sample_repo, tmp_path):
 
 
 @pytest.mark.parametrize("command", [(), ("scrape",), ("hook", "install")])
-def test_without_git_a_command_that_reads_a_repository_says_so(
-    command, cli, sample_repo, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    "git",
+    [(None, "git is not installed, or not on PATH"), ("2.25.1", "git version 2.25.1 is older than git 2.31")],
+)
+def test_without_a_usable_git_a_command_that_reads_a_repository_says_so(
+    command, git, cli, sample_repo, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv("PATH", str(tmp_path))  # a minimal image: no git
+    version, said = git
+    if version:  # an old distribution's git, which would ignore the safety settings without a word
+        fake = tmp_path / "git"
+        fake.write_text(f"#!/bin/sh\necho 'git version {version}'\n")
+        fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
     extra = ("--adapter", tmp_path) if command == ("hook", "install") else ("--output-dir", tmp_path / "out")
     result = cli(*command, "--repo", sample_repo.path, *extra)
-    assert "git is not installed, or not on PATH" in assert_one_line_error(result)
-    assert (
-        not (tmp_path / "out").exists()
-        and not (sample_repo.path / ".git" / "hooks" / "prepare-commit-msg").exists()
-    )
+    assert said in assert_one_line_error(result)
+    assert not (tmp_path / "out").exists()
+    assert not (sample_repo.path / ".git" / "hooks" / "prepare-commit-msg").exists()
 
 
 def test_config_error_exits_2_without_touching_the_output(cli, sample_repo, tmp_path):

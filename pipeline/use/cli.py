@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -16,6 +15,7 @@ from typing import Any
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
 from pipeline.errors import USER_ERRORS, PipelineError
 from pipeline.use.hook import ALTERNATIVES
+from scrapers.safe_git import git_problem
 
 DEFAULT_COMMAND = "run"
 DESCRIPTION = "Fine-tune a code language model (LoRA) on a git repository's own history."
@@ -355,12 +355,9 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
     # Under torchrun every rank fails alike; only rank 0 says so, so the user reads one line.
     speaks = os.environ.get("RANK", "0") == "0"
     try:
-        if command.needs_git and shutil.which("git") is None:
-            # GitPython's own check, at its import, fails with twenty lines about its settings.
-            raise PipelineError(
-                "git is not installed, or not on PATH: repotune reads the repository through it "
-                "(install git, e.g. `apt install git`, then run this again)"
-            )
+        # Before GitPython's own check, which fails at its import with twenty lines about its settings.
+        if command.needs_git and (problem := git_problem()):
+            raise PipelineError(problem)
         return command.handler(args) or 0
     except BrokenPipeError:
         # The reader went away (`... | head`): what it wanted it has. Quietly, and for good: the
