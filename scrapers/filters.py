@@ -82,6 +82,9 @@ def _translate(glob: str) -> str:
 # A Git LFS pointer stands in for a binary file stored elsewhere: its diff is a random object id and a size.
 # Its lines, by the spec (github.com/git-lfs/git-lfs/blob/main/docs/spec.md): the version, ext-… lines,
 # the oid, the size.
+# The SGR sequences git colours a diff with (`color.diff.*`, `diff.colorMoved`); piped into `generate`, they
+# would hide every `diff --git` line from the parser.
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _LFS_LINE = re.compile(
     r"[ +-](?:version https://git-lfs\.github\.com/spec/v1|ext-\S+ \S+|oid sha256:[0-9a-f]{64}|size \d+)"
 )
@@ -183,11 +186,13 @@ def as_trained(diff: str, filters: dict[str, Any], contents: Contents = contents
     binary, LFS pointer, vendored or oversized diff: the retrieval never indexed them, and a lockfile
     sorted first would fill the model's prompt), each rendered as the formats render it (no `index`
     line, git's 3 lines of context, UTF-8 paths), a notebook as its cells' source where `contents`
-    reads both versions (the repository run in). `diff` as given where it is not git's; where
+    reads both versions (the repository run in). A diff printed in colour (`git diff --color`,
+    `color.ui=always`) is read as the text it colours. `diff` as given where it is not git's; where
     training would have kept none of its files, all of them, rendered so (a suggestion from a lockfile's
     change beats none)."""
     config = ScrapeConfig(**filters)
     filtering = Filters(config)
+    diff = _COLOUR.sub("", diff)
     changes = parse_diff(diff.encode(), config.max_file_diff_bytes)
     read = contents(blobs_of(changes))
     sources = [as_source(change, read, DEFAULT_CONTEXT) for change in changes]

@@ -93,6 +93,10 @@ def test_a_staged_change_is_read_as_training_read_commits(tmp_path, monkeypatch)
     repo.git("add", "-A")
     monkeypatch.chdir(repo.path)
     staged = staged_diff()
+    coloured = repo.git(
+        "-c", "color.diff.new=bold green reverse", "-c", "diff.noprefix=false", "diff", "--cached", "-U3",
+        "--color=always",
+    )  # fmt: skip
     read = as_trained(staged, file_filters(ScrapeConfig()))
     assert read == trained_diff(repo, "Grow the core", tmp_path / "out")
     assert [line.split(" b/")[1] for line in read.splitlines() if line.startswith("diff --git")] == [
@@ -107,6 +111,8 @@ def test_a_staged_change_is_read_as_training_read_commits(tmp_path, monkeypatch)
         lockfile_only.startswith("diff --git a/Cargo.lock b/Cargo.lock\n") and "index " not in lockfile_only
     )
     assert as_trained("fix the parser\n", file_filters(ScrapeConfig())) == "fix the parser\n"
+    # `git diff --cached --color | generate …`, or a user's color.ui=always: read as the plain text.
+    assert "\x1b[" in coloured and as_trained(coloured, file_filters(ScrapeConfig())) == read
 
 
 def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):

@@ -256,7 +256,7 @@ def _use(base: str | None, params: dict[str, Any]) -> list[str]:
         "With repotune (the repository's past, in `retrieval/`, answers where the run chose it):",
         "",
         "```sh",
-        "git diff --cached | python run_pipeline.py generate --adapter adapter --task message --prompt -",
+        "git diff --cached --no-ext-diff | python run_pipeline.py generate --adapter adapter --task message --prompt -",
         "python run_pipeline.py export --adapter adapter --output model.gguf   # llama.cpp, Ollama",
         "python run_pipeline.py hook install --repo . --adapter adapter        # suggestions in git commit",
         "```",

@@ -22,6 +22,9 @@ from pipeline.errors import ExportError
 GGUF_TYPES = ("f16", "q8_0")
 """f16 keeps the merged weights; q8_0 halves the file for a small loss. SmolLM2's 576-wide rows are not a
 multiple of 256, so the k-quants (Q4_K and friends) cannot hold it."""
+# A diff piped to Ollama reaches the model as git prints it, so as plain text whatever the user's config:
+# colour (`color.ui=always`) or an external diff tool (`diff.external = difft`) would print something else.
+PIPED_DIFF_OPTIONS = ("--no-color", "--no-ext-diff")
 MODELFILE = "Modelfile"
 PROMPT_MARK, SYSTEM_MARK = "\x00PROMPT\x00", "\x00SYSTEM\x00"
 """Placeholders rendered through the chat template, then replaced by Ollama's template variables."""
@@ -70,7 +73,9 @@ def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> E
     finally:
         staging.unlink(missing_ok=True)
     style = adapter_facts(directory).style
-    staged = shlex.join(["git", "diff", "--cached", "--", *git_pathspecs(saved_file_filters(directory))])
+    staged = shlex.join(
+        ["git", "diff", "--cached", *PIPED_DIFF_OPTIONS, "--", *git_pathspecs(saved_file_filters(directory))]
+    )
     modelfile = destination.with_name(MODELFILE)
     modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style, staged), encoding="utf-8")
     return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors, staged)
