@@ -463,6 +463,42 @@ def test_an_existing_hook_is_kept_run_first_and_restored(tiny_run, work_repo, tm
     assert refused.code == 2 and "not repotune's" in refused.err
 
 
+def test_a_hook_managers_folder_is_left_alone_and_told_how_to_call_the_hook(
+    tiny_run, work_repo, tmp_path, cli
+):
+    """husky (v9) sets core.hooksPath to .husky/_, whose stubs find the user's script by their own file
+    name: renamed to make room, its prepare-commit-msg would stop running without a word."""
+    stubs = work_repo.path / ".husky" / "_"
+    stubs.mkdir(parents=True)
+    (stubs / "h").write_text(
+        '#!/bin/sh\ns="$(dirname "$(dirname "$0")")/$(basename "$0")"\n[ ! -f "$s" ] || sh -e "$s" "$@"\n'
+    )
+    (stubs / "prepare-commit-msg").write_text('#!/bin/sh\n. "$(dirname "$0")/h"\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    theirs = work_repo.path / ".husky" / "prepare-commit-msg"
+    theirs.write_text('echo "Refs: #12" >> "$1"\n')
+    work_repo.git("config", "core.hooksPath", ".husky/_")
+    before = {path: path.read_bytes() for path in stubs.iterdir()}
+    installed = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
+    assert installed.code == 0, installed.err
+    assert {path: path.read_bytes() for path in stubs.iterdir()} == before  # the manager's, untouched
+    assert (work_repo.path / ".git" / "hooks" / "prepare-commit-msg").exists()
+    line = installed.out.strip().rsplit("(husky: .husky/prepare-commit-msg): ", 1)[1]
+    stage(work_repo, 7)
+    assert git_commit(work_repo).returncode == 0
+    assert last_message(work_repo) == "Refs: #12"  # theirs runs, ours not yet called
+    theirs.write_text(f"{line}\n" + theirs.read_text())
+    stage(work_repo, 8)
+    assert git_commit(work_repo).returncode == 0
+    message = last_message(work_repo)
+    assert message.startswith("Add compute_") and message.endswith("Refs: #12")  # both
+    removed = cli("hook", "uninstall", "--repo", work_repo.path)
+    assert removed.code == 0 and "now does nothing" in removed.out
+    stage(work_repo, 9)
+    assert git_commit(work_repo).returncode == 0 and last_message(work_repo) == "Refs: #12"  # a no-op
+
+
 def test_hook_bad_input_is_one_line(tiny_run, tmp_path, cli):
     not_a_repo = cli("hook", "install", "--repo", tmp_path, "--adapter", tiny_run)
     assert not_a_repo.code == 2 and "not a git repository" in not_a_repo.err

@@ -1,7 +1,12 @@
 """A `prepare-commit-msg` hook that suggests a message for the staged diff, and never blocks a commit.
 
-`install` writes a small POSIX shell hook into the repository's hooks directory (`git rev-parse
---git-path hooks`, so `core.hooksPath` is honoured). The shell part decides whether to suggest at all:
+`install` writes a small POSIX shell hook into the clone's own hooks directory (`.git/hooks`, the main
+repository's for a linked work tree). Where `core.hooksPath` makes git run hooks from elsewhere (a hook
+manager's folder in the work tree, such as husky's `.husky/_`, shared with everyone who clones it, or a
+folder of the user's for all their repositories), that folder is left alone and `install` says which
+line of it calls this hook: a hook written there would go into every repository, or be rewritten by
+the manager, and husky's own would stop running once renamed (its stub finds its script by its file
+name). The shell part decides whether to suggest at all:
 not for `-m`/`-F`, merges, squashes, amends (`commit` source), where no editor opens (`--no-edit`: git
 runs its hooks with `GIT_EDITOR=:` then, and a suggestion would be committed unread), or while a
 rebase, cherry-pick or revert is under way, and not when the interpreter it was installed with is gone.
@@ -122,7 +127,14 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     staging.chmod(0o755)
     os.replace(staging, hook)
     shown = f", {alternatives} more below it, commented out" if alternatives else ""
-    return f"installed {hook}: suggestions from {directory} within {timeout:g} s{shown}{kept}"
+    said = f"installed {hook}: suggestions from {directory} within {timeout:g} s{shown}{kept}"
+    if (elsewhere := _run_from(repo)) != hooks:
+        said += (
+            f". git runs hooks from {elsewhere} (core.hooksPath), which repotune leaves alone: to have "
+            f"it suggest, add this line to the {HOOK} script there or to your hook manager's "
+            f"(husky: .husky/{HOOK}): {_call_line(hook)}"
+        )
+    return said
 
 
 def installed_adapter(repo: str | Path) -> Path | None:
@@ -152,24 +164,43 @@ def uninstall(repo: str | Path) -> str:
     if not hook.exists():
         return f"no repotune hook in {hooks}"
     hook.unlink()
+    said = f"removed {hook}"
     if previous.exists():
         previous.rename(hook)
-        return f"removed repotune's hook; {hook} is the one that was there before"
-    return f"removed {hook}"
+        said = f"removed repotune's hook; {hook} is the one that was there before"
+    if (elsewhere := _run_from(repo)) != hooks:
+        said += f" (a line that called it from {elsewhere} now does nothing; remove it when you like)"
+    return said
 
 
 def hooks_directory(repo: str | Path) -> Path:
+    """The clone's own hooks directory, where repotune's hook goes (`.git/hooks`; a linked work tree's
+    main repository's), whatever `core.hooksPath` says."""
+    return Path(_rev_parse(repo, "--git-common-dir")) / "hooks"
+
+
+def _run_from(repo: str | Path) -> Path:
+    """Where git runs hooks from: `hooks_directory`, or the folder `core.hooksPath` names."""
+    return Path(_rev_parse(repo, "--git-path", "hooks"))
+
+
+def _rev_parse(repo: str | Path, *asked: str) -> str:
     from pipeline.errors import PipelineError
 
     path = Path(repo).expanduser()
     try:
-        found = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--path-format=absolute", "--git-path", "hooks"],
+        return subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--path-format=absolute", *asked],
             capture_output=True, text=True, check=True, timeout=30,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         raise PipelineError(f"--repo {repo}: not a git repository") from None
-    return Path(found)
+
+
+def _call_line(hook: Path) -> str:
+    """The line that runs repotune's hook from another hook script (a no-op where it is not installed,
+    as in a teammate's clone): what to add where git runs hooks from elsewhere."""
+    return f'h="$(git rev-parse --git-common-dir)/hooks/{hook.name}"; [ ! -x "$h" ] || "$h" "$@"'
 
 
 def _ours(hook: Path) -> bool:
