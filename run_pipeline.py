@@ -366,8 +366,15 @@ def prepare(args: argparse.Namespace) -> None:
 def monitor(args: argparse.Namespace) -> None:
     """Watch GPUs, CPU and RAM (and a process) with the pipeline's sampler; a summary and advice at the end."""
     from pipeline.config import load_config
+    from pipeline.errors import PipelineError
     from pipeline.use.watch import fitted_interval, format_summary, watch
 
+    for name in ("duration", "interval"):
+        if (value := getattr(args, name)) is not None and not value > 0:
+            example = {"duration": 60, "interval": 1}[name]
+            raise PipelineError(
+                f"--{name} {value:g}: give a number of seconds above 0 (e.g. --{name} {example})"
+            )
     configured = load_config(None).config.monitor.collection_interval_seconds
     interval = args.interval or fitted_interval(configured, args.duration)
     report = watch(args.duration, interval, args.pid, args.output, args.argv)

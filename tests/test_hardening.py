@@ -220,6 +220,17 @@ def test_an_unwritable_output_is_one_line_naming_it(cli, tmp_path):
     assert broken.code == 2 and broken.err.strip().startswith(
         f"repotune: error: --adapter {adapter}: not a readable adapter"
     )
+    # Said before the model loads, where it was an internal error once the GGUF was written.
+    (tmp_path / "a-file").write_text("")
+    exported = cli("export", "--adapter", adapter, "--output", tmp_path / "a-file" / "m.gguf")
+    assert exported.code == 2
+    assert (
+        exported.err
+        == f"repotune: error: --output {tmp_path / 'a-file' / 'm.gguf'}: {tmp_path / 'a-file'} is a file, not a folder\n"
+    )
+    for option in ("--duration", "--interval"):
+        negative = cli("monitor", option, "-5", "--output", tmp_path / "m.json")
+        assert negative.code == 2 and negative.err.startswith(f"repotune: error: {option} -5: give a number")
 
 
 def test_a_closed_pipe_ends_quietly_with_exit_0(tmp_path):

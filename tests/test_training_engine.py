@@ -123,6 +123,10 @@ def test_generate_with_an_empty_prompt_is_one_line(cli, trained_run):
         .splitlines()[-1]
         .endswith("--prompt is empty: give the model text to continue (or - to read it from stdin)")
     )
+    # A commit message for nothing staged: the past would have answered with whatever it ranks first.
+    message = cli("generate", "--adapter", out, "--task", "message", "--prompt", "")
+    assert message.code == 2 and message.err.count("\n") == 1
+    assert message.err.startswith("repotune: error: --prompt is empty: give the diff to write a message for")
 
 
 def test_generate_without_an_adapter_is_one_line(cli, tmp_path):

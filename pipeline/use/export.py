@@ -55,19 +55,25 @@ def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> E
     if gguf_type not in GGUF_TYPES:
         raise ExportError(f"--type {gguf_type}: choose one of {', '.join(GGUF_TYPES)}")
     directory = adapter_directory(adapter)
-    model, tokenizer = load_adapter(adapter, dense=True)
-    merged = model.merge_and_unload()
-    config = merged.config
-    if config.model_type != "llama":
-        raise ExportError(
-            f"export writes Llama-architecture models (smollm2-135m, tiny, Llama); {config.model_type} is not "
-            "supported yet: `generate --merge DIR` writes a Hugging Face directory that llama.cpp's "
-            "convert_hf_to_gguf.py converts"
-        )
-    vocabulary = _vocabulary(tokenizer, config.vocab_size)
-    destination.parent.mkdir(parents=True, exist_ok=True)
     staging = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
+    try:  # said before the model loads and merges (seconds), not after
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging.touch()
+    except FileExistsError:  # mkdir, where the folder named is a file
+        raise ExportError(f"--output {output}: {destination.parent} is a file, not a folder") from None
+    except OSError as err:
+        raise ExportError(f"--output {output}: cannot write there ({err.strerror or err})") from None
     try:
+        model, tokenizer = load_adapter(adapter, dense=True)
+        merged = model.merge_and_unload()
+        config = merged.config
+        if config.model_type != "llama":
+            raise ExportError(
+                f"export writes Llama-architecture models (smollm2-135m, tiny, Llama); {config.model_type} "
+                "is not supported yet: `generate --merge DIR` writes a Hugging Face directory that "
+                "llama.cpp's convert_hf_to_gguf.py converts"
+            )
+        vocabulary = _vocabulary(tokenizer, config.vocab_size)
         tensors = _write(staging, merged, tokenizer, vocabulary, gguf_type, directory)
         os.replace(staging, destination)
     finally:

@@ -106,6 +106,11 @@ def commit_messages(
     answers without loading the model at all. Then the next best `alternatives` from the past (the
     commit hook's, beside the model's answer where the model writes), the past read once for all."""
     directory = adapter_directory(path)
+    if not diff.strip():  # the past would answer nothing with whatever it ranks first
+        raise PipelineError(
+            "--prompt is empty: give the diff to write a message for (`git diff --cached --no-ext-diff | … "
+            "--prompt -`; nothing staged gives nothing)"
+        )
     read, found, model = _from_past(directory, diff, system, 1 + alternatives)
     if not model:
         return found
