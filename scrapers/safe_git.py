@@ -25,8 +25,8 @@ SAFE_GIT_CONFIG = {
     # What the repository's config could otherwise change in the diffs the parser reads.
     "diff.submodule": "short",  # gitlinks as commit ids, not logs of the submodule
     "diff.algorithm": "myers",
-    "diff.indentHeuristic": "true",  # git's default; false moves hunks' edges (379 lines of flask's newest 300 diffs)
-    "diff.renameLimit": "1000",  # git's default; 1 would read a renamed file as deleted and added
+    "diff.indentHeuristic": "true",  # false moves hunks' edges (379 lines of flask's newest 300 diffs)
+    "diff.renameLimit": "1000",  # git's default; 1 reads a renamed file as deleted and added
     "diff.interHunkContext": "0",
     "diff.ignoreSubmodules": "none",
     "diff.suppressBlankEmpty": "false",

@@ -32,7 +32,7 @@ class Command:
     needs_repo: bool = True
     """--repo is required (an update takes its parent's repository by default)."""
     needs_git: bool = False
-    """Reads a repository through git: without a git that can (`git_problem`) the command says so in one line."""
+    """Reads a repository through git: where git cannot (`git_problem`), the command says so in one line."""
 
 
 def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
