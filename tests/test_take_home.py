@@ -443,21 +443,29 @@ def test_the_hook_never_blocks_a_commit(breakage, tiny_run, work_repo, tmp_path,
         assert "no suggestion within 0.05s" in done.stderr
 
 
-def test_an_existing_hook_is_kept_run_first_and_restored(tiny_run, work_repo, tmp_path, cli):
+THEIRS = {  # a hook already in place, each saying the name it was called by (husky 4 dispatches on it)
+    "sh": '#!/bin/sh\necho "theirs ran as $(basename "$0")" >> "$1"\n',
+    "python": '#!/usr/bin/env python3\nimport sys\nopen(sys.argv[1], "a").write("theirs ran in Python\\n")\n',
+}
+
+
+@pytest.mark.parametrize("kind", THEIRS)
+def test_an_existing_hook_is_kept_run_first_and_restored(kind, tiny_run, work_repo, tmp_path, cli):
     hooks = work_repo.path / ".git" / "hooks"
     hooks.mkdir(exist_ok=True)
     theirs = hooks / "prepare-commit-msg"
-    theirs.write_text('#!/bin/sh\necho "theirs was here" >> "$1"\n')
+    theirs.write_text(THEIRS[kind])
     theirs.chmod(0o755)
     installed = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
     assert installed.code == 0 and "runs first" in installed.out
     stage(work_repo, 7)
     assert git_commit(work_repo).returncode == 0
     message = last_message(work_repo)
-    assert "theirs was here" in message and message.startswith("Add compute_")
+    said = {"sh": "theirs ran as prepare-commit-msg", "python": "theirs ran in Python"}[kind]
+    assert said in message.splitlines() and message.startswith("Add compute_")
     removed = cli("hook", "uninstall", "--repo", work_repo.path)
     assert removed.code == 0 and "was there before" in removed.out
-    assert theirs.read_text().startswith('#!/bin/sh\necho "theirs was here"')
+    assert theirs.read_text() == THEIRS[kind]
     assert not (hooks / "prepare-commit-msg.repotune-previous").exists()
     refused = cli("hook", "uninstall", "--repo", work_repo.path)
     assert refused.code == 2 and "not repotune's" in refused.err

@@ -23,8 +23,9 @@ it, the next best messages (`--alternatives`, 2 by default), commented out so th
 one is put in place of the first line; only where git surely drops them (its own comment character, a
 `commit.cleanup` that strips comments, an editor that opens).
 
-An existing hook that is not repotune's is kept and run first (`prepare-commit-msg.repotune-previous`);
-`uninstall` puts it back.
+An existing hook that is not repotune's is kept and run first (`prepare-commit-msg.repotune-previous`; a
+shell script as `prepare-commit-msg`, the name a hook manager such as husky 4 dispatches on); `uninstall`
+puts it back.
 """
 
 from __future__ import annotations
@@ -67,7 +68,14 @@ timeout={timeout}
 alternatives={alternatives}
 previous="$(dirname "$0")/{previous}"
 if [ -x "$previous" ]; then
-    "$previous" "$@" || exit $?  # the hook that was here first keeps its say
+    # The hook that was here first keeps its say, a shell script under the name it was called by: hook
+    # managers (husky 4, yorkie) find what to run by that name, which its new one would not give.
+    IFS= read -r first < "$previous" || true
+    case "$first" in
+        '#!/bin/sh'|'#!/usr/bin/env sh') REPOTUNE_PREVIOUS="$previous" sh -c '. "$REPOTUNE_PREVIOUS"' "$0" "$@" ;;
+        '#!/bin/bash'|'#!/usr/bin/env bash') REPOTUNE_PREVIOUS="$previous" bash -c '. "$REPOTUNE_PREVIOUS"' "$0" "$@" ;;
+        *) "$previous" "$@" ;;
+    esac || exit $?
 fi
 case "$2" in message|merge|squash|commit) exit 0 ;; esac
 [ "$GIT_EDITOR" = : ] && exit 0  # git's sign to its hooks that no editor opens (--no-edit): none would read it
