@@ -28,9 +28,11 @@ KEEPS = {
     "message_too_large": "a larger scrape.max_message_bytes",
     "too_many_files": "a larger scrape.max_commit_files",
     "commit_too_large": "a larger scrape.max_commit_diff_bytes",
+    # A clone made with --depth 1 holds one commit, without its parent to diff against.
+    "shallow_boundary": "`git fetch --unshallow` in the clone",
 }
-"""For a commit's skip reason that a setting decides, what keeps such commits (a history all bots or all
-merges must say how to learn from it anyway)."""
+"""For a commit's skip reason that a setting or a git command decides, what keeps such commits (a history
+all bots or all merges, or a clone of one commit, must say how to learn from it anyway)."""
 
 
 def what_keeps(skipped: dict[str, int]) -> str | None:

@@ -129,6 +129,15 @@ def test_repository_whose_commits_are_all_filtered(cli, tmp_path):
     assert line.endswith("no commit survived the filters (skipped: no_text_changes 1); nothing to train on")
 
 
+def test_a_clone_of_one_commit_says_how_to_fetch_the_history(cli, sample_repo, tmp_path):
+    clone = tmp_path / "clone"
+    sample_repo.git("clone", "--quiet", "--depth", "1", f"file://{sample_repo.path}", str(clone))
+    line = assert_one_line_error(cli("--repo", clone, "--output-dir", tmp_path / "out"))
+    assert line.endswith(
+        "nothing to train on (`git fetch --unshallow` in the clone keeps the 1 skipped as shallow_boundary)"
+    )
+
+
 def test_a_range_that_holds_no_commit_says_so(cli, sample_repo, tmp_path):
     line = assert_one_line_error(
         cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--since", "2099-01-01")
