@@ -129,13 +129,17 @@ def test_repository_whose_commits_are_all_filtered(cli, tmp_path):
     assert line.endswith("no commit survived the filters (skipped: no_text_changes 1); nothing to train on")
 
 
-def test_a_clone_of_one_commit_says_how_to_fetch_the_history(cli, sample_repo, tmp_path):
+def test_a_shallow_clone_says_how_to_fetch_the_history(cli, sample_repo, tmp_path):
     clone = tmp_path / "clone"
     sample_repo.git("clone", "--quiet", "--depth", "1", f"file://{sample_repo.path}", str(clone))
     line = assert_one_line_error(cli("--repo", clone, "--output-dir", tmp_path / "out"))
     assert line.endswith(
         "nothing to train on (`git fetch --unshallow` in the clone keeps the 1 skipped as shallow_boundary)"
     )
+    deeper = tmp_path / "deeper"
+    sample_repo.git("clone", "--quiet", "--depth", "4", f"file://{sample_repo.path}", str(deeper))
+    scraped = cli("scrape", "--repo", deeper, "--output-dir", tmp_path / "deeper-out")
+    assert scraped.code == 0 and "`git fetch --unshallow` in it gives training the rest" in scraped.err
 
 
 def test_a_range_that_holds_no_commit_says_so(cli, sample_repo, tmp_path):

@@ -50,6 +50,11 @@ def scrape(
             else ""
         )
     )
+    if cut := stats.skipped.get("shallow_boundary"):
+        say(
+            f"  a shallow clone (`git clone --depth`): its history stops where it holds no parents "
+            f"({cut} skipped as shallow_boundary); `git fetch --unshallow` in it gives training the rest"
+        )
     if lacking := stats.skipped.get("partial_clone"):
         say(
             f"  {lacking} of them change files whose contents this partial clone (`git clone --filter`) does "
