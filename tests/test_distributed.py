@@ -113,14 +113,16 @@ def test_single_process_commands_refuse_torchrun(tmp_path, sample_repo):
     ]
 
 
-def test_repos_file_skips_a_repository_that_cannot_be_scraped(cli, tmp_path):
+def test_repos_file_skips_a_repository_that_cannot_be_scraped(cli, tmp_path, monkeypatch):
     first, second = GitRepo(tmp_path / "alpha"), GitRepo(tmp_path / "beta")
     for index in range(1, 4):
         first.commit(f"Add compute_{index}", {f"a{index}.py": module_source(index)})
         second.commit(f"Add describe_{index}", {f"b{index}.py": module_source(index + 10)})
-    listing = tmp_path / "repos.txt"
-    listing.write_text(f"# our services\n{first.path}\n\n{tmp_path / 'gone'}\n{second.path}\n")
+    listing = tmp_path / "lists" / "repos.txt"  # `../beta`: from the file's folder, wherever the command runs
+    listing.parent.mkdir()
+    listing.write_text(f"# our services\n{first.path}  # the first\n\n{tmp_path / 'gone'}\n../beta\n")
     out = tmp_path / "out"
+    monkeypatch.chdir(first.path)
     result = cli("scrape", "--repos-file", listing, "--output-dir", out, "--set", "scrape.format=diff")
     assert result.code == 0, result.err
     scrape = read_json(out / "MANIFEST.json")["scrape"]

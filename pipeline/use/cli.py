@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 import traceback
@@ -320,12 +321,16 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
 
 
 def _repos_from_file(path: Path) -> list[str]:
+    """The repositories a --repos-file lists, one a line. `#` begins a comment, on a line of its own or
+    after a space; a relative path is read from the file's folder, wherever the command runs (the list
+    is kept beside the repositories it names, and once resolved against the working directory)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as err:
         print(f"repotune: error: --repos-file {path}: {err.strerror or err}", file=sys.stderr)
         raise SystemExit(2) from None
-    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    entries = (re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip() for line in lines)
+    return [str(path.expanduser().parent / Path(entry).expanduser()) for entry in entries if entry]
 
 
 def loaded_config(args: argparse.Namespace) -> LoadedConfig:
