@@ -424,5 +424,8 @@ def git_failure(stderr: str | bytes | None) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     causes = [line for line in lines if line.startswith(("fatal:", "error:"))]
     if any("dubious ownership" in line for line in lines):
-        return "git refuses a repository owned by another user; if you trust it: git config --global --add safe.directory <path>"
+        # git's own hint names the path as git saw it, ready to paste
+        told = [line for line in lines if line.startswith("git config --global --add safe.directory")]
+        fix = told[0] if told else "git config --global --add safe.directory <path>"
+        return f"git refuses a repository owned by another user; if you trust it: {fix}"
     return (causes or lines or ["unknown error"])[0]

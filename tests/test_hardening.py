@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from scrapers.git import describe_repository, open_repository, strip_credentials
+from scrapers.git import describe_repository, git_failure, open_repository, strip_credentials
 from scrapers.safe_git import LOCAL_GIT_ENV
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
@@ -147,6 +147,18 @@ def test_every_variable_that_names_a_repository_is_forgotten():
         ["git", "rev-parse", "--local-env-vars"], capture_output=True, text=True, check=True
     )
     assert set(listed.stdout.split()) <= set(LOCAL_GIT_ENV)
+
+
+def test_a_repository_of_another_user_says_the_command_that_trusts_it():
+    said = (  # git 2.39's words, to a user whose repository another user owns
+        "fatal: detected dubious ownership in repository at '/srv/my repo'\n"
+        "To add an exception for this directory, call:\n\n"
+        "\tgit config --global --add safe.directory '/srv/my repo'\n"
+    )
+    assert git_failure(said) == (
+        "git refuses a repository owned by another user; if you trust it: "
+        "git config --global --add safe.directory '/srv/my repo'"
+    )
 
 
 def test_any_revision_scrapes_whatever_head_points_to(cli, tmp_path):
