@@ -450,7 +450,10 @@ def tracker_problem(names: list[str]) -> str | None:
     return None
 
 
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+# 1h30m as written, and as said: "10 min", "1 hour 30 minutes", "90 sec" (spaces are taken out first).
+_DURATION = re.compile(
+    r"(?:(\d+(?:\.\d+)?)h(?:ours?|rs?)?)?(?:(\d+(?:\.\d+)?)m(?:in(?:ute)?s?)?)?(?:(\d+(?:\.\d+)?)s(?:ec(?:ond)?s?)?)?"
+)
 
 
 def budget_seconds(value: str | int | float | None) -> float | str | None:

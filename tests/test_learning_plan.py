@@ -220,7 +220,19 @@ def test_no_budget_on_a_gpu_and_none_when_asked():
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("10m", 600), ("90s", 90), ("1h30m", 5400), ("2.5m", 150), ("45", 45), ("none", None)],
+    [
+        ("10m", 600),
+        ("90s", 90),
+        ("1h30m", 5400),
+        ("2.5m", 150),
+        ("45", 45),
+        ("none", None),
+        ("10 min", 600),
+        ("1 hour 30 minutes", 5400),
+        ("2 hrs", 7200),
+        ("90 sec", 90),
+        ("20minutes", 1200),
+    ],
 )
 def test_budgets_are_durations(text, seconds):
     assert budget_seconds(text) == seconds
@@ -229,6 +241,8 @@ def test_budgets_are_durations(text, seconds):
 def test_a_bad_budget_is_one_line_naming_the_key():
     with pytest.raises(ConfigError, match=r"`train.time_budget` must be a duration such as 10m, 90s, 1h30m"):
         load_config(None, ["train.time_budget=soon"])
+    with pytest.raises(ConfigError, match=r"must be a duration .* got '10 mins later'"):
+        load_config(None, flags={"train.time_budget": "10 mins later"})
 
 
 def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
