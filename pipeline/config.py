@@ -314,7 +314,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as err:
         raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from err
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader: no tags that build objects
+    except _RepeatedKey as err:
+        raise ConfigError(f"{path.name}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -448,6 +450,27 @@ def tracker_problem(names: list[str]) -> str | None:
         if name not in installed:
             return f"`train.report_to`: {name} needs its package: pip install {PACKAGES.get(name, name.replace('_', '-'))}"
     return None
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML as `safe_load` reads it, but a key said twice in one mapping is an error: YAML's last-wins
+    would drop a whole first `train:` section without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _RepeatedKey(
+                    f"line {line}: `{key}` is given twice (line {seen[key]} first): give it once"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 # 1h30m as written, and as said: "10 min", "1 hour 30 minutes", "90 sec" (spaces are taken out first).

@@ -74,6 +74,14 @@ def test_partial_config_file_keeps_other_defaults(tmp_path):
         ("", "mine.yaml: the file is empty; remove --config to use the shipped defaults"),
         ("- a\n- b\n", "mine.yaml: must be a mapping of sections (scrape, plan, train, ...), got list"),
         ("train: [1\n", "mine.yaml: line 2 is not valid YAML"),
+        (  # YAML itself keeps the second and drops the first section whole, learning rate and all
+            "train:\n  learning_rate: 0.001\nplan:\n  warmup_ratio: 0.1\ntrain:\n  epochs: 2\n",
+            "mine.yaml: line 5: `train` is given twice (line 1 first): give it once",
+        ),
+        (
+            "train:\n  epochs: 2\n  epochs: 3\n",
+            "mine.yaml: line 3: `epochs` is given twice (line 2 first): give it once",
+        ),
         (
             "plan:\n  warmup_steps_min: 50\n  warmup_steps_max: 20\n",
             "mine.yaml: `plan.warmup_steps_min` (50) must not exceed `plan.warmup_steps_max` (20)",
