@@ -18,6 +18,7 @@ import torch
 import yaml
 
 import run_pipeline
+from pipeline.use.hook import MARK, installed_adapter
 from tests.conftest import FAST_TRAINING, GIT_ENV, GitRepo, module_source, read_json
 
 PROMPTS = [
@@ -488,9 +489,14 @@ def test_a_hook_managers_folder_is_left_alone_and_told_how_to_call_the_hook(
     theirs.write_text('echo "Refs: #12" >> "$1"\n')
     work_repo.git("config", "core.hooksPath", ".husky/_")
     before = {path: path.read_bytes() for path in stubs.iterdir()}
+    # What an earlier version left there: husky's stub set aside, repotune's hook in its place.
+    (stubs / "prepare-commit-msg").rename(stubs / "prepare-commit-msg.repotune-previous")
+    (stubs / "prepare-commit-msg").write_text(f"#!/bin/sh\n{MARK}\nadapter={tiny_run}/adapter\n")
+    assert installed_adapter(work_repo.path) == tiny_run / "adapter"
     installed = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
     assert installed.code == 0, installed.err
-    assert {path: path.read_bytes() for path in stubs.iterdir()} == before  # the manager's, untouched
+    assert "the hook an earlier install wrote there is taken out" in installed.out
+    assert {path: path.read_bytes() for path in stubs.iterdir()} == before  # the manager's, as it was
     assert (work_repo.path / ".git" / "hooks" / "prepare-commit-msg").exists()
     line = installed.out.strip().rsplit("(husky: .husky/prepare-commit-msg): ", 1)[1]
     stage(work_repo, 7)

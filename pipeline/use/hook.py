@@ -137,6 +137,8 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     shown = f", {alternatives} more below it, commented out" if alternatives else ""
     said = f"installed {hook}: suggestions from {directory} within {timeout:g} s{shown}{kept}"
     if (elsewhere := _run_from(repo)) != hooks:
+        if earlier := _take_out(elsewhere):  # an earlier version wrote into the hooks folder git runs
+            said += f"; the hook an earlier install wrote there is taken out ({earlier})"
         said += (
             f". git runs hooks from {elsewhere} (core.hooksPath), which repotune leaves alone: to have "
             f"it suggest, add this line to the {HOOK} script there or to your hook manager's "
@@ -150,14 +152,14 @@ def installed_adapter(repo: str | Path) -> Path | None:
     from pipeline.errors import PipelineError
 
     try:
-        hook = hooks_directory(repo) / HOOK
+        places = dict.fromkeys((hooks_directory(repo), _run_from(repo)))  # where an earlier version wrote it
     except PipelineError:
         return None
-    if not _ours(hook):
-        return None
-    for line in hook.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("adapter="):
-            return Path(shlex.split(line.removeprefix("adapter="))[0])
+    for hook in (hooks / HOOK for hooks in places):
+        if _ours(hook):
+            for line in hook.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.startswith("adapter="):
+                    return Path(shlex.split(line.removeprefix("adapter="))[0])
     return None
 
 
@@ -165,20 +167,32 @@ def uninstall(repo: str | Path) -> str:
     """Remove repotune's hook and put back the one it set aside; what was done."""
     from pipeline.errors import PipelineError
 
-    hooks = hooks_directory(repo)
-    hook, previous = hooks / HOOK, hooks / PREVIOUS
+    hooks, elsewhere = hooks_directory(repo), _run_from(repo)
+    hook = hooks / HOOK
     if hook.exists() and not _ours(hook):
         raise PipelineError(f"{hook} is not repotune's: left as it is")
-    if not hook.exists():
+    own = _take_out(hooks)
+    # Also where an earlier version wrote it: the folder core.hooksPath names, husky's stub set aside.
+    earlier = _take_out(elsewhere) if elsewhere != hooks else None
+    if not own and not earlier:
         return f"no repotune hook in {hooks}"
-    hook.unlink()
-    said = f"removed {hook}"
-    if previous.exists():
-        previous.rename(hook)
-        said = f"removed repotune's hook; {hook} is the one that was there before"
-    if (elsewhere := _run_from(repo)) != hooks:
+    said = "; ".join(text for text in (own, earlier) if text)
+    if own and elsewhere != hooks:
         said += f" (a line that called it from {elsewhere} now does nothing; remove it when you like)"
     return said
+
+
+def _take_out(hooks: Path) -> str | None:
+    """Remove repotune's hook from `hooks` and put back the one it set aside; what was done (None where
+    repotune's hook is not there)."""
+    hook, previous = hooks / HOOK, hooks / PREVIOUS
+    if not _ours(hook):
+        return None
+    hook.unlink()
+    if previous.exists():
+        previous.rename(hook)
+        return f"removed repotune's hook; {hook} is the one that was there before"
+    return f"removed {hook}"
 
 
 def hooks_directory(repo: str | Path) -> Path:
