@@ -81,12 +81,12 @@ def _translate(glob: str) -> str:
     return "".join(out)
 
 
-# A Git LFS pointer stands in for a binary file stored elsewhere: its diff is a random object id and a size.
-# Its lines, by the spec (github.com/git-lfs/git-lfs/blob/main/docs/spec.md): the version, ext-… lines,
-# the oid, the size.
 # The SGR sequences git colours a diff with (`color.diff.*`, `diff.colorMoved`); piped into `generate`, they
 # would hide every `diff --git` line from the parser.
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+# A Git LFS pointer stands in for a binary file stored elsewhere: its diff is a random object id and a size.
+# Its lines, by the spec (github.com/git-lfs/git-lfs/blob/main/docs/spec.md): the version, ext-… lines,
+# the oid, the size.
 _LFS_LINE = re.compile(
     r"[ +-](?:version https://git-lfs\.github\.com/spec/v1|ext-\S+ \S+|oid sha256:[0-9a-f]{64}|size \d+)"
 )

@@ -109,7 +109,7 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     if not 0 <= alternatives <= 9:
         raise PipelineError(f"--alternatives {alternatives}: give how many more messages to show, 0 to 9")
     directory = adapter_directory(adapter).resolve()
-    hooks = hooks_directory(repo)
+    hooks, elsewhere = hook_folders(repo)
     hook, previous = hooks / HOOK, hooks / PREVIOUS
     kept = ""
     if hook.exists() and not _ours(hook):
@@ -136,7 +136,7 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     os.replace(staging, hook)
     shown = f", {alternatives} more below it, commented out" if alternatives else ""
     said = f"installed {hook}: suggestions from {directory} within {timeout:g} s{shown}{kept}"
-    if (elsewhere := _run_from(repo)) != hooks:
+    if elsewhere != hooks:
         if earlier := _take_out(elsewhere):  # an earlier version wrote into the hooks folder git runs
             said += f"; the hook an earlier install wrote there is taken out ({earlier})"
         said += (
@@ -152,7 +152,7 @@ def installed_adapter(repo: str | Path) -> Path | None:
     from pipeline.errors import PipelineError
 
     try:
-        places = dict.fromkeys((hooks_directory(repo), _run_from(repo)))  # where an earlier version wrote it
+        places = dict.fromkeys(hook_folders(repo))  # the second: where an earlier version wrote it
     except PipelineError:
         return None
     for hook in (hooks / HOOK for hooks in places):
@@ -167,7 +167,7 @@ def uninstall(repo: str | Path) -> str:
     """Remove repotune's hook and put back the one it set aside; what was done."""
     from pipeline.errors import PipelineError
 
-    hooks, elsewhere = hooks_directory(repo), _run_from(repo)
+    hooks, elsewhere = hook_folders(repo)
     hook = hooks / HOOK
     if hook.exists() and not _ours(hook):
         raise PipelineError(f"{hook} is not repotune's: left as it is")
@@ -195,28 +195,21 @@ def _take_out(hooks: Path) -> str | None:
     return f"removed {hook}"
 
 
-def hooks_directory(repo: str | Path) -> Path:
+def hook_folders(repo: str | Path) -> tuple[Path, Path]:
     """The clone's own hooks directory, where repotune's hook goes (`.git/hooks`; a linked work tree's
-    main repository's), whatever `core.hooksPath` says."""
-    return Path(_rev_parse(repo, "--git-common-dir")) / "hooks"
-
-
-def _run_from(repo: str | Path) -> Path:
-    """Where git runs hooks from: `hooks_directory`, or the folder `core.hooksPath` names."""
-    return Path(_rev_parse(repo, "--git-path", "hooks"))
-
-
-def _rev_parse(repo: str | Path, *asked: str) -> str:
+    main repository's), and the one git runs hooks from: the same, or the folder `core.hooksPath` names."""
     from pipeline.errors import PipelineError
 
     path = Path(repo).expanduser()
     try:
-        return subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--path-format=absolute", *asked],
+        common, run_from = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--path-format=absolute", "--git-common-dir",
+             "--git-path", "hooks"],
             capture_output=True, text=True, check=True, timeout=30,
-        ).stdout.strip()  # fmt: skip
+        ).stdout.splitlines()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         raise PipelineError(f"--repo {repo}: not a git repository") from None
+    return Path(common) / "hooks", Path(run_from)
 
 
 def _call_line(hook: Path) -> str:
