@@ -157,24 +157,27 @@ def _parse_file(segment: bytes, encoding: str, max_file_bytes: int) -> FileChang
     header_end = segment.find(b"\n@@")
     header, body = (segment, b"") if header_end < 0 else (segment[:header_end], segment[header_end + 1 :])
     lines = header.split(b"\n")
-    old_path = new_path = None
+    old_side, new_side = _halves(lines[0])
+    old_prefix, new_prefix = _prefixes(old_side, new_side)
+    old_path, new_path = old_side.removeprefix(old_prefix), new_side.removeprefix(new_prefix)
+    named: dict[str, bytes] = {}  # the paths a rename or copy names exactly, without any prefix
     status = "M"
     blob = old_blob = mode = None
     binary = submodule = False
     for line in lines[1:]:
         if line.startswith(b"--- "):
-            old_path = _strip_prefix(_unquote(line[4:].removesuffix(b"\t")), b"a/")
+            old_path = _strip_prefix(_unquote(line[4:].removesuffix(b"\t")), old_prefix)
         elif line.startswith(b"+++ "):
-            new_path = _strip_prefix(_unquote(line[4:].removesuffix(b"\t")), b"b/")
+            new_path = _strip_prefix(_unquote(line[4:].removesuffix(b"\t")), new_prefix)
         elif line.startswith((b"new file mode ", b"deleted file mode ")):
             status = "A" if line.startswith(b"new") else "D"
             mode = line.rsplit(b" ", 1)[1].decode()
             submodule |= mode == "160000"
         elif line.startswith((b"rename from ", b"copy from ")):
-            old_path = _unquote(line.split(b" ", 2)[2])
+            named["old"] = _unquote(line.split(b" ", 2)[2])
             status = "R" if line.startswith(b"rename") else "C"
         elif line.startswith((b"rename to ", b"copy to ")):
-            new_path = _unquote(line.split(b" ", 2)[2])
+            named["new"] = _unquote(line.split(b" ", 2)[2])
         elif line.startswith(b"new mode"):
             status = "T" if status == "M" else status
         elif line.startswith(b"index "):
@@ -184,10 +187,7 @@ def _parse_file(segment: bytes, encoding: str, max_file_bytes: int) -> FileChang
             submodule |= line.endswith(b"160000")
         elif line.startswith((b"Binary files ", b"GIT binary patch")):
             binary = True
-    if old_path is None or new_path is None:
-        header_old, header_new = _paths_from_diff_line(lines[0])
-        old_path = old_path or header_old
-        new_path = new_path or header_new
+    old_path, new_path = named.get("old", old_path), named.get("new", new_path)
     path = old_path if status == "D" or new_path == b"/dev/null" else new_path
     oversize = len(body) > max_file_bytes
     kept = body[: body.rfind(b"\n", 0, max_file_bytes) + 1] if oversize else body
@@ -210,20 +210,39 @@ def _strip_prefix(path: bytes, prefix: bytes) -> bytes:
     return path if path == b"/dev/null" else path.removeprefix(prefix)
 
 
-def _paths_from_diff_line(line: bytes) -> tuple[bytes, bytes]:
-    """Paths from `diff --git a/X b/Y`, used when no ---/+++ lines exist (binary, mode-only, empty file)."""
+def _halves(line: bytes) -> tuple[bytes, bytes]:
+    """The two paths of `diff --git a/X b/Y`, prefixes and all."""
     rest = line[len(b"diff --git ") :]
     if rest.startswith(b'"'):
         closing = rest.index(b'" ', 1) + 1
-        old, new = _unquote(rest[:closing]), _unquote(rest[closing + 1 :])
-    elif rest.endswith(b'"'):
+        return _unquote(rest[:closing]), _unquote(rest[closing + 1 :])
+    if rest.endswith(b'"'):
         opening = rest.rindex(b' "')
-        old, new = rest[:opening], _unquote(rest[opening + 1 :])
-    else:
-        # Without a rename both halves are the same path, so the split is at the middle.
-        half = (len(rest) - 1) // 2
-        old, new = rest[:half], rest[half + 1 :]
-    return old.removeprefix(b"a/"), new.removeprefix(b"b/")
+        return rest[:opening], _unquote(rest[opening + 1 :])
+    # Without a rename both halves name one path: with prefixes of one length (git's a/ and b/) the
+    # split is at the middle, with others (`--src-prefix=old/ --dst-prefix=new/`) at the space where
+    # they do. A rename's halves may be cut wrong here: its `rename from`/`rename to` lines name both.
+    half = (len(rest) - 1) // 2
+    splits = [half] + [at for at, byte in enumerate(rest) if byte == 32 and at != half]
+    sides = [(rest[:at], rest[at + 1 :]) for at in splits]
+    return next((pair for pair in sides if _named_alike(*pair)), sides[0])
+
+
+def _named_alike(old: bytes, new: bytes) -> bool:
+    """Whether two sides of a `diff --git` line are one path, with or without a prefix each."""
+    return old == new or old.partition(b"/")[2] == new.partition(b"/")[2] != b""
+
+
+def _prefixes(old: bytes, new: bytes) -> tuple[bytes, bytes]:
+    """The prefixes a file's paths carry in its diff: `a/` and `b/` as the scrape pins them, or what a
+    user's own git prints in a diff piped to `generate` (`diff.noprefix`: none; `diff.mnemonicPrefix`:
+    `c/` and `i/` for a staged change; `diff.srcPrefix`/`dstPrefix`), read where the `diff --git`
+    line's sides name one path. Otherwise git's: a path that begins `c/` is not a mnemonic prefix."""
+    if old == new:
+        return b"", b""
+    if _named_alike(old, new):
+        return old[: old.index(b"/") + 1], new[: new.index(b"/") + 1]
+    return b"a/", b"b/"
 
 
 _ESCAPES = {b"n": 10, b"t": 9, b'"': 34, b"\\": 92, b"a": 7, b"b": 8, b"f": 12, b"r": 13, b"v": 11}

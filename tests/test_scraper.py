@@ -115,6 +115,40 @@ def test_a_staged_change_is_read_as_training_read_commits(tmp_path, monkeypatch)
     assert "\x1b[" in coloured and as_trained(coloured, file_filters(ScrapeConfig())) == read
 
 
+def test_a_piped_diff_is_read_whatever_prefixes_the_users_git_prints(tmp_path):
+    """`git diff --cached | generate …` under the user's own settings: `diff.mnemonicPrefix` (c/ and i/,
+    as "How core Git developers configure Git" recommends), `diff.noprefix` with a folder named `b`,
+    other prefixes: the same paths as git's a/ and b/, a rename's included."""
+    from scrapers.filters import as_trained, file_filters
+
+    repo = GitRepo(tmp_path / "work")
+    repo.commit("Add the core", {"pkg/core.py": module_source(1), "b/util.py": module_source(2)})
+    repo.git("mv", "pkg/core.py", "pkg/engine.py")
+    for name, text in (
+        ("pkg/engine.py", module_source(1) + module_source(3)),
+        ("b/util.py", module_source(2) + module_source(4)),
+        ("c/new.py", module_source(5)),
+    ):
+        (repo.path / name).parent.mkdir(exist_ok=True)
+        (repo.path / name).write_text(text)
+    repo.git("add", "-A")
+    plain = as_trained(repo.git("diff", "--cached"), file_filters(ScrapeConfig()))
+    assert [line for line in plain.splitlines() if line.startswith("diff --git")] == [
+        "diff --git a/b/util.py b/b/util.py",
+        "diff --git a/c/new.py b/c/new.py",
+        "diff --git a/pkg/core.py b/pkg/engine.py",
+    ]
+    for settings in (
+        ["-c", "diff.mnemonicPrefix=true"],
+        ["-c", "diff.noprefix=true"],
+        ["-c", "diff.noprefix=true", "-c", "diff.mnemonicPrefix=true"],
+    ):
+        assert as_trained(repo.git(*settings, "diff", "--cached"), file_filters(ScrapeConfig())) == plain
+    prefixed = repo.git("diff", "--cached", "--src-prefix=before/", "--dst-prefix=after/")
+    assert "+++ after/b/util.py" in prefixed
+    assert as_trained(prefixed, file_filters(ScrapeConfig())) == plain
+
+
 def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
