@@ -154,17 +154,14 @@ def report(budget: str, output: Path, shown: int) -> bool:
 
 
 def _cost(manifest: dict, cached: bool) -> str:
-    """The evaluation stages' time as the run timed them: both models, the fine-tuned model on the
-    validation commits where it answered them, and the past (the lookup, the selector and the backtest
-    that chooses the system, which `.evaluation.cost.retrieval_s` leaves out)."""
-    timings = manifest["timings"]
-    spent = sum(
-        timings.get(f"evaluate_{stage}_s", 0.0) for stage in ("before", "after", "validation", "past")
-    )
-    total_s = manifest["total_execution_time_seconds"]
-    return (
-        f"{spent:.0f} s ({100 * spent / total_s:.1f}% of the run{' (base model cached)' if cached else ''})"
-    )
+    """The evaluation stages' time as the run timed them (`evaluation_seconds`: both models, the
+    fine-tuned model on the validation commits where it answered them, and the past: the lookup, the
+    selector and the backtest that chooses the system, which `.evaluation.cost.retrieval_s` leaves out)."""
+    from pipeline.record.run import evaluation_seconds
+
+    share = manifest["training_report"]["evaluation"]["cost"]["share_of_run_pct"]
+    spent = evaluation_seconds(manifest["timings"])
+    return f"{spent:.0f} s ({share:.1f}% of the run{' (base model cached)' if cached else ''})"
 
 
 def _ci(scored: dict, key: str) -> str:

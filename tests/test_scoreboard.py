@@ -38,6 +38,7 @@ from pipeline.evaluate.suggestion import (
     with_history,
 )
 from pipeline.evaluate.versions import anchors, moved
+from pipeline.record.run import evaluation_seconds
 from pipeline.types import PastCommit, Scores, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
@@ -664,6 +665,11 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
     assert len(answers) == 6 + tasks["after"]["code"]["samples"]
     assert {"base", "fine_tuned", "nearest_commit", "suggested"} <= set(answers[0])
     assert evaluation["cost"]["before_cached"] is False  # a random base is never cached
+    # What the scoreboard cost, as a share of the run (the goal is 10%): every evaluate_* stage timed.
+    spent = evaluation_seconds(manifest["timings"])
+    assert spent > evaluation["cost"]["after_s"] > 0
+    share = 100 * spent / manifest["total_execution_time_seconds"]
+    assert abs(evaluation["cost"]["share_of_run_pct"] - share) <= 0.1
 
     # `generate --task message` answers from the saved past, without importing torch (the hook's path).
     diff = answers[0]["given"]

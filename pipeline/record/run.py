@@ -57,6 +57,12 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
+def evaluation_seconds(timings: dict[str, float]) -> float:
+    """What a run spent scoring, as `.timings` has it: every `evaluate_*` stage (both models, the model on
+    the validation commits, the past with the backtest that chooses the system, an update's parent)."""
+    return sum(seconds for name, seconds in timings.items() if name.startswith("evaluate_"))
+
+
 class Record:
     def __init__(
         self, output_dir: Path, loaded: LoadedConfig, command: str, argv: list[str], coordinator: Coordinator
@@ -132,6 +138,10 @@ class Record:
         if not self.writes:
             return
         self.doc["total_execution_time_seconds"] = round(self.elapsed_s, 3)
+        cost = ((self.doc.get("training_report") or {}).get("evaluation") or {}).get("cost")
+        if cost:  # what the scoreboard cost, as a share of the run so far (the goal: 10% of it)
+            spent = evaluation_seconds(self.doc["timings"])
+            cost["share_of_run_pct"] = round(100 * spent / self.elapsed_s, 1) if self.elapsed_s else None
         # Whole sections are replaced by stages; conforming puts back every key the schema defines.
         self.doc = conform(self.doc)
         write_json(self.manifest_path, self.doc)

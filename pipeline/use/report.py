@@ -314,7 +314,13 @@ def _held_out_loss(evaluation: dict[str, Any]) -> list[str]:
         parts.append(
             f'<p class="muted">evaluation cost: base model {_fmt(cost.get("before_s"), " s")}'
             + (" (cached)" if cost.get("before_cached") else "")
-            + f", fine-tuned {_fmt(cost.get('after_s'), ' s')}, retrieval {_fmt(cost.get('retrieval_s'), ' s')}</p>"
+            + f", fine-tuned {_fmt(cost.get('after_s'), ' s')}, retrieval {_fmt(cost.get('retrieval_s'), ' s')}"
+            + (
+                f"; {cost['share_of_run_pct']}% of the run"
+                if cost.get("share_of_run_pct") is not None
+                else ""
+            )
+            + "</p>"
         )
     return parts
 
