@@ -98,10 +98,10 @@ def builtin_directory(name: str) -> Path:
         return directory
     gguf, _ = _gguf_file(model)
     say(f"converting {model.description} into {directory} (once; about 15 s)")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(directory)
     staging = directory.with_name(f"{directory.name}.{os.getpid()}.tmp")
     try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(directory)
         # A bar on a terminal; in a log the line above is enough for a conversion this short.
         with Progress(f"converting {name}", len(CONVERSION_STEPS), "step", plain_every_s=None) as progress:
             _convert(gguf, staging, progress)
@@ -111,6 +111,12 @@ def builtin_directory(name: str) -> Path:
         except OSError:  # another process converted it first: theirs is as good as ours
             if not (directory / SOURCE_FILE).exists():
                 raise
+    except OSError as err:  # a read-only home, XDG_CACHE_HOME naming a file, a full disk: one line
+        raise ModelLoadError(
+            f"cannot write the converted {name} into {directory.parent} ({err.strerror or err}): set XDG_CACHE_HOME "
+            "to a folder you can write, with 0.5 GB free (repotune keeps its cache in XDG_CACHE_HOME/repotune, "
+            "else ~/.cache/repotune)"
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory

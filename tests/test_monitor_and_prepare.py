@@ -178,6 +178,28 @@ def test_the_manifests_jq_queries_and_diff_work_on_monitor_reports(cli, tmp_path
     assert "Hardware" in (tmp_path / "report.html").read_text()
 
 
+def test_a_token_cache_that_cannot_be_written_is_one_line_naming_the_key(cli, tmp_path):
+    """`output.cache_dir` naming a file or a read-only folder (or a disk that fills): one line with the key to
+    set, and the manifest says so (it was an internal error)."""
+    repo = GitRepo(tmp_path / "repo")
+    for index in range(1, 9):
+        repo.commit(f"Add compute_{index}", {f"m{index}.py": module_source(index)})
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "out"
+    result = cli(
+        "prepare", "--repo", repo.path, "--output-dir", out, "--set", f"output.cache_dir={tmp_path}/a-file/x"
+    )
+    assert result.code == 2 and "internal error" not in result.err
+    said = result.err.strip().splitlines()[-1]
+    assert said == (
+        f"repotune: error: cannot write the token cache into {tmp_path}/a-file/x (Not a directory): set "
+        "output.cache_dir to a folder you can write, with room for the tokenized history (unset: the output "
+        "directory's cache/)"
+    )
+    manifest = read_json(out / "MANIFEST.json")
+    assert (manifest["status"], manifest["error"]) == ("failed", said.removeprefix("repotune: error: "))
+
+
 def test_prepare_then_run_hits_the_token_cache(cli, tmp_path):
     repo = GitRepo(tmp_path / "repo")
     for index in range(1, 9):

@@ -6,12 +6,15 @@ directory happens once per test session, in the session's own cache.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import numpy as np
 import orjson
+import pytest
 
 from pipeline.builtin import CONVERSION_STEPS, SOURCE_FILE, builtin_directory, models_cache, source_of
+from pipeline.errors import ModelLoadError
 from tests.conftest import PRETRAINED as MODEL
 from tests.conftest import PRETRAINED_COMMITS, read_json
 
@@ -98,6 +101,31 @@ def test_an_interrupted_conversion_is_never_reused_and_a_log_gets_one_line(tmp_p
     assert (target / "config.json").read_text() == "{}" and (target / SOURCE_FILE).exists()
     assert not abandoned.exists()
     assert builtin_directory(MODEL) == target and len(converted) == 1  # converted once, then reused
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_naming_the_fix(cli, tmp_path, monkeypatch, sample_repo):
+    """A read-only home, XDG_CACHE_HOME naming a file, a disk that fills while the model is converted:
+    one line that says where and what to set (it was an internal error), and the run's manifest says so."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file" / "cache"))
+    result = cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--model", MODEL)
+    assert result.code == 2 and "internal error" not in result.err
+    said = result.err.strip().splitlines()[-1]
+    assert said.startswith(
+        f"repotune: error: cannot write the converted {MODEL} into {tmp_path}/a-file/cache/repotune/models "
+        "(Not a directory): set XDG_CACHE_HOME to a folder you can write"
+    )
+    assert read_json(tmp_path / "out" / "MANIFEST.json")["error"] == said.removeprefix("repotune: error: ")
+
+    def full(gguf, destination, progress):
+        destination.mkdir()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr("pipeline.builtin._convert", full)
+    with pytest.raises(ModelLoadError, match=r"\(No space left on device\): set XDG_CACHE_HOME"):
+        builtin_directory(MODEL)
+    assert not list(models_cache().iterdir())  # the half-written staging is gone
 
 
 def test_a_missing_package_is_one_line_naming_the_install(cli, tmp_path, monkeypatch, sample_repo):

@@ -19,6 +19,7 @@ from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     _message_scoreboard,
     held_out_note,
+    keep_base_scores,
     next_line,
     one_register,
     paired_difference,
@@ -725,3 +726,18 @@ def test_the_base_models_scores_are_reused_by_a_new_version_of_the_tool_on_the_s
     same = blocks(tmp_path / "a", 0)
     assert key("tool-commit-1", same) == key("tool-commit-2", blocks(tmp_path / "b", 0))
     assert key("tool-commit-1", same) != key("tool-commit-1", blocks(tmp_path / "c", 7))
+
+
+def test_a_cache_that_cannot_keep_the_base_models_scores_costs_the_next_run_not_this_one(tmp_path, capsys):
+    """A read-only home, XDG_CACHE_HOME naming a file, a full disk: the run goes on, and says so (it was
+    an internal error after the base model had been scored)."""
+    scores = Scores({"loss": 2.5}, {"message": None}, {"message": ["Fix it"]}, 1.0)
+    (tmp_path / "a-file").write_text("")
+    keep_base_scores(tmp_path / "a-file" / "evaluations" / "key.json", scores)
+    assert capsys.readouterr().err == (
+        f"the base model's scores are not kept for the next run: {tmp_path}/a-file/evaluations: Not a directory\n"
+    )
+    kept = tmp_path / "evaluations" / "key.json"
+    keep_base_scores(kept, scores)
+    assert orjson.loads(kept.read_bytes())["outputs"] == {"message": ["Fix it"]}
+    assert [path.name for path in kept.parent.iterdir()] == ["key.json"]  # no staging file left

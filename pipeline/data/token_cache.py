@@ -36,6 +36,7 @@ import orjson
 from pipeline.config import LoadedConfig, ScrapeConfig
 from pipeline.data.examples import encode_batch, style_key, text_style
 from pipeline.data.sources import read_sequences, skipped
+from pipeline.errors import OutputDirError
 from pipeline.hardware import usable_cores
 from pipeline.manifest import provenance_hash
 from pipeline.progress import Progress, say
@@ -98,11 +99,11 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
     directory = cache_root / f"tokens-{key}"
     if (directory / "meta.json").exists():
         return TokenCache(directory, key, True, time.perf_counter() - started, _build_seconds(directory))
-    cache_root.mkdir(parents=True, exist_ok=True)
     # Not a dot-name: datasets skips files under hidden directories when it reads a split back.
     staging = cache_root / f"tokens-{key}.{os.getpid()}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
     try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
         counts = build(staging)
         built = {"key": key, **counts, "build_seconds": round(time.perf_counter() - started, 3)}
         (staging / "meta.json").write_bytes(orjson.dumps(built, option=orjson.OPT_INDENT_2))
@@ -111,6 +112,11 @@ def open_or_build(cache_root: Path, key: str, build: Callable[[Path], dict[str, 
         except OSError:  # another process finished the same entry first: theirs is as good as ours
             if not (directory / "meta.json").exists():
                 raise
+    except OSError as err:  # `output.cache_dir` naming a file or a read-only folder, a full disk: one line
+        raise OutputDirError(
+            f"cannot write the token cache into {cache_root} ({err.strerror or err}): set output.cache_dir to a "
+            "folder you can write, with room for the tokenized history (unset: the output directory's cache/)"
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return TokenCache(directory, key, False, time.perf_counter() - started, _build_seconds(directory))

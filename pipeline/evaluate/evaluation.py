@@ -33,7 +33,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -401,13 +401,24 @@ def evaluate_base(
             pass  # unreadable: evaluate again, and write it anew
     scores = evaluate(model, held_out, prompts, plan, prepared, config, "the base model")
     if path is not None:
+        keep_base_scores(path, scores)
+    return scores
+
+
+def keep_base_scores(path: Path, scores: Scores) -> None:
+    """The base model's scores written whole to `path` for the next run; where the cache cannot be
+    written (a read-only home, a full disk), a line says so: it costs the next run time, not this run."""
+    staging = path.with_suffix(f".{time.time_ns()}.tmp")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".{time.time_ns()}.tmp")
         staging.write_bytes(
             orjson.dumps({"loss": scores.loss, "tasks": scores.tasks, "outputs": scores.outputs})
         )
         staging.replace(path)
-    return scores
+    except OSError as err:
+        with suppress(OSError):  # nothing was written where the folder could not be made
+            staging.unlink()
+        say(f"the base model's scores are not kept for the next run: {path.parent}: {err.strerror or err}")
 
 
 def validation_answers(
