@@ -394,7 +394,7 @@ def generate(args: argparse.Namespace) -> None:
         return
     if args.alternatives and args.task != "message":
         raise PipelineError("--alternatives are commit messages: use it with --task message")
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = generation.as_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
     if args.task != "message":
         print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system))
         return

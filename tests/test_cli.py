@@ -87,6 +87,30 @@ def test_empty_repository(cli, tmp_path):
     assert read_json(tmp_path / "out" / "MANIFEST.json")["status"] == "failed"
 
 
+def test_a_path_that_is_not_utf8_is_refused_in_one_line(cli, sample_repo, tmp_path, capsys):
+    """A folder named in Latin-1 (`caf\\xe9`), given on the command line or in a --repos-file: Python holds
+    its byte as a lone surrogate, which the JSON manifest cannot hold, and the run ended in an internal
+    error (a --repos-file, in a traceback). Now one line that names it and what to do, before anything
+    is written."""
+    latin = os.fsdecode(bytes(tmp_path) + b"/caf\xe9")
+    listing = tmp_path / "repos.txt"
+    listing.write_bytes(bytes(tmp_path) + b"/caf\xe9\n")
+    for argv in (
+        ("scrape", "--repo", latin, "--output-dir", tmp_path / "out"),
+        ("--repo", sample_repo.path, "--output-dir", latin),
+        ("scrape", "--repos-file", listing, "--output-dir", tmp_path / "out"),
+    ):
+        with pytest.raises(SystemExit) as ended:
+            cli(*argv)
+        assert ended.value.code == 2
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said == (
+            f"run_pipeline.py: error: {tmp_path}/caf\\xe9: not UTF-8, and repotune records what it is given in "
+            "JSON, which holds UTF-8 alone: rename it, or link to it from a UTF-8 name (ln -s)"
+        )
+    assert not (tmp_path / "out").exists()
+
+
 def test_unwritable_output_directory(cli, sample_repo, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

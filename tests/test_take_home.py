@@ -383,6 +383,26 @@ def test_generate_prints_the_alternatives_the_hook_shows(tiny_run, work_repo, cl
     assert refused.code == 2 and "use it with --task message" in refused.err
 
 
+def test_a_diff_that_is_not_utf8_is_read_as_the_scrape_reads_it(tiny_run, work_repo, cli, monkeypatch):
+    """A staged Latin-1 file, piped (`git diff --cached | generate … --prompt -`) or given as an argument
+    (`--prompt "$(git diff --cached)"`): Python hands its byte over as a lone surrogate, which had ended in
+    an internal error. Now read as the scrape decodes the history (U+FFFD), and answered."""
+    from pipeline.use.generate import as_text
+
+    (work_repo.path / "pkg" / "legacy.py").write_bytes(b"caf\xe9 = 1\n")
+    work_repo.git("add", "-A")
+    raw = subprocess.run(
+        ["git", "diff", "--cached", "--no-ext-diff"], cwd=work_repo.path, capture_output=True, check=True
+    ).stdout
+    given = raw.decode("utf-8", "surrogateescape")  # what sys.stdin and sys.argv hold
+    assert "\udce9" in given and as_text(given) == raw.decode("utf-8", "replace")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(given))
+    piped = cli("generate", "--adapter", tiny_run, "--task", "message", "--prompt", "-")
+    assert piped.code == 0 and piped.out.strip() and "internal error" not in piped.err
+    argument = cli("generate", "--adapter", tiny_run, "--task", "message", "--prompt", given)
+    assert argument.code == 0 and argument.out == piped.out
+
+
 def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):
     """`generate --task message --system model` on a held-out commit's whole diff gives the fine-tuned
     model's answer in evaluation.jsonl: the prompt cut where training cut it, the same greedy tokens, as

@@ -317,7 +317,28 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
         args.repos = [*args.repos, *_repos_from_file(args.repos_file)] if args.repos_file else args.repos
         if not args.repos and commands[args.command].needs_repo:
             parser.error("give --repo PATH (repeatable) or --repos-file FILE")
+    if problem := _not_utf8(args):
+        parser.error(problem)
     return args
+
+
+def _not_utf8(args: argparse.Namespace) -> str | None:
+    """What to say of an argument that is not UTF-8 (a folder named in Latin-1: Python holds its bytes as
+    lone surrogates, which a JSON manifest cannot hold, and the run ended in an internal error); None when
+    each is. A prompt is not asked: `generate` reads one as the scrape reads a diff (`as_text`). (The
+    command line as typed, `argv`, holds nothing else that a parsed value does not.)"""
+    for name, value in vars(args).items():
+        for given in value if isinstance(value, list) else [value]:
+            text = str(given) if isinstance(given, str | Path) else ""
+            if name not in ("prompt", "argv") and text != text.encode("utf-8", "surrogateescape").decode(
+                "utf-8", "replace"
+            ):
+                shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                return (
+                    f"{shown}: not UTF-8, and repotune records what it is given in JSON, which holds UTF-8 "
+                    "alone: rename it, or link to it from a UTF-8 name (ln -s)"
+                )
+    return None
 
 
 def _repos_from_file(path: Path) -> list[str]:
@@ -325,7 +346,8 @@ def _repos_from_file(path: Path) -> list[str]:
     after a space; a relative path is read from the file's folder, wherever the command runs (the list
     is kept beside the repositories it names, and once resolved against the working directory)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # A path that is not UTF-8 is read as the command line reads one, and refused as one (`_not_utf8`).
+        lines = path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
     except OSError as err:
         print(f"repotune: error: --repos-file {path}: {err.strerror or err}", file=sys.stderr)
         raise SystemExit(2) from None
