@@ -163,7 +163,7 @@ def test_a_shallow_clone_says_how_to_fetch_the_history(cli, sample_repo, tmp_pat
     deeper = tmp_path / "deeper"
     sample_repo.git("clone", "--quiet", "--depth", "4", f"file://{sample_repo.path}", str(deeper))
     scraped = cli("scrape", "--repo", deeper, "--output-dir", tmp_path / "deeper-out")
-    assert scraped.code == 0 and "`git fetch --unshallow` in it gives training the rest" in scraped.err
+    assert scraped.code == 0 and "`git fetch --unshallow` in the clone gives training the rest" in scraped.err
 
 
 def test_a_range_that_holds_no_commit_says_so(cli, sample_repo, tmp_path):

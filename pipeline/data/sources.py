@@ -15,6 +15,7 @@ from pipeline.progress import say
 from pipeline.types import Scraped
 from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
+from scrapers.filters import KEEPS
 from scrapers.git import missing_blobs, open_repository, resolved
 from scrapers.scrape import SEQUENCES_FILE
 from scrapers.scrape import scrape as scrape_history
@@ -53,7 +54,7 @@ def scrape(
     if cut := stats.skipped.get("shallow_boundary"):
         say(
             f"  a shallow clone (`git clone --depth`): its history stops where it holds no parents "
-            f"({cut} skipped as shallow_boundary); `git fetch --unshallow` in it gives training the rest"
+            f"({cut} skipped as shallow_boundary); {KEEPS['shallow_boundary']} gives training the rest"
         )
     if lacking := stats.skipped.get("partial_clone"):
         say(
