@@ -276,6 +276,23 @@ def test_the_hook_shows_alternatives_only_where_git_drops_them(config, tiny_run,
         assert message.strip().count("\n") == 0
 
 
+@pytest.mark.parametrize("cleanup", ["verbatim", "whitespace"])
+def test_the_hook_shows_no_alternatives_where_the_command_line_keeps_comments(
+    cleanup, tiny_run, work_repo, tmp_path, cli
+):
+    """`git commit --cleanup=verbatim` keeps every comment line, and no config says so: the alternatives
+    would have been committed. git's own words in the message ("… will be kept") say it."""
+    assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
+    stage(work_repo, 12)
+    committed = git_commit(
+        work_repo, f"--cleanup={cleanup}", env={"GIT_EDITOR": f"cp -t {tmp_path}", "LC_ALL": "C"}
+    )
+    assert committed.returncode == 0
+    assert "will be kept" in (tmp_path / "COMMIT_EDITMSG").read_text()
+    message = last_message(work_repo)
+    assert message.startswith("Add compute_") and "repotune" not in message
+
+
 def test_without_an_editor_the_hook_suggests_nothing_to_commit_unread(tiny_run, work_repo, cli, monkeypatch):
     """`git commit --no-edit` opens no editor (git runs its hooks with GIT_EDITOR=:): a suggestion would be
     committed unread, so git's message stays empty and git refuses it, as without the hook. Committing a

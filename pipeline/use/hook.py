@@ -50,6 +50,10 @@ MAX_DIFF_BYTES = 16_000_000
 # closest edits less (best of the selector's three against its first, edit similarity on 100 held-out
 # commits: +4.1 flask, +4.8 requests, +2.9 gson, +6.0 cobra, +6.2 axios, +7.7 httpx).
 ALTERNATIVES = 2
+# What git writes into the message where comments will be kept ("Lines starting with '#' will be kept; you
+# may remove them yourself"): a `--cleanup` given to `git commit` reaches a hook in no other way. In English
+# only; under a translation the alternatives still show, marked as repotune's, for the user to remove.
+KEPT_NOTICE = "will be kept"
 BODY_LINES_SHOWN = 8  # of an alternative's body; more is marked, not shown
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/use/hook.py
 OPTIONAL_IMPORTS = ("pandas", "sklearn", "dask", "pyarrow")
@@ -259,7 +263,8 @@ def suggest(argv: list[str]) -> None:
 def comment_prefix(original: str) -> str | None:
     """What begins a line git strips from the message (`core.commentString`, `core.commentChar`, `#`
     unset); None where a commented line might be kept: `auto` picks the character per message, a
-    `commit.cleanup` other than strip keeps comments, and where git wrote no comment of its own into
+    `commit.cleanup` (or `git commit --cleanup`, KEPT_NOTICE) other than strip keeps comments, and where
+    git wrote no comment of its own into
     `original` it may keep them (it strips comments by default only where an editor opens)."""
 
     def config(key: str) -> str | None:
@@ -267,6 +272,8 @@ def comment_prefix(original: str) -> str | None:
         return found.stdout.rstrip("\n") if found.returncode == 0 else None
 
     if (config("commit.cleanup") or "default") not in ("default", "strip"):
+        return None
+    if KEPT_NOTICE in original:  # `git commit --cleanup=verbatim` (or whitespace): no config says so
         return None
     prefix = config("core.commentString") or config("core.commentChar") or "#"
     shown = any(line.startswith(prefix) for line in original.splitlines())
