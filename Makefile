@@ -1,6 +1,10 @@
 # One task runner. Every target first builds .venv if it is missing or older than
 # pyproject.toml, so `make run` and `make test` work on a fresh machine as they are.
-PYTHON ?= python3
+# The first Python 3.11+ of these: python3 where it is recent enough (most machines), else one an older
+# distribution installs beside it (Ubuntu 22.04's python3 is 3.10: `apt install python3.11`).
+PYTHON ?= $(shell for p in python3 python3.11 python3.12 python3.13; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { command -v $$p; break; }; done)
+RECENT_ENOUGH := -c 'import sys; sys.exit(sys.version_info < (3, 11))'
 VENV ?= .venv
 # torch goes in first and pinned: a plain `torch` requirement would pull the newest
 # CUDA build (gigabytes). On a GPU machine, pick the wheel you need, e.g.
@@ -29,6 +33,11 @@ unexport PYTHONDONTWRITEBYTECODE
 # Neither compiles bytecode ahead: the first import compiles what is used, once (see above), where
 # compiling all of torch and the rest took 30 s of the set-up.
 $(INSTALLED): pyproject.toml
+	@$(or $(PYTHON),false) $(RECENT_ENOUGH) 2>/dev/null || { echo "repotune set-up: needs Python 3.11 or newer, and \
+	$(if $(PYTHON),$(PYTHON) is $$($(PYTHON) --version 2>&1),PATH has none (python3 is $$(python3 --version 2>&1))): \
+	install one (e.g. apt install python3.11) or name it: make PYTHON=/path/to/python3.11"; exit 1; }
+	@if [ -x $(BIN)/python ] && ! $(BIN)/python $(RECENT_ENOUGH); then \
+	echo "repotune set-up: $(VENV) was made with an older Python: making it anew with $(PYTHON)"; rm -rf $(VENV); fi
 	@echo "repotune set-up: creating $(VENV) (once)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "repotune set-up: installing $(TORCH_SPEC) (a CPU build unless TORCH_SPEC says otherwise)"

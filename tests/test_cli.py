@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,37 @@ def test_console_script_runs_the_same_cli():
     script = Path(sys.executable).parent / "repotune"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
     assert "scrape, plan and train" in result.stdout
+
+
+def test_the_set_up_takes_a_python_recent_enough_and_says_so_where_there_is_none(tmp_path):
+    """Ubuntu 22.04's python3 is 3.10: `make` takes the python3.11 installed beside it, and where there is
+    none says so in one line before it makes anything (it had spent 40 s installing torch into a 3.10
+    environment, then failed in the resolver, and left that environment for the next `make` to reuse)."""
+    make = shutil.which("make")
+    assert make is not None
+    bin = tmp_path / "bin"
+    bin.mkdir()
+    (bin / "python3").write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo "Python 3.10.13" && exit 0\nexit 1\n'
+    )
+    (bin / "python3").chmod(0o755)
+    (bin / "python3.11").symlink_to(sys.executable)
+
+    def run(path: str, *argv: str) -> subprocess.CompletedProcess:
+        environment = {**os.environ, "PATH": path}
+        return subprocess.run([make, *argv], cwd=ROOT, env=environment, capture_output=True, text=True)
+
+    # (The system's folders after ours: the machine's own python3 may well be recent enough.)
+    chosen = run(f"{bin}:/usr/bin:/bin", "--eval", "chosen: ; @echo $(PYTHON)", "chosen")
+    assert chosen.stdout.strip() == str(bin / "python3.11")
+    (bin / "python3.11").unlink()
+    venv = tmp_path / "venv"
+    refused = run(str(bin), "install", f"VENV={venv}")
+    assert refused.returncode != 0 and not venv.exists()
+    assert refused.stdout.strip() == (
+        "repotune set-up: needs Python 3.11 or newer, and PATH has none (python3 is Python 3.10.13): install "
+        "one (e.g. apt install python3.11) or name it: make PYTHON=/path/to/python3.11"
+    )
 
 
 def test_a_command_writes_the_bytecode_of_what_it_imports_where_the_environment_says_not_to(tmp_path):
