@@ -2,9 +2,9 @@
 # pyproject.toml, so `make run` and `make test` work on a fresh machine as they are.
 # The first Python 3.11+ of these: python3 where it is recent enough (most machines), else one an older
 # distribution installs beside it (Ubuntu 22.04's python3 is 3.10: `apt install python3.11`).
-PYTHON ?= $(shell for p in python3 python3.11 python3.12 python3.13; do \
-	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { command -v $$p; break; }; done)
 RECENT_ENOUGH := -c 'import sys; sys.exit(sys.version_info < (3, 11))'
+PYTHON ?= $(shell for p in python3 python3.11 python3.12 python3.13; do \
+	$$p $(RECENT_ENOUGH) 2>/dev/null && { command -v $$p; break; }; done)
 VENV ?= .venv
 # torch goes in first and pinned: a plain `torch` requirement would pull the newest
 # CUDA build (gigabytes). On a GPU machine, pick the wheel you need, e.g.
