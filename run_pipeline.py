@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
     from pipeline.train.model import save_adapter
 
     loaded = loaded_config(args)
-    with open_run(loaded, "run", args.argv, distributed=True) as record:
+    with open_run(loaded, "run", args.argv, args.repos, distributed=True) as record:
         data = record.shared(lambda: prepare_data(record, loaded, args.repos, ahead=True))
         model, data = fit_to_machine(record, loaded, data, args.resume)
         outcome, suggester = train_and_evaluate(record, loaded, data, model, args.resume)
@@ -276,7 +276,7 @@ def update(args: argparse.Namespace) -> None:
 
     parent = find_parent(args.parent, args.repos, args.model)
     loaded = update_config(parent, args.config, args.overrides, command_flags(args))
-    with open_run(loaded, "update", args.argv) as record:
+    with open_run(loaded, "update", args.argv, [str(parent.repo)]) as record:
         record.add(parent.lineage())
         if parent.up_to_date:
             say(
@@ -325,7 +325,7 @@ def scrape(args: argparse.Namespace) -> None:
     from pipeline.data.sources import scrape as scrape_sources
 
     loaded = loaded_config(args)
-    with open_run(loaded, "scrape", args.argv) as record:
+    with open_run(loaded, "scrape", args.argv, args.repos) as record:
         record.step("scrape", scrape_sources, args.repos, loaded.config.scrape, record.output_dir)
         record.finish("scraped")
     record.announce()
@@ -339,7 +339,7 @@ def plan(args: argparse.Namespace) -> None:
     from pipeline.train.probe import needs_measuring
 
     loaded = loaded_config(args)
-    with open_run(loaded, "plan", args.argv) as record:
+    with open_run(loaded, "plan", args.argv, args.repos) as record:
         data = prepare_data(record, loaded, args.repos, args.hardware_profile, PLAN_SAMPLE)
         decided = data.plan
         if needs_measuring(
@@ -356,7 +356,7 @@ def prepare(args: argparse.Namespace) -> None:
     from pipeline.data.token_cache import cache_summary
 
     loaded = loaded_config(args)
-    with open_run(loaded, "prepare", args.argv) as record:
+    with open_run(loaded, "prepare", args.argv, args.repos) as record:
         data = prepare_data(record, loaded, args.repos, args.hardware_profile)
         record.finish("prepared")
     print(cache_summary(data, record.elapsed_s))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.conftest import GitRepo, module_source, read_json
+from pipeline.record.run import LOCK_FILE
+from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = (
@@ -79,3 +80,33 @@ def test_two_runs_started_together_into_one_directory(tmp_path):
     repos = {orjson.loads(line)["repo"] for line in (out / "sequences.jsonl").read_bytes().splitlines()}
     assert repos == {winner}
     assert (out / "adapter" / "adapter_config.json").exists()
+
+
+def trained(directory: Path) -> dict[str, int]:
+    """`contents` but for the lock, which each command that holds the directory rewrites."""
+    return {name: stamp for name, stamp in contents(directory).items() if name != LOCK_FILE}
+
+
+def test_a_directory_that_holds_another_repositorys_training_is_refused_and_kept(cli, tmp_path):
+    """`make run REPO=a`, then `make run REPO=b`, both into the default directory: the second had replaced
+    a's adapter without a word (and a commit hook in a, suggesting with it, went on with b's messages).
+    Refused in one line, nothing there changed; the same repository again, from a folder inside it,
+    replaces its own run as it always has; a directory that holds no training is anyone's."""
+    alpha, beta = small_repo(tmp_path, "alpha"), small_repo(tmp_path, "beta")
+    out = tmp_path / "out"
+    assert cli("--repo", alpha.path, "--output-dir", out, *FAST_TRAINING).code == 0
+    before = trained(out)
+    refused = cli("--repo", beta.path, "--output-dir", out, *FAST_TRAINING)
+    assert refused.code == 2 and refused.err.count("\n") == 1
+    assert refused.err == (
+        f"repotune: error: {out} holds a run trained on {alpha.path}; this one reads {beta.path}: give another "
+        f"--output-dir, or remove that run first (rm -r {out}) to replace it\n"
+    )
+    assert trained(out) == before and read_json(out / "MANIFEST.json")["status"] == "completed"
+    for command in ("scrape", "plan", "prepare"):
+        assert cli(command, "--repo", beta.path, "--output-dir", out).code == 2
+    assert trained(out) == before
+    assert cli("--repo", alpha.path / "alpha", "--output-dir", out, *FAST_TRAINING).code == 0
+    scraped = tmp_path / "scraped"
+    assert cli("scrape", "--repo", alpha.path, "--output-dir", scraped).code == 0
+    assert cli("scrape", "--repo", beta.path, "--output-dir", scraped).code == 0

@@ -121,7 +121,7 @@ def test_the_schema_has_every_decision_and_nothing_else():
 def test_a_finished_manifest_that_breaks_the_schema_is_a_bug_said_at_once(tmp_path):
     loaded = load_config(None, [f"output.dir={tmp_path / 'out'}"])
     broken = pytest.raises(RuntimeError, match=r"does not match its schema: training_parameters.batch_size")
-    with broken, open_run(loaded, "plan", []) as record:
+    with broken, open_run(loaded, "plan", [], []) as record:
         record.doc["training_parameters"]["batch_size"] = "eight"
         record.finish("planned")
 

@@ -13,10 +13,11 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from functools import singledispatch
 from pathlib import Path
+from shlex import quote
 from typing import Any, ParamSpec, TypeVar
 
 import orjson
@@ -36,7 +37,7 @@ from pipeline.manifest import (
 )
 from pipeline.progress import say
 from pipeline.train.distributed import Coordinator, launch_from_environment
-from pipeline.train.model import CHECKPOINT_DIR, newest_checkpoint
+from pipeline.train.model import ADAPTER_DIR, CHECKPOINT_DIR, newest_checkpoint
 from pipeline.types import (
     Evaluation,
     Lineage,
@@ -441,9 +442,9 @@ def _holder(text: bytes) -> str:
 
 @contextmanager
 def open_run(
-    loaded: LoadedConfig, command: str, argv: list[str], distributed: bool = False
+    loaded: LoadedConfig, command: str, argv: list[str], repos: Sequence[str], distributed: bool = False
 ) -> Iterator[Record]:
-    """Start a run in `loaded.config.output.dir`; on any failure leave a manifest that says why.
+    """Start a run on `repos` in `loaded.config.output.dir`; on any failure leave a manifest that says why.
     `distributed`: the command can run as several ranks (torchrun / accelerate launch)."""
     launch = launch_from_environment()
     if launch.world_size > 1 and not distributed:
@@ -452,8 +453,37 @@ def open_run(
         prepare_output_dir(loaded.config.output.dir) if launch.writes else Path(loaded.config.output.dir)
     )
     with holding(output_dir, command) if launch.writes else nullcontext():
+        if launch.writes and (kept := _trained_elsewhere(output_dir, repos)):
+            raise OutputDirError(kept)
         coordinator = Coordinator(launch, loaded.config.distributed).start()
         yield from _recorded(Record(output_dir, loaded, command, argv, coordinator), command, coordinator)
+
+
+def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
+    """What to say where `output_dir` holds what a run trained on other repositories than `repos` (an
+    adapter, or checkpoints to resume): a second `make run REPO=…` into the default directory would have
+    replaced it without a word, and a commit hook suggesting with it would have gone on suggesting the
+    other repository's messages. None where it holds nothing trained, or trained on the same ones (a run
+    again on one repository replaces the last, as it always has). A repository that cannot be opened is
+    left to the scrape to say so."""
+    from scrapers.errors import RepositoryError
+    from scrapers.git import open_repository
+
+    trained = [(output_dir / name).exists() for name in (ADAPTER_DIR, CHECKPOINT_DIR)]
+    previous = _read_previous(output_dir / MANIFEST_FILE) if any(trained) else None
+    before = sorted(repository["path"] for repository in (previous or {}).get("repositories") or [])
+    if not before:
+        return None
+    try:
+        now = sorted(open_repository(path).path for path in repos)
+    except RepositoryError:
+        return None
+    if now == before:
+        return None
+    return (
+        f"{output_dir} holds a run trained on {', '.join(before)}; this one reads {', '.join(now)}: give "
+        f"another --output-dir, or remove that run first (rm -r {quote(str(output_dir))}) to replace it"
+    )
 
 
 def _recorded(record: Record, command: str, coordinator: Coordinator) -> Iterator[Record]:
