@@ -44,13 +44,16 @@ def main() -> int:
     )
     parser.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
     parser.add_argument(
-        "--output-dir", default="bench-learning-output", help="where the runs write (one folder per budget)"
+        "--output-dir",
+        help="where the runs write, one folder per budget (default bench-learning-output/REPO_NAME: a folder "
+        "of one repository's training is refused to another's run)",
     )
     parser.add_argument("--samples", type=int, default=3, help="held-out commits shown side by side")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], help="more config overrides, as for the CLI"
     )
     args = parser.parse_args()
+    args.output_dir = args.output_dir or str(Path("bench-learning-output") / Path(args.repo).resolve().name)
 
     outcomes = []
     for budget in args.budgets.split(","):
