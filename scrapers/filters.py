@@ -178,8 +178,10 @@ def git_pathspecs(filters: dict[str, Any]) -> list[str]:
             return f"**/{glob.rstrip('/')}/**"
         return glob.lstrip("/") if "/" in glob else f"**/{glob}"
 
-    included = [f":(glob){spec(glob)}" for glob in filters.get("include_globs") or ()] or ["."]
-    return included + [f":(exclude,glob){spec(glob)}" for glob in filters.get("exclude_globs") or ()]
+    # `top`: from the repository's root wherever in the work tree the pipe runs (`.` and plain globs are
+    # read from the folder it runs in, which from a subfolder had sent that folder's changes alone).
+    included = [f":(top,glob){spec(glob)}" for glob in filters.get("include_globs") or ()] or [":/"]
+    return included + [f":(top,exclude,glob){spec(glob)}" for glob in filters.get("exclude_globs") or ()]
 
 
 def as_trained(diff: str, filters: dict[str, Any], contents: Contents = contents_here) -> str:

@@ -85,14 +85,15 @@ def test_git_pathspecs_pick_the_files_the_globs_keep(tmp_path, filters):
         for path in PATHS
         if not (excluded and excluded.match(path)) and (not included or included.match(path))
     }
-    listed = subprocess.run(
-        ["git", "ls-files", "--", *git_pathspecs(filters)],
-        cwd=repo.path,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert set(listed) == kept and 0 < len(kept) < len(PATHS)
+    for where in (repo.path, repo.path / "src" / "deep"):  # the same from a subfolder: the pipe runs anywhere
+        listed = subprocess.run(
+            ["git", "ls-files", "--full-name", "--", *git_pathspecs(filters)],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert set(listed) == kept and 0 < len(kept) < len(PATHS)
 
 
 def test_commit_filters_name_their_reason():

@@ -147,7 +147,7 @@ def test_the_gguf_reloads_with_the_same_tokens_and_the_same_greedy_answers(
     result = cli("export", "--adapter", run, "--output", tmp_path / "model.gguf")
     assert result.code == 0, result.err
     assert "model.gguf" in result.out and "ollama create" in result.out
-    assert "git diff --cached --no-color --no-ext-diff -- . ':(exclude,glob)**/*.lock'" in result.out
+    assert "git diff --cached --no-color --no-ext-diff -- :/ ':(top,exclude,glob)**/*.lock'" in result.out
     gguf_model, gguf_tokenizer = load_gguf(tmp_path / "model.gguf")
     merged, tokenizer = merged_in_f16(run)
     texts = [*PROMPTS, "Fix the 2024 parser: ünïcode, tabs\tand  spaces"]
@@ -172,8 +172,8 @@ def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
     assert modelfile.count("{{ .System }}") == 1 and f'SYSTEM """{SYSTEM_PROMPT}"""' in modelfile
     assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER temperature 0" in modelfile
     # the staged change, as training read commits: lockfiles and vendored code left out
-    assert "#   git diff --cached --no-color --no-ext-diff -- . ':(exclude,glob)**/*.lock' " in modelfile
-    assert "':(exclude,glob)**/vendor/**'" in modelfile and modelfile.count(" | ollama run repotune") == 1
+    assert "#   git diff --cached --no-color --no-ext-diff -- :/ ':(top,exclude,glob)**/*.lock' " in modelfile
+    assert "':(top,exclude,glob)**/vendor/**'" in modelfile and modelfile.count(" | ollama run repotune") == 1
 
 
 def test_q8_0_is_smaller_and_loads(tiny_run, tmp_path, cli):
