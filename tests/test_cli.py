@@ -57,7 +57,14 @@ def test_the_set_up_takes_a_python_recent_enough_and_says_so_where_there_is_none
     (bin / "python3.11").symlink_to(sys.executable)
 
     def run(path: str, *argv: str) -> subprocess.CompletedProcess:
-        environment = {**os.environ, "PATH": path}
+        # Not the make that runs the suite (`make test`): its MAKEFLAGS and MAKELEVEL would have this one
+        # print the directories it enters.
+        inherited = {
+            name: value
+            for name, value in os.environ.items()
+            if name not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+        }
+        environment = {**inherited, "PATH": path}
         return subprocess.run([make, *argv], cwd=ROOT, env=environment, capture_output=True, text=True)
 
     # (The system's folders after ours: the machine's own python3 may well be recent enough.)
