@@ -235,6 +235,23 @@ def last_message(repo: GitRepo) -> str:
     return repo.git("log", "-1", "--format=%B")
 
 
+def test_a_hook_with_another_projects_adapter_says_so(tiny_run, work_repo, tmp_path, cli):
+    """A hook installed with an adapter trained on another project suggests that project's messages: the
+    install says so. A clone of the history trained on (the commit trained up to is in it) is the same
+    project, and is told nothing."""
+    trained = read_json(tiny_run / "MANIFEST.json")["repositories"][0]["path"]
+    elsewhere = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
+    assert elsewhere.code == 0 and elsewhere.out.strip().endswith(
+        f"; note: {tiny_run / 'adapter'} learned {trained}, not this repository: it suggests from that history"
+    )
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", trained, str(clone)], check=True)
+    for repo in (trained, clone, clone / "pkg"):
+        same = cli("hook", "install", "--repo", repo, "--adapter", tiny_run)
+        assert same.code == 0 and "note:" not in same.out
+        assert cli("hook", "uninstall", "--repo", repo).code == 0
+
+
 def test_the_hook_suggests_a_past_message_for_the_staged_change(tiny_run, work_repo, tmp_path, cli):
     result = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
     assert result.code == 0 and "installed" in result.out and "2 more below it, commented out" in result.out

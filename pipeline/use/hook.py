@@ -37,6 +37,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
+
 from scrapers.safe_git import SAFE_GIT_ENV
 
 HOOK = "prepare-commit-msg"
@@ -140,6 +142,8 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     os.replace(staging, hook)
     shown = f", {alternatives} more below it, commented out" if alternatives else ""
     said = f"installed {hook}: suggestions from {directory} within {timeout:g} s{shown}{kept}"
+    if other := _trained_elsewhere(directory, repo):
+        said += f"; note: {directory} learned {other}, not this repository: it suggests from that history"
     if elsewhere != hooks:
         if earlier := _take_out(elsewhere):  # an earlier version wrote into the hooks folder git runs
             said += f"; the hook an earlier install wrote there is taken out ({earlier})"
@@ -149,6 +153,29 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
             f"(husky: .husky/{HOOK}): {_call_line(hook)}"
         )
     return said
+
+
+def _trained_elsewhere(adapter: Path, repo: str | Path) -> str | None:
+    """The repositories `adapter`'s run learned, where `repo` holds none of their histories (a hook in
+    one project with another's adapter suggests the other's messages: a slip more often than a choice);
+    None where it holds one (the same clone, or another clone of it: the commit trained up to is there),
+    or where the run's manifest is not beside the adapter to say."""
+    from scrapers.errors import RepositoryError
+    from scrapers.git import open_repository, run_git
+
+    try:
+        manifest = orjson.loads((adapter.parent / "MANIFEST.json").read_bytes())
+        learned = manifest.get("repositories") or []
+        here = open_repository(repo)
+    except (OSError, ValueError, RepositoryError):
+        return None
+    for repository in learned:
+        try:
+            run_git(here, "cat-file", "-e", f"{repository['head']}^{{commit}}")
+            return None
+        except (RepositoryError, KeyError, TypeError):
+            continue
+    return ", ".join(str(repository.get("path")) for repository in learned) or None
 
 
 def installed_adapter(repo: str | Path) -> Path | None:
