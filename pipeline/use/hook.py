@@ -142,7 +142,7 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     os.replace(staging, hook)
     shown = f", {alternatives} more below it, commented out" if alternatives else ""
     said = f"installed {hook}: suggestions from {directory} within {timeout:g} s{shown}{kept}"
-    if other := _trained_elsewhere(directory, repo):
+    if other := _another_project(directory, repo):
         said += f"; note: {directory} learned {other}, not this repository: it suggests from that history"
     if elsewhere != hooks:
         if earlier := _take_out(elsewhere):  # an earlier version wrote into the hooks folder git runs
@@ -155,7 +155,7 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     return said
 
 
-def _trained_elsewhere(adapter: Path, repo: str | Path) -> str | None:
+def _another_project(adapter: Path, repo: str | Path) -> str | None:
     """The repositories `adapter`'s run learned, where `repo` holds none of their histories (a hook in
     one project with another's adapter suggests the other's messages: a slip more often than a choice);
     None where it holds one (the same clone, or another clone of it: the commit trained up to is there),
