@@ -213,6 +213,15 @@ def run_git(repo: Repository, *args: str) -> str:
         raise RepositoryError(f"{repo.path}: git {args[0]} failed: {git_failure(err.stderr)}") from None
 
 
+def has_commit(repo: Repository, sha: str) -> bool:
+    """Whether `repo` holds commit `sha` (another clone of a history holds its commits)."""
+    try:
+        run_git(repo, "cat-file", "-e", f"{sha}^{{commit}}")
+    except RepositoryError:
+        return False
+    return True
+
+
 def rev_list(
     repo: Repository, rev: str, max_count: int | None, since: str | None, until: str | None
 ) -> list[str]:

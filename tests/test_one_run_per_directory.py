@@ -90,8 +90,8 @@ def trained(directory: Path) -> dict[str, int]:
 def test_a_directory_that_holds_another_repositorys_training_is_refused_and_kept(cli, tmp_path):
     """`make run REPO=a`, then `make run REPO=b`, both into the default directory: the second had replaced
     a's adapter without a word (and a commit hook in a, suggesting with it, went on with b's messages).
-    Refused in one line, nothing there changed; the same repository again, from a folder inside it,
-    replaces its own run as it always has; a directory that holds no training is anyone's."""
+    Refused in one line, nothing there changed; the same repository again, from a folder inside it or
+    another clone, replaces its own run as it always has; a directory that holds no training is anyone's."""
     alpha, beta = small_repo(tmp_path, "alpha"), small_repo(tmp_path, "beta")
     out = tmp_path / "out"
     assert cli("--repo", alpha.path, "--output-dir", out, *FAST_TRAINING).code == 0
@@ -107,6 +107,9 @@ def test_a_directory_that_holds_another_repositorys_training_is_refused_and_kept
         assert cli(command, "--repo", beta.path, "--output-dir", out).code == 2
     assert trained(out) == before
     assert cli("--repo", alpha.path / "alpha", "--output-dir", out, *FAST_TRAINING).code == 0
+    clone = tmp_path / "clone"  # another clone of the same history (the commit trained up to is in it)
+    subprocess.run(["git", "clone", "--quiet", str(alpha.path), str(clone)], check=True)
+    assert cli("--repo", clone, "--output-dir", out, *FAST_TRAINING).code == 0
     scraped = tmp_path / "scraped"
     assert cli("scrape", "--repo", alpha.path, "--output-dir", scraped).code == 0
     assert cli("scrape", "--repo", beta.path, "--output-dir", scraped).code == 0

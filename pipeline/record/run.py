@@ -463,22 +463,24 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
     """What to say where `output_dir` holds what a run trained on other repositories than `repos` (an
     adapter, or checkpoints to resume): a second `make run REPO=…` into the default directory would have
     replaced it without a word, and a commit hook suggesting with it would have gone on suggesting the
-    other repository's messages. None where it holds nothing trained, or trained on the same ones (a run
-    again on one repository replaces the last, as it always has). A repository that cannot be opened is
-    left to the scrape to say so."""
+    other repository's messages. None where it holds nothing trained, or trained on the same ones or clones
+    of them (a run again on one project replaces the last, as it always has). A repository that cannot be
+    opened is left to the scrape to say so."""
     from scrapers.errors import RepositoryError
-    from scrapers.git import open_repository
+    from scrapers.git import has_commit, open_repository
 
     trained = [(output_dir / name).exists() for name in (ADAPTER_DIR, CHECKPOINT_DIR)]
     previous = _read_previous(output_dir / MANIFEST_FILE) if any(trained) else None
-    before = sorted(repository["path"] for repository in (previous or {}).get("repositories") or [])
-    if not before:
-        return None
+    learned = (previous or {}).get("repositories") or []
+    before = sorted(str(repository.get("path")) for repository in learned)
     try:
-        now = sorted(open_repository(path).path for path in repos)
+        opened = [open_repository(path) for path in repos]
     except RepositoryError:
         return None
-    if now == before:
+    now = sorted(repository.path for repository in opened)
+    heads = [str(repository.get("head")) for repository in learned]
+    # The same repositories, or clones of them (each holds a commit the run trained up to): its own run.
+    if not before or now == before or all(any(has_commit(here, head) for head in heads) for here in opened):
         return None
     return (
         f"{output_dir} holds a run trained on {', '.join(before)}; this one reads {', '.join(now)}: give "

@@ -161,21 +161,19 @@ def _another_project(adapter: Path, repo: str | Path) -> str | None:
     None where it holds one (the same clone, or another clone of it: the commit trained up to is there),
     or where the run's manifest is not beside the adapter to say."""
     from scrapers.errors import RepositoryError
-    from scrapers.git import open_repository, run_git
+    from scrapers.git import has_commit, open_repository
 
     try:
         manifest = orjson.loads((adapter.parent / "MANIFEST.json").read_bytes())
-        learned = manifest.get("repositories") or []
+        learned = [
+            (str(learned["path"]), str(learned["head"])) for learned in manifest.get("repositories") or []
+        ]
         here = open_repository(repo)
-    except (OSError, ValueError, RepositoryError):
+    except (OSError, ValueError, KeyError, TypeError, RepositoryError):
         return None
-    for repository in learned:
-        try:
-            run_git(here, "cat-file", "-e", f"{repository['head']}^{{commit}}")
-            return None
-        except (RepositoryError, KeyError, TypeError):
-            continue
-    return ", ".join(str(repository.get("path")) for repository in learned) or None
+    if not learned or any(has_commit(here, head) for _, head in learned):
+        return None
+    return ", ".join(path for path, _ in learned)
 
 
 def installed_adapter(repo: str | Path) -> Path | None:
