@@ -359,7 +359,7 @@ def _build(data: dict[str, Any], label: str, cli_keys: set[str]) -> Config:
     if problems:
         raise ConfigError(f"{label}: " + "; ".join(problems))
     config = Config(**sections)
-    _check_relations(config, problems)
+    _check_relations(config, problems, cli_keys)
     if problems:
         raise ConfigError(f"{label}: " + "; ".join(problems))
     return config
@@ -371,7 +371,7 @@ def _build_section(cls: type, section: str, raw: dict[str, Any], cli_keys: set[s
     values: dict[str, Any] = {}
     for key, value in raw.items():
         dotted = f"{section}.{key}"
-        name = f"`{dotted}` (from the command line)" if dotted in cli_keys else f"`{dotted}`"
+        name = _named(dotted, cli_keys)
         if key not in fields:
             problems.append(f"unknown key {name}{_suggest(key, fields, section)}")
             continue
@@ -387,15 +387,24 @@ def _build_section(cls: type, section: str, raw: dict[str, Any], cli_keys: set[s
     return cls(**values)
 
 
-def _check_relations(config: Config, problems: list[str]) -> None:
+def _named(dotted: str, cli_keys: set[str]) -> str:
+    """A key as a problem names it, and where its value came from when that was the command line (a flag
+    such as --budget, or --set): the config file the message begins with did not give it."""
+    return f"`{dotted}` (from the command line)" if dotted in cli_keys else f"`{dotted}`"
+
+
+def _check_relations(config: Config, problems: list[str], cli_keys: set[str]) -> None:
     scrape = config.scrape
     unknown = [name for name in scrape.formats if name not in SEQUENCE_FORMATS]
     if unknown or not scrape.formats:
         problems.append(
-            f"`scrape.format` must be one or more of {', '.join(SEQUENCE_FORMATS)}, got {scrape.format!r}"
+            f"{_named('scrape.format', cli_keys)} must be one or more of {', '.join(SEQUENCE_FORMATS)}, "
+            f"got {scrape.format!r}"
         )
     if scrape.rev.startswith("-"):
-        problems.append(f"`scrape.rev` must be a revision or range, not an option: {scrape.rev!r}")
+        problems.append(
+            f"{_named('scrape.rev', cli_keys)} must be a revision or range, not an option: {scrape.rev!r}"
+        )
     for pattern in scrape.trivial_messages:
         try:
             re.compile(pattern)
@@ -416,7 +425,7 @@ def _check_relations(config: Config, problems: list[str]) -> None:
     try:
         budget_seconds(train.time_budget)
     except ValueError as err:
-        problems.append(f"`train.time_budget` {err}")
+        problems.append(f"{_named('train.time_budget', cli_keys)} {err}")
     # Trackers are checked here, before any scraping: a typo or a missing package costs nothing.
     if train.trackers and (problem := tracker_problem(train.trackers)):
         problems.append(problem)

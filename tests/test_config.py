@@ -111,3 +111,14 @@ def test_bad_set_syntax_and_values_name_the_command_line():
         load_config(None, ["epochs"])
     with pytest.raises(ConfigError, match=r"`train.epochs` \(from the command line\) must be > 0, got -1"):
         load_config(None, ["train.epochs=-1"])
+    # The checks across keys name it too: `--budget 0` had been said as if the config file gave it.
+    for flags, said in (
+        (
+            {"train.time_budget": "0"},
+            r"`train.time_budget` \(from the command line\) must be longer than 0 s",
+        ),
+        ({"scrape.rev": "-x"}, r"`scrape.rev` \(from the command line\) must be a revision or range"),
+        ({"scrape.format": "nope"}, r"`scrape.format` \(from the command line\) must be one or more of"),
+    ):
+        with pytest.raises(ConfigError, match=said):
+            load_config(None, [], flags)
