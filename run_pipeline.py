@@ -387,13 +387,18 @@ def generate(args: argparse.Namespace) -> None:
     messages), or --merge into a standalone model."""
     from pipeline.errors import PipelineError
     from pipeline.use import generate as generation
-    from pipeline.use.hook import commented
+    from pipeline.use.hook import check_alternatives, commented
 
     if args.merge:
         print(generation.merge(args.adapter, args.merge))
         return
     if args.alternatives and args.task != "message":
         raise PipelineError("--alternatives are commit messages: use it with --task message")
+    check_alternatives(args.alternatives)
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise PipelineError(
+            f"--max-new-tokens {args.max_new_tokens}: give how many tokens to write, 1 or more"
+        )
     prompt = generation.as_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
     if args.task != "message":
         print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system))

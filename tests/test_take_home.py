@@ -415,6 +415,25 @@ def test_generate_prints_the_alternatives_the_hook_shows(tiny_run, work_repo, cl
     ]
     refused = cli("generate", "--adapter", tiny_run, "--prompt", "def ", "--alternatives", "2")
     assert refused.code == 2 and "use it with --task message" in refused.err
+    # Counts out of range are one line (a negative one had printed ten past messages, and a --max-new-tokens
+    # below 1 ended in an internal error; beyond the model's positions it wrote noise for minutes).
+    for argv, said in (
+        (
+            ("--task", "message", "--alternatives", "-1"),
+            "--alternatives -1: give how many more messages to show, 0 to 9",
+        ),
+        (("--max-new-tokens", "-3"), "--max-new-tokens -3: give how many tokens to write, 1 or more"),
+        (
+            ("--max-new-tokens", "100000"),
+            "--max-new-tokens 100000: the model reads at most 2,048 positions and the prompt takes ",
+        ),
+    ):
+        wrong = cli("generate", "--adapter", tiny_run, "--prompt", "def f(", *argv)
+        assert (
+            wrong.code == 2
+            and wrong.err.startswith(f"repotune: error: {said}")
+            and wrong.err.count("\n") == 1
+        )
 
 
 def test_a_diff_that_is_not_utf8_is_read_as_the_scrape_reads_it(tiny_run, work_repo, cli, monkeypatch):

@@ -149,6 +149,13 @@ def _continuation(
     message = task == "message"  # a commit message that starts over is cut there; code repeats lines
     if max_new_tokens is None:
         max_new_tokens = EvalConfig().message_tokens if message else CONTINUATION_TOKENS
+    positions = getattr(model.config, "max_position_embeddings", None)
+    asked = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    if positions and asked + max_new_tokens > positions:  # past it a model writes noise, slowly
+        raise PipelineError(
+            f"--max-new-tokens {max_new_tokens}: the model reads at most {positions:,} positions and the prompt "
+            f"takes {asked:,}: give at most {max(positions - asked, 0):,}"
+        )
     return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
 
 

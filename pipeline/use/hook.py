@@ -105,6 +105,14 @@ exit 0
 """
 
 
+def check_alternatives(count: int) -> None:
+    """`--alternatives` as the hook and `generate` take it: 0 to 9 messages more."""
+    from pipeline.errors import PipelineError
+
+    if not 0 <= count <= 9:
+        raise PipelineError(f"--alternatives {count}: give how many more messages to show, 0 to 9")
+
+
 def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives: int = ALTERNATIVES) -> str:
     """Write the hook into `repo`, keeping a hook that is already there (run first); what was done."""
     from pipeline.errors import PipelineError
@@ -112,8 +120,7 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
 
     if not 0 < timeout <= 600:
         raise PipelineError(f"--timeout {timeout}: give the seconds a suggestion may take (e.g. 5)")
-    if not 0 <= alternatives <= 9:
-        raise PipelineError(f"--alternatives {alternatives}: give how many more messages to show, 0 to 9")
+    check_alternatives(alternatives)
     directory = adapter_directory(adapter).resolve()
     hooks, elsewhere = hook_folders(repo)
     hook, previous = hooks / HOOK, hooks / PREVIOUS
