@@ -239,7 +239,10 @@ def test_budgets_are_durations(text, seconds):
 
 
 def test_a_bad_budget_is_one_line_naming_the_key():
-    with pytest.raises(ConfigError, match=r"`train.time_budget` must be a duration such as 10m, 90s, 1h30m"):
+    with pytest.raises(
+        ConfigError,
+        match=r"`train.time_budget` \(from the command line\) must be a duration such as 10m, 90s, 1h30m",
+    ):
         load_config(None, ["train.time_budget=soon"])
     with pytest.raises(ConfigError, match=r"must be a duration .* got '10 mins later'"):
         load_config(None, flags={"train.time_budget": "10 mins later"})
