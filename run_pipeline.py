@@ -386,6 +386,7 @@ def generate(args: argparse.Namespace) -> None:
     """Load base model + adapter: print a continuation of --prompt (and with --alternatives the next best
     messages), or --merge into a standalone model."""
     from pipeline.errors import PipelineError
+    from pipeline.progress import say
     from pipeline.use import generate as generation
     from pipeline.use.hook import check_alternatives, commented
 
@@ -398,6 +399,10 @@ def generate(args: argparse.Namespace) -> None:
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise PipelineError(
             f"--max-new-tokens {args.max_new_tokens}: give how many tokens to write, 1 or more"
+        )
+    if args.prompt == "-" and sys.stdin.isatty():  # nothing piped: say what it waits for
+        say(
+            "reading the prompt from the terminal: paste it, then Ctrl-D (or pipe it in: git diff --cached --no-ext-diff | …)"
         )
     prompt = generation.as_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
     if args.task != "message":

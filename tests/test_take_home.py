@@ -397,6 +397,26 @@ def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, m
     assert suggester.suggest(with_lockfile, "lookup") == "Add compute_12"
 
 
+def test_generate_says_what_it_waits_for_where_nothing_is_piped(tiny_run, work_repo, cli, monkeypatch):
+    """`generate --prompt -` in a terminal, nothing piped: it said nothing and seemed to hang."""
+    from pipeline.use.hook import staged_diff
+
+    monkeypatch.chdir(work_repo.path)
+    stage(work_repo, 12)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal(staged_diff()))
+    typed = cli("generate", "--adapter", tiny_run, "--task", "message", "--prompt", "-")
+    assert typed.code == 0 and typed.out.startswith("Add compute_")
+    assert typed.err.startswith("reading the prompt from the terminal: paste it, then Ctrl-D")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(staged_diff()))
+    piped = cli("generate", "--adapter", tiny_run, "--task", "message", "--prompt", "-")
+    assert piped.out == typed.out and "terminal" not in piped.err
+
+
 def test_generate_prints_the_alternatives_the_hook_shows(tiny_run, work_repo, cli, monkeypatch):
     from pipeline.use.hook import staged_diff
 
