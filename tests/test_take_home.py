@@ -616,3 +616,9 @@ def test_hook_bad_input_is_one_line(tiny_run, tmp_path, cli):
     assert not_a_repo.code == 2 and "not a git repository" in not_a_repo.err
     no_adapter = cli("hook", "install", "--repo", tmp_path)
     assert no_adapter.code == 2 and "--adapter" in no_adapter.err
+    bare = GitRepo(tmp_path / "bare.git", bare=True)  # where nobody commits: the hook would never run
+    in_bare = cli("hook", "install", "--repo", bare.path, "--adapter", tiny_run)
+    assert in_bare.code == 2 and in_bare.err == (
+        f"repotune: error: --repo {bare.path}: a bare repository, where no commit is written: install in a clone of it\n"
+    )
+    assert not (bare.path / "hooks" / "prepare-commit-msg").exists()

@@ -123,6 +123,14 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
     check_alternatives(alternatives)
     directory = adapter_directory(adapter).resolve()
     hooks, elsewhere = hook_folders(repo)
+    bare = subprocess.run(
+        ["git", "-C", str(Path(repo).expanduser()), "rev-parse", "--is-bare-repository"],
+        capture_output=True, text=True, timeout=30,
+    ).stdout.strip()  # fmt: skip
+    if bare == "true":  # nobody commits there: a hook would never run
+        raise PipelineError(
+            f"--repo {repo}: a bare repository, where no commit is written: install in a clone of it"
+        )
     hook, previous = hooks / HOOK, hooks / PREVIOUS
     kept = ""
     if hook.exists() and not _ours(hook):
