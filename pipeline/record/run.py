@@ -473,6 +473,8 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
     previous = _read_previous(output_dir / MANIFEST_FILE) if any(trained) else None
     learned = (previous or {}).get("repositories") or []
     before = sorted(str(repository.get("path")) for repository in learned)
+    if not before:
+        return None
     try:
         opened = [open_repository(path) for path in repos]
     except RepositoryError:
@@ -480,7 +482,7 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
     now = sorted(repository.path for repository in opened)
     heads = [str(repository.get("head")) for repository in learned]
     # The same repositories, or clones of them (each holds a commit the run trained up to): its own run.
-    if not before or now == before or all(any(has_commit(here, head) for head in heads) for here in opened):
+    if now == before or all(any(has_commit(here, head) for head in heads) for here in opened):
         return None
     return (
         f"{output_dir} holds a run trained on {', '.join(before)}; this one reads {', '.join(now)}: give "
