@@ -293,19 +293,23 @@ def test_the_hook_shows_alternatives_only_where_git_drops_them(config, tiny_run,
         assert message.strip().count("\n") == 0
 
 
-@pytest.mark.parametrize("cleanup", ["verbatim", "whitespace"])
+@pytest.mark.parametrize(
+    ("options", "shown"),
+    [(["--cleanup=verbatim"], False), (["--cleanup=whitespace"], False), (["--cleanup=scissors"], False),
+     (["--verbose"], True), (["--verbose", "--cleanup=scissors"], False)],
+)  # fmt: skip
 def test_the_hook_shows_no_alternatives_where_the_command_line_keeps_comments(
-    cleanup, tiny_run, work_repo, tmp_path, cli
+    options, shown, tiny_run, work_repo, tmp_path, cli
 ):
-    """`git commit --cleanup=verbatim` keeps every comment line, and no config says so: the alternatives
-    would have been committed. git's own words in the message ("… will be kept") say it."""
+    """`git commit --cleanup=verbatim` (or whitespace) keeps every comment line, and no config says so:
+    the alternatives would have been committed. git's own words in the message ("… will be kept") say
+    it. `--cleanup=scissors` keeps the comments above its scissors line, and writes none of its own
+    there, where `git commit -v`, which strips them, writes its help text."""
     assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
     stage(work_repo, 12)
-    committed = git_commit(
-        work_repo, f"--cleanup={cleanup}", env={"GIT_EDITOR": f"cp -t {tmp_path}", "LC_ALL": "C"}
-    )
+    committed = git_commit(work_repo, *options, env={"GIT_EDITOR": f"cp -t {tmp_path}", "LC_ALL": "C"})
     assert committed.returncode == 0
-    assert "will be kept" in (tmp_path / "COMMIT_EDITMSG").read_text()
+    assert ("# repotune: 2 more" in (tmp_path / "COMMIT_EDITMSG").read_text()) == shown
     message = last_message(work_repo)
     assert message.startswith("Add compute_") and "repotune" not in message
 

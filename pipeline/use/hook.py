@@ -56,6 +56,7 @@ ALTERNATIVES = 2
 # may remove them yourself"): a `--cleanup` given to `git commit` reaches a hook in no other way. In English
 # only; under a translation the alternatives still show, marked as repotune's, for the user to remove.
 KEPT_NOTICE = "will be kept"
+SCISSORS = "------------------------ >8 ------------------------"  # git's own, in every language
 BODY_LINES_SHOWN = 8  # of an alternative's body; more is marked, not shown
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/use/hook.py
 OPTIONAL_IMPORTS = ("pandas", "sklearn", "dask", "pyarrow")
@@ -304,8 +305,8 @@ def comment_prefix(original: str) -> str | None:
     """What begins a line git strips from the message (`core.commentString`, `core.commentChar`, `#`
     unset); None where a commented line might be kept: `auto` picks the character per message, a
     `commit.cleanup` (or `git commit --cleanup`, KEPT_NOTICE) other than strip keeps comments, and where
-    git wrote no comment of its own into
-    `original` it may keep them (it strips comments by default only where an editor opens)."""
+    git wrote no comment of its own into `original` above its scissors line it may keep them (it strips
+    comments by default only where an editor opens)."""
 
     def config(key: str) -> str | None:
         found = subprocess.run(["git", "config", "--get", key], capture_output=True, text=True, timeout=10)
@@ -316,7 +317,11 @@ def comment_prefix(original: str) -> str | None:
     if KEPT_NOTICE in original:  # `git commit --cleanup=verbatim` (or whitespace): no config says so
         return None
     prefix = config("core.commentString") or config("core.commentChar") or "#"
-    shown = any(line.startswith(prefix) for line in original.splitlines())
+    lines = original.splitlines()
+    cut = next((at for at, line in enumerate(lines) if line == f"{prefix} {SCISSORS}"), len(lines))
+    # Above git's scissors line (`--cleanup=scissors`, `git commit -v`) only its help text, which it
+    # writes where it strips comments, says they go: `--cleanup=scissors` writes none, and keeps them.
+    shown = any(line.startswith(prefix) for line in lines[:cut])
     return prefix if shown and prefix != "auto" else None
 
 
