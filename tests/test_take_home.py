@@ -572,6 +572,12 @@ def test_an_existing_hook_is_kept_run_first_and_restored(kind, tiny_run, work_re
     assert not (hooks / "prepare-commit-msg.repotune-previous").exists()
     refused = cli("hook", "uninstall", "--repo", work_repo.path)
     assert refused.code == 2 and "not repotune's" in refused.err
+    # repotune's hook deleted by hand: uninstall puts theirs back (set aside, it would never run again).
+    assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
+    theirs.unlink()
+    restored = cli("hook", "uninstall", "--repo", work_repo.path)
+    assert restored.code == 0 and "put back" in restored.out and theirs.read_text() == THEIRS[kind]
+    assert not (hooks / "prepare-commit-msg.repotune-previous").exists()
 
 
 def test_a_hook_managers_folder_is_left_alone_and_told_how_to_call_the_hook(

@@ -229,8 +229,12 @@ def uninstall(repo: str | Path) -> str:
 
 def _take_out(hooks: Path) -> str | None:
     """Remove repotune's hook from `hooks` and put back the one it set aside; what was done (None where
-    repotune's hook is not there)."""
+    neither is there). Where repotune's hook was deleted by hand, the one it set aside goes back too:
+    under its set-aside name it would never run again."""
     hook, previous = hooks / HOOK, hooks / PREVIOUS
+    if not hook.exists() and previous.exists():
+        previous.rename(hook)
+        return f"put back {hook}, which repotune's hook had set aside (repotune's was gone already)"
     if not _ours(hook):
         return None
     hook.unlink()
