@@ -21,6 +21,7 @@ from pipeline.record.run import Record, open_run
 from pipeline.types import Data, Evaluation, Loaded, Machine, Plan, Prepared, TrainOutcome
 from pipeline.use.cli import (
     Command,
+    as_text,
     command_flags,
     diff_options,
     export_options,
@@ -404,7 +405,7 @@ def generate(args: argparse.Namespace) -> None:
         say(
             "reading the prompt from the terminal: paste it, then Ctrl-D (or pipe it in: git diff --cached --no-ext-diff | …)"
         )
-    prompt = generation.as_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
+    prompt = as_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
     if args.task != "message":
         print(generation.generate(args.adapter, prompt, args.max_new_tokens, args.task, args.system))
         return

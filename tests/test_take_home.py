@@ -464,7 +464,7 @@ def test_a_diff_that_is_not_utf8_is_read_as_the_scrape_reads_it(tiny_run, work_r
     """A staged Latin-1 file, piped (`git diff --cached | generate … --prompt -`) or given as an argument
     (`--prompt "$(git diff --cached)"`): Python hands its byte over as a lone surrogate, which had ended in
     an internal error. Now read as the scrape decodes the history (U+FFFD), and answered."""
-    from pipeline.use.generate import as_text
+    from pipeline.use.cli import as_text
 
     (work_repo.path / "pkg" / "legacy.py").write_bytes(b"caf\xe9 = 1\n")
     work_repo.git("add", "-A")

@@ -322,6 +322,12 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
     return args
 
 
+def as_text(given: str) -> str:
+    """An argument or stdin as UTF-8 text, as the scrape decodes the history: bytes that are not UTF-8 (a
+    Latin-1 file's lines in a staged diff), which Python hands over as lone surrogates, become U+FFFD."""
+    return given.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _not_utf8(args: argparse.Namespace) -> str | None:
     """What to say of an argument that is not UTF-8 (a folder named in Latin-1: Python holds its bytes as
     lone surrogates, which a JSON manifest cannot hold, and the run ended in an internal error); None when
@@ -330,9 +336,7 @@ def _not_utf8(args: argparse.Namespace) -> str | None:
     for name, value in vars(args).items():
         for given in value if isinstance(value, list) else [value]:
             text = str(given) if isinstance(given, str | Path) else ""
-            if name not in ("prompt", "argv") and text != text.encode("utf-8", "surrogateescape").decode(
-                "utf-8", "replace"
-            ):
+            if name not in ("prompt", "argv") and as_text(text) != text:
                 shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
                 return (
                     f"{shown}: not UTF-8, and repotune records what it is given in JSON, which holds UTF-8 "

@@ -73,13 +73,6 @@ def load_adapter(path: str | Path, dense: bool = False):
     return model.eval(), load_saved_tokenizer(directory)
 
 
-def as_text(given: str) -> str:
-    """A prompt from the command line or stdin as UTF-8 text, as the scrape decodes the history: bytes that
-    are not UTF-8 (a Latin-1 file's lines in a staged diff), which Python hands over as lone surrogates,
-    become U+FFFD (they had ended in an internal error)."""
-    return given.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
 CONTINUATION_TOKENS = 128  # what `generate` writes by default, but for a commit message
 
 

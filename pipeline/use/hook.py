@@ -123,12 +123,8 @@ def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives:
         raise PipelineError(f"--timeout {timeout}: give the seconds a suggestion may take (e.g. 5)")
     check_alternatives(alternatives)
     directory = adapter_directory(adapter).resolve()
-    hooks, elsewhere = hook_folders(repo)
-    bare = subprocess.run(
-        ["git", "-C", str(Path(repo).expanduser()), "rev-parse", "--is-bare-repository"],
-        capture_output=True, text=True, timeout=30,
-    ).stdout.strip()  # fmt: skip
-    if bare == "true":  # nobody commits there: a hook would never run
+    hooks, elsewhere, bare = hook_folders(repo)
+    if bare:  # nobody commits there: a hook would never run
         raise PipelineError(
             f"--repo {repo}: a bare repository, where no commit is written: install in a clone of it"
         )
@@ -197,7 +193,8 @@ def installed_adapter(repo: str | Path) -> Path | None:
     from pipeline.errors import PipelineError
 
     try:
-        places = dict.fromkeys(hook_folders(repo))  # the second: where an earlier version wrote it
+        own, run_from, _ = hook_folders(repo)
+        places = dict.fromkeys((own, run_from))  # the second: where an earlier version wrote it
     except PipelineError:
         return None
     for hook in (hooks / HOOK for hooks in places):
@@ -212,7 +209,7 @@ def uninstall(repo: str | Path) -> str:
     """Remove repotune's hook and put back the one it set aside; what was done."""
     from pipeline.errors import PipelineError
 
-    hooks, elsewhere = hook_folders(repo)
+    hooks, elsewhere, _ = hook_folders(repo)
     hook = hooks / HOOK
     if hook.exists() and not _ours(hook):
         raise PipelineError(f"{hook} is not repotune's: left as it is")
@@ -244,21 +241,22 @@ def _take_out(hooks: Path) -> str | None:
     return f"removed {hook}"
 
 
-def hook_folders(repo: str | Path) -> tuple[Path, Path]:
+def hook_folders(repo: str | Path) -> tuple[Path, Path, bool]:
     """The clone's own hooks directory, where repotune's hook goes (`.git/hooks`; a linked work tree's
-    main repository's), and the one git runs hooks from: the same, or the folder `core.hooksPath` names."""
+    main repository's), the one git runs hooks from (the same, or the folder `core.hooksPath` names), and
+    whether the repository is bare: one git call for all three."""
     from pipeline.errors import PipelineError
 
     path = Path(repo).expanduser()
     try:
-        common, run_from = subprocess.run(
+        common, run_from, bare = subprocess.run(
             ["git", "-C", str(path), "rev-parse", "--path-format=absolute", "--git-common-dir",
-             "--git-path", "hooks"],
+             "--git-path", "hooks", "--is-bare-repository"],
             capture_output=True, text=True, check=True, timeout=30,
         ).stdout.splitlines()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         raise PipelineError(f"--repo {repo}: not a git repository") from None
-    return Path(common) / "hooks", Path(run_from)
+    return Path(common) / "hooks", Path(run_from), bare == "true"
 
 
 def _call_line(hook: Path) -> str:
