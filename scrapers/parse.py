@@ -223,9 +223,13 @@ def _halves(line: bytes) -> tuple[bytes, bytes]:
     # split is at the middle, with others (`--src-prefix=old/ --dst-prefix=new/`) at the space where
     # they do. A rename's halves may be cut wrong here: its `rename from`/`rename to` lines name both.
     half = (len(rest) - 1) // 2
-    splits = [half] + [at for at, byte in enumerate(rest) if byte == 32 and at != half]
-    sides = [(rest[:at], rest[at + 1 :]) for at in splits]
-    return next((pair for pair in sides if _named_alike(*pair)), sides[0])
+    middle = rest[:half], rest[half + 1 :]
+    if _named_alike(*middle):  # every file the scrape reads: the other splits are for piped diffs alone
+        return middle
+    for at, byte in enumerate(rest):
+        if byte == 32 and _named_alike(rest[:at], rest[at + 1 :]):
+            return rest[:at], rest[at + 1 :]
+    return middle
 
 
 def _named_alike(old: bytes, new: bytes) -> bool:
