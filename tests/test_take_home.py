@@ -314,6 +314,38 @@ def test_the_hook_shows_no_alternatives_where_the_command_line_keeps_comments(
     assert message.startswith("Add compute_") and "repotune" not in message
 
 
+@pytest.fixture(scope="module")
+def german(tmp_path_factory) -> dict[str, str]:
+    """The environment of a user whose git speaks German: a de_DE.UTF-8 locale built for the test
+    (`localedef`, into LOCPATH) where the machine has the locale's source and git's German catalog."""
+    locales = tmp_path_factory.mktemp("locales")
+    env = {"LOCPATH": str(locales), "LANG": "de_DE.UTF-8", "LC_ALL": "", "LANGUAGE": ""}
+    built = shutil.which("localedef") and subprocess.run(
+        ["localedef", "-i", "de_DE", "-f", "UTF-8", str(locales / "de_DE.UTF-8")], capture_output=True
+    )
+    usage = subprocess.run(["git", "commit", "-h"], env={**os.environ, **env}, capture_output=True, text=True)
+    if not built or built.returncode != 0 or "Commit-Beschreibung" not in usage.stdout + usage.stderr:
+        pytest.skip("no German locale for git here (localedef's de_DE source or git's German catalog)")
+    return env
+
+
+@pytest.mark.parametrize(("options", "shown"), [([], True), (["--cleanup=verbatim"], False)])
+def test_where_git_speaks_another_language_the_hook_still_reads_that_comments_will_be_kept(
+    options, shown, german, tiny_run, work_repo, tmp_path, cli
+):
+    """git words its notice that comments will be kept in the user's language ("… werden beibehalten"):
+    the hook looks it up in git's own message catalog, so a translated `git commit --cleanup=verbatim`
+    does not commit the alternatives either."""
+    assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
+    stage(work_repo, 12)
+    committed = git_commit(work_repo, *options, env={"GIT_EDITOR": f"cp -t {tmp_path}", **german})
+    assert committed.returncode == 0, committed.stderr
+    written = (tmp_path / "COMMIT_EDITMSG").read_text()
+    assert "Commit-Beschreibung" in written and ("# repotune: 2 more" in written) == shown
+    message = last_message(work_repo)
+    assert message.startswith("Add compute_") and "repotune" not in message
+
+
 def test_without_an_editor_the_hook_suggests_nothing_to_commit_unread(tiny_run, work_repo, cli, monkeypatch):
     """`git commit --no-edit` opens no editor (git runs its hooks with GIT_EDITOR=:): a suggestion would be
     committed unread, so git's message stays empty and git refuses it, as without the hook. Committing a

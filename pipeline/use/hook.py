@@ -30,6 +30,7 @@ puts it back.
 
 from __future__ import annotations
 
+import gettext
 import os
 import shlex
 import signal
@@ -52,10 +53,17 @@ MAX_DIFF_BYTES = 16_000_000
 # closest edits less (best of the selector's three against its first, edit similarity on 100 held-out
 # commits: +4.1 flask, +4.8 requests, +2.9 gson, +6.0 cobra, +6.2 axios, +7.7 httpx).
 ALTERNATIVES = 2
-# What git writes into the message where comments will be kept ("Lines starting with '#' will be kept; you
-# may remove them yourself"): a `--cleanup` given to `git commit` reaches a hook in no other way. In English
-# only; under a translation the alternatives still show, marked as repotune's, for the user to remove.
-KEPT_NOTICE = "will be kept"
+# What git writes into the message where comments will be kept (`git commit --cleanup=verbatim` or
+# `whitespace`): a `--cleanup` given to `git commit` reaches a hook in no other way. Its own words, to look
+# up in its message catalog where git speaks another language: the comment character as '%c' (git 2.44 and
+# before) or '%s', the second form where an empty message is allowed. The line naming the character is the
+# one that differs from the notice that comments will be dropped.
+KEPT_NOTICES = tuple(
+    f"Please enter the commit message for your changes. Lines starting\nwith '{mark}' will be kept; you may "
+    f"remove them yourself if you want to.\n{ending}"
+    for mark in ("%c", "%s")
+    for ending in ("An empty message aborts the commit.\n", "")
+)
 SCISSORS = "------------------------ >8 ------------------------"  # git's own, in every language
 BODY_LINES_SHOWN = 8  # of an alternative's body; more is marked, not shown
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: pipeline/use/hook.py
@@ -306,7 +314,7 @@ def suggest(argv: list[str]) -> None:
 def comment_prefix(original: str) -> str | None:
     """What begins a line git strips from the message (`core.commentString`, `core.commentChar`, `#`
     unset); None where a commented line might be kept: `auto` picks the character per message, a
-    `commit.cleanup` (or `git commit --cleanup`, KEPT_NOTICE) other than strip keeps comments, and where
+    `commit.cleanup` (or `git commit --cleanup`, KEPT_NOTICES) other than strip keeps comments, and where
     git wrote no comment of its own into `original` above its scissors line it may keep them (it strips
     comments by default only where an editor opens)."""
 
@@ -316,15 +324,43 @@ def comment_prefix(original: str) -> str | None:
 
     if (config("commit.cleanup") or "default") not in ("default", "strip"):
         return None
-    if KEPT_NOTICE in original:  # `git commit --cleanup=verbatim` (or whitespace): no config says so
-        return None
     prefix = config("core.commentString") or config("core.commentChar") or "#"
     lines = original.splitlines()
+    if prefix == "auto" or _kept(lines, prefix):  # `git commit --cleanup=verbatim` (or whitespace)
+        return None
     cut = next((at for at, line in enumerate(lines) if line == f"{prefix} {SCISSORS}"), len(lines))
     # Above git's scissors line (`--cleanup=scissors`, `git commit -v`) only its help text, which it
     # writes where it strips comments, says they go: `--cleanup=scissors` writes none, and keeps them.
     shown = any(line.startswith(prefix) for line in lines[:cut])
-    return prefix if shown and prefix != "auto" else None
+    return prefix if shown else None
+
+
+def _kept(lines: list[str], prefix: str) -> bool:
+    """Whether git wrote into the message that comments will be kept (KEPT_NOTICES), in English or in the
+    language it speaks here."""
+
+    def said(notices: tuple[str, ...]) -> bool:
+        marked = {
+            f"{prefix} {line.replace('%c', prefix).replace('%s', prefix)}"
+            for notice in notices
+            for line in notice.splitlines()
+            if "%c" in line or "%s" in line
+        }
+        return any(line in marked for line in lines)
+
+    return said(KEPT_NOTICES) or said(tuple(map(_git_catalog().gettext, KEPT_NOTICES)))
+
+
+def _git_catalog() -> gettext.NullTranslations:
+    """git's message catalog for the language it speaks here (the locale variables it reads, as gettext
+    does), from where git keeps it (`GIT_TEXTDOMAINDIR`, else `share/locale` beside its programs); none
+    (English) where there is none."""
+    folder = os.environ.get("GIT_TEXTDOMAINDIR")
+    if not folder:
+        programs = subprocess.run(["git", "--exec-path"], capture_output=True, text=True, timeout=10).stdout
+        found = (above / "share" / "locale" for above in Path(programs.strip()).parents)
+        folder = str(next((locale for locale in found if locale.is_dir()), ""))
+    return gettext.translation("git", folder or None, fallback=True)
 
 
 def commented(alternatives: list[str], prefix: str | None) -> str:
