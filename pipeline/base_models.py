@@ -184,7 +184,7 @@ def load_pretrained(cls, name: str, **kwargs):
     except (OSError, ValueError) as err:
         if local.is_dir():
             raise ModelLoadError(
-                f"--model {name}: cannot load it from that directory: {_first_line(err)}"
+                f"--model {name}: cannot load it from that directory: {_lacking(local, err)}"
             ) from None
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
         raise ModelLoadError(
@@ -195,7 +195,7 @@ def load_pretrained(cls, name: str, **kwargs):
     try:
         return cls.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"cannot load model '{name}': {_first_line(err)}") from None
+        raise ModelLoadError(f"cannot load model '{name}': {_one_line(err)}") from None
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -211,5 +211,21 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
     return True
 
 
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+# Any one of these lets transformers build a tokenizer (the last two converted, with sentencepiece or tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model")
+
+
+def _lacking(directory: Path, err: Exception) -> str:
+    """Why a model directory does not load: the file it lacks, where that is the reason (transformers
+    names none for a missing tokenizer: it lists, over four lines, the ways it tried); else its message."""
+    if not (directory / "config.json").is_file():
+        return "it has no config.json (a model directory is what save_pretrained or `hf download NAME --local-dir DIR` writes)"
+    if not any((directory / file).is_file() for file in TOKENIZER_FILES):
+        return f"it has no tokenizer ({', '.join(TOKENIZER_FILES)}): save the model's tokenizer there (save_pretrained)"
+    return _one_line(err)
+
+
+def _one_line(err: Exception) -> str:
+    """The error's message on one line (transformers' often run over several), at most 400 characters."""
+    said = " ".join(str(err).split()) or type(err).__name__
+    return said if len(said) <= 400 else said[:399] + "…"

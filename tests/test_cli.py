@@ -240,6 +240,25 @@ def test_unloadable_model_fails_fast_offline(cli, sample_repo, tmp_path, monkeyp
     assert "no-such-org/no-such-model" in line and "--model tiny" in line
 
 
+@pytest.mark.parametrize(
+    ("files", "lacking"),
+    [
+        ({}, "it has no config.json"),
+        ({"config.json": '{"model_type": "llama"}'}, "it has no tokenizer (tokenizer.json,"),
+    ],
+)
+def test_a_model_directory_that_lacks_a_file_names_it(files, lacking, cli, sample_repo, tmp_path):
+    """transformers' own message for a missing tokenizer lists, over four lines, what it tried and names
+    no file; its first line alone said "Couldn't instantiate the backend tokenizer from one of:"."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name, text in files.items():
+        (model / name).write_text(text)
+    result = cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--model", model)
+    line = assert_one_line_error(result)
+    assert f"--model {model}: cannot load it from that directory: {lacking}" in line
+
+
 def test_a_path_inside_the_work_tree_is_resolved_to_the_repository(cli, sample_repo, tmp_path):
     result = cli("scrape", "--repo", sample_repo.path / "pkg", "--output-dir", tmp_path / "out")
     assert result.code == 0
