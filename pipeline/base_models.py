@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.builtin import builtin_directory, is_builtin, source_of
-from pipeline.errors import ModelLoadError
+from pipeline.errors import ModelLoadError, one_line
 from pipeline.types import ModelFacts
 
 TINY = "tiny"
@@ -195,7 +195,7 @@ def load_pretrained(cls, name: str, **kwargs):
     try:
         return cls.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"cannot load model '{name}': {_one_line(err)}") from None
+        raise ModelLoadError(f"cannot load model '{name}': {one_line(err)}") from None
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -211,7 +211,7 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
     return True
 
 
-# Any one of these lets transformers build a tokenizer (the last two converted, with sentencepiece or tiktoken).
+# Any one of these lets transformers build a tokenizer: tokenizer.json as it is, the others converted.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model")
 
 
@@ -222,10 +222,4 @@ def _lacking(directory: Path, err: Exception) -> str:
         return "it has no config.json (a model directory is what save_pretrained or `hf download NAME --local-dir DIR` writes)"
     if not any((directory / file).is_file() for file in TOKENIZER_FILES):
         return f"it has no tokenizer ({', '.join(TOKENIZER_FILES)}): save the model's tokenizer there (save_pretrained)"
-    return _one_line(err)
-
-
-def _one_line(err: Exception) -> str:
-    """The error's message on one line (transformers' often run over several), at most 400 characters."""
-    said = " ".join(str(err).split()) or type(err).__name__
-    return said if len(said) <= 400 else said[:399] + "…"
+    return one_line(err)

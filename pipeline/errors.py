@@ -48,3 +48,10 @@ class Interrupted(PipelineError):
 
 USER_ERRORS = (PipelineError, ScrapeError)
 """What the user can fix: the scraper's errors (a repository that cannot be read) and the pipeline's."""
+
+
+def one_line(err: Exception) -> str:
+    """An error's message on one line, as a PipelineError's should be (transformers' and peft's often run
+    over several: the first alone can end in "from one of:"), at most 400 characters."""
+    said = " ".join(str(err).split()) or type(err).__name__
+    return said if len(said) <= 400 else said[:399] + "…"

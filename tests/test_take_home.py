@@ -199,6 +199,23 @@ def test_export_refuses_bad_input_in_one_line(tiny_run, tmp_path, cli):
     assert not (tmp_path / "model.gguf").exists()
 
 
+def test_an_adapter_whose_local_base_model_moved_says_so(tiny_run, tmp_path, cli):
+    """An adapter records where its base model was (a local directory, for `--model DIR`): once that is
+    moved, `generate` and `export` had said "--model DIR: no such directory", an option the user never gave."""
+    moved = tmp_path / "run"
+    shutil.copytree(tiny_run, moved, ignore=shutil.ignore_patterns("base_model", "checkpoints"))
+    config = moved / "adapter" / "adapter_config.json"
+    settings = orjson.loads(config.read_bytes())
+    settings["base_model_name_or_path"] = str(tmp_path / "models" / "mine")
+    config.write_bytes(orjson.dumps(settings))
+    asked = cli("generate", "--adapter", moved, "--prompt", "def f")
+    exported = cli("export", "--adapter", moved, "--output", tmp_path / "model.gguf")
+    for result in (asked, exported):
+        assert result.code == 2 and result.err.count("\n") == 1, result.err
+        assert f"its base model {tmp_path / 'models' / 'mine'} is gone" in result.err
+        assert f"into {config} (base_model_name_or_path)" in result.err
+
+
 # --- the commit hook ---------------------------------------------------------------------------
 
 

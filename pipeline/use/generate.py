@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from pipeline.config import EvalConfig
-from pipeline.errors import ModelLoadError, PipelineError
+from pipeline.errors import ModelLoadError, PipelineError, one_line
 from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR, CHECKPOINT_DIR, newest_checkpoint
 
 
@@ -44,12 +44,17 @@ def load_adapter(path: str | Path, dense: bool = False):
         facts = adapter_facts(directory)
         recorded = PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
     except (OSError, ValueError) as err:  # a truncated or hand-edited adapter_config.json / repotune.json
-        raise ModelLoadError(f"--adapter {path}: not a readable adapter ({_first_line(err)})") from None
+        raise ModelLoadError(f"--adapter {path}: not a readable adapter ({one_line(err)})") from None
     # A random base is saved in the run directory, beside adapter/ and checkpoints/: use that copy, wherever
     # the run directory went since (the adapter records the absolute path it had when it trained).
     run_directory = directory.parent.parent if directory.parent.name == CHECKPOINT_DIR else directory.parent
     beside = run_directory / BASE_MODEL_DIR
     base_name = str(beside) if (beside / "config.json").exists() else recorded
+    if base_name.startswith(("/", ".", "~")) and not Path(base_name).expanduser().is_dir():
+        raise ModelLoadError(
+            f"--adapter {path}: its base model {base_name} is gone: put it back there, or write where it "
+            f"is now into {directory / 'adapter_config.json'} (base_model_name_or_path)"
+        )
     base = load_pretrained(
         AutoModelForCausalLM, base_name, **quantized_loading(facts.quantization, "fp32", "cpu")
     )
@@ -68,7 +73,7 @@ def load_adapter(path: str | Path, dense: bool = False):
         model = PeftModel.from_pretrained(base, str(directory))
     except (OSError, ValueError, RuntimeError) as err:  # missing or mismatched adapter weights
         raise ModelLoadError(
-            f"--adapter {path}: cannot load the adapter onto {base_name} ({_first_line(err)})"
+            f"--adapter {path}: cannot load the adapter onto {base_name} ({one_line(err)})"
         ) from None
     return model.eval(), load_saved_tokenizer(directory)
 
@@ -187,7 +192,3 @@ def merge(path: str | Path, destination: str | Path) -> Path:
     model.merge_and_unload().save_pretrained(destination)
     tokenizer.save_pretrained(destination)
     return destination
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
