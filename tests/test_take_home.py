@@ -331,6 +331,35 @@ def test_the_hook_shows_no_alternatives_where_the_command_line_keeps_comments(
     assert message.startswith("Add compute_") and "repotune" not in message
 
 
+@pytest.mark.parametrize(
+    ("template", "options"),
+    [("JIRA-: \n\n# Why?\n", []), ("# Subject, then why\n", []), ("JIRA-: \n", ["--cleanup=verbatim"])],
+)
+def test_a_commit_template_keeps_its_place_and_the_suggestions_come_as_comments(
+    template, options, tiny_run, work_repo, tmp_path, cli
+):
+    """A template's text (`commit.template`) begins the message as the team wrote it: the suggestion
+    above it had pushed "JIRA-: " into the body, where an unedited commit kept it, and git no longer
+    refused the template left as it was. Its comments alone leave the suggestion first."""
+    assert cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run).code == 0
+    (tmp_path / "template").write_text(template)
+    work_repo.git("config", "commit.template", str(tmp_path / "template"))
+    stage(work_repo, 12)
+    committed = git_commit(work_repo, *options, env={"GIT_EDITOR": f"cp -t {tmp_path}", "LC_ALL": "C"})
+    shown = (tmp_path / "COMMIT_EDITMSG").read_text()
+    if template.startswith("#"):  # comments only: the suggestion is the message
+        assert committed.returncode == 0 and last_message(work_repo).startswith("Add compute_")
+        return
+    assert shown.startswith("JIRA-: \n")
+    if options:  # verbatim keeps comments: nothing can be shown (and git commits the template as it was)
+        assert committed.returncode == 0 and "repotune" not in shown
+    else:
+        assert committed.returncode == 1 and "you did not edit the message" in committed.stderr
+        heading, choice = shown.splitlines()[2:4]
+        assert heading == "# repotune: suggestions (to use one, copy it into the message above):"
+        assert choice.startswith("# 1. Add compute_") and "# Why?" in shown
+
+
 @pytest.fixture(scope="module")
 def german(tmp_path_factory) -> dict[str, str]:
     """The environment of a user whose git speaks German: a de_DE.UTF-8 locale built for the test
@@ -611,10 +640,11 @@ def test_an_existing_hook_is_kept_run_first_and_restored(kind, tiny_run, work_re
     installed = cli("hook", "install", "--repo", work_repo.path, "--adapter", tiny_run)
     assert installed.code == 0 and "runs first" in installed.out
     stage(work_repo, 7)
-    assert git_commit(work_repo).returncode == 0
-    message = last_message(work_repo)
+    assert git_commit(work_repo, env={"GIT_EDITOR": f"cp -t {tmp_path}"}).returncode == 0
     said = {"sh": "theirs ran as prepare-commit-msg", "python": "theirs ran in Python"}[kind]
-    assert said in message.splitlines() and message.startswith("Add compute_")
+    assert last_message(work_repo).strip() == said  # what their hook wrote begins the message, as a template
+    shown = (tmp_path / "COMMIT_EDITMSG").read_text().splitlines()
+    assert shown[shown.index(said) + 3].startswith("# 1. Add compute_")  # and the suggestion is offered
     removed = cli("hook", "uninstall", "--repo", work_repo.path)
     assert removed.code == 0 and "was there before" in removed.out
     assert theirs.read_text() == THEIRS[kind]

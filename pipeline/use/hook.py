@@ -21,7 +21,9 @@ selector answer in well under a second; where the run chose the fine-tuned model
 system's answer is written first and the model's replaces it if it comes within the deadline. Below
 it, the next best messages (`--alternatives`, 2 by default), commented out so that git drops them unless
 one is put in place of the first line; only where git surely drops them (its own comment character, a
-`commit.cleanup` that strips comments, an editor that opens).
+`commit.cleanup` that strips comments, an editor that opens). Where the message already begins with text
+(a commit template's, or what a hook run before wrote), that text stays first and the suggestion is shown
+as a comment after it.
 
 An existing hook that is not repotune's is kept and run first (`prepare-commit-msg.repotune-previous`; a
 shell script as `prepare-commit-msg`, the name a hook manager such as husky 4 dispatches on); `uninstall`
@@ -298,17 +300,19 @@ def suggest(argv: list[str]) -> None:
     from pipeline.evaluate.suggestion import Suggester
 
     original = message_file.read_text(encoding="utf-8", errors="replace")
+    prefix = comment_prefix(original)
+    if prefix is None and _template_end(original, "#"):
+        return  # a commit template's text begins the message, and a suggestion could only be typed into it
     suggester = Suggester.load(adapter)
-    prefix = comment_prefix(original) if count else None
     found = suggester.suggestions(diff, 1 + count if prefix else 1)
     if found:
-        _write(message_file, found[0], commented(found[1:], prefix) + original)
+        _offer(message_file, found[0], found[1:], prefix, original)
     if suggester.system == "model":
         from pipeline.use.generate import beside, generate
 
         written = generate(adapter, diff, task="message", system="model").strip()
         if written:  # the retrieval's answers become the alternatives
-            _write(message_file, written, commented(beside(written, found, count), prefix) + original)
+            _offer(message_file, written, beside(written, found, count), prefix, original)
 
 
 def comment_prefix(original: str) -> str | None:
@@ -328,11 +332,29 @@ def comment_prefix(original: str) -> str | None:
     lines = original.splitlines()
     if prefix == "auto" or _kept(lines, prefix):  # `git commit --cleanup=verbatim` (or whitespace)
         return None
-    cut = next((at for at, line in enumerate(lines) if line == f"{prefix} {SCISSORS}"), len(lines))
     # Above git's scissors line (`--cleanup=scissors`, `git commit -v`) only its help text, which it
     # writes where it strips comments, says they go: `--cleanup=scissors` writes none, and keeps them.
-    shown = any(line.startswith(prefix) for line in lines[:cut])
+    shown = any(line.startswith(prefix) for line in _above_scissors(lines, prefix))
     return prefix if shown else None
+
+
+def _above_scissors(lines: list[str], prefix: str) -> list[str]:
+    """The message's lines above git's scissors line (all of them where there is none)."""
+    return lines[: next((at for at, line in enumerate(lines) if line == f"{prefix} {SCISSORS}"), len(lines))]
+
+
+def _template_end(original: str, prefix: str) -> int:
+    """Where the text git put into the message ends, in lines (a commit template's: `commit.template`,
+    `git commit -t`; what is neither blank nor a comment, above the scissors line); 0 where it put none."""
+    above = _above_scissors(original.splitlines(), prefix)
+    return next(
+        (
+            len(above) - at
+            for at, line in enumerate(reversed(above))
+            if line.strip() and not line.startswith(prefix)
+        ),
+        0,
+    )
 
 
 def _kept(lines: list[str], prefix: str) -> bool:
@@ -363,15 +385,16 @@ def _git_catalog() -> gettext.NullTranslations:
     return gettext.translation("git", folder or None, fallback=True)
 
 
-def commented(alternatives: list[str], prefix: str | None) -> str:
+def commented(alternatives: list[str], prefix: str | None, heading: str = "") -> str:
     """The next best messages as lines git strips, to copy in place of the suggestion (the hook's, and
-    `generate --alternatives`); "" for none."""
+    `generate --alternatives`), under `heading` where one is given; "" for none."""
     alternatives = [text for text in alternatives if text.strip()]
     if not alternatives or prefix is None:
         return ""
-    lines = [
-        f"{prefix} repotune: {len(alternatives)} more from this repository's past (to use one, put it in place of the first line):"
-    ]
+    heading = heading or (
+        f"{len(alternatives)} more from this repository's past (to use one, put it in place of the first line)"
+    )
+    lines = [f"{prefix} repotune: {heading}:"]
     for number, alternative in enumerate(alternatives, 1):
         subject, *body = alternative.strip().splitlines()
         lines.append(f"{prefix} {number}. {subject}")
@@ -392,8 +415,23 @@ def staged_diff() -> str:
     return output[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")
 
 
-def _write(message_file: Path, suggestion: str, original: str) -> None:
-    """The suggestion above what git wrote (its comments, a template), replacing the file whole."""
+def _offer(
+    message_file: Path, suggestion: str, alternatives: list[str], prefix: str | None, original: str
+) -> None:
+    """The suggestion as the message's first line, its alternatives commented below it, above what git
+    wrote (its comments); the file replaced whole. Where git's message begins with a commit template's
+    text, that text stays first and the suggestion is shown as a comment after it, the first of the
+    choices: above the template it would push the template's lines ("JIRA-: ", "Why:") into the body,
+    to be committed with it, and git would no longer refuse a template left as it was."""
+    end = _template_end(original, prefix) if prefix else 0
+    if end:
+        lines = original.splitlines(keepends=True)
+        choices = commented(
+            [suggestion, *alternatives], prefix, "suggestions (to use one, copy it into the message above)"
+        )
+        text = "".join(lines[:end]) + f"\n{choices}" + "".join(lines[end:])
+    else:
+        text = f"{suggestion.strip()}\n\n{commented(alternatives, prefix)}{original}"
     staging = message_file.with_name(f".{message_file.name}.repotune.tmp")
-    staging.write_text(f"{suggestion.strip()}\n\n{original}", encoding="utf-8")
+    staging.write_text(text, encoding="utf-8")
     os.replace(staging, message_file)
