@@ -92,6 +92,23 @@ def test_the_card_of_a_random_base_names_none(tiny_run):
     assert_travels(card)
 
 
+def test_the_card_says_which_weights_were_kept_and_why(tiny_run):
+    """It had said "step 151 (last: validation loss 1.9841; the last step 151: 1.9841)"."""
+    from pipeline.record.card import model_card
+
+    manifest = read_json(tiny_run / "MANIFEST.json")
+    kept = manifest["training_report"]["training"]["kept"] = {"stopped_early": None}
+    kept.update(kept="last", step=24, validation_loss=1.5, last_step=24, last_validation_loss=1.5)
+    assert "| weights kept | step 24 (the last, and the best: validation loss 1.5000) |" in model_card(
+        manifest
+    )
+    kept.update(kept="best", step=16, validation_loss=1.25, stopped_early={"step": 20, "reason": "no better"})
+    assert (
+        "| weights kept | step 16 (the best: validation loss 1.2500, where the last step, 24, had 1.5000); "
+        "stopped early: no better |"
+    ) in model_card(manifest)
+
+
 def test_a_hub_model_is_its_base_and_a_local_one_is_not(tmp_path):
     from pipeline.record.card import base_model_id
 

@@ -175,10 +175,14 @@ def _training(params: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
     ]
     if kept:
         stopped = kept.get("stopped_early")
+        which = (
+            f"the best: validation loss {kept['validation_loss']:.4f}, where the last step, "
+            f"{kept['last_step']}, had {kept['last_validation_loss']:.4f}"
+            if kept.get("kept") == "best"
+            else f"the last, and the best: validation loss {kept['validation_loss']:.4f}"
+        )
         rows.append(
-            f"| weights kept | step {kept.get('step')} ({kept.get('kept')}: validation loss "
-            f"{kept.get('validation_loss'):.4f}; the last step {kept.get('last_step')}: "
-            f"{kept.get('last_validation_loss'):.4f}){'; stopped early: ' + stopped['reason'] if stopped else ''} |"
+            f"| weights kept | step {kept.get('step')} ({which}){'; stopped early: ' + stopped['reason'] if stopped else ''} |"
         )
     return [
         "## Training",
