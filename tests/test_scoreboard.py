@@ -524,6 +524,10 @@ def test_the_selector_suggests_unless_the_lookup_beats_it_beyond_noise():
     name, gain, reason = chosen(ahead_by_one, wrong)
     assert name == "selector" and gain is not None and gain["mean"] > 0 >= gain["mean_ci95"][0]
     assert reason.startswith("the lookup does not beat the selector beyond noise over 4 blocks")
+    name, gain, reason = chosen(wrong, references)  # the selector right everywhere
+    assert name == "selector" and gain is not None and gain["mean_ci95"][1] < 0
+    assert reason.startswith("the selector beats the lookup beyond noise over 4 blocks")
+    assert "the lookup's gain in their mean -" in reason
     name, gain, reason = _retrieval_system([{"commits": 10}], {"lookup": means["lookup"]})
     assert (name, gain) == ("lookup", None) and reason.startswith("no selector (too few older commits")
 

@@ -541,11 +541,14 @@ def _retrieval_system(
     pooled = lambda key: [answer for block in blocks for answer in block[key]]  # noqa: E731
     gain = mean_gain(pooled("selector"), pooled("lookup"), pooled("references"))
     low, high = gain["mean_ci95"]
-    verdict = "beats the selector" if low > 0 else "does not beat the selector"
-    reason = (
-        f"the lookup {verdict} beyond noise {over}: its gain in their mean "
-        f"{gain['mean']:+.1f} [{low:+.1f}, {high:+.1f}]"
+    verdict = (
+        "the lookup beats the selector"
+        if low > 0
+        else "the selector beats the lookup"
+        if high < 0
+        else "the lookup does not beat the selector"
     )
+    reason = f"{verdict} beyond noise {over}: the lookup's gain in their mean {gain['mean']:+.1f} [{low:+.1f}, {high:+.1f}]"
     return "lookup" if low > 0 else "selector", gain, reason
 
 
