@@ -240,6 +240,15 @@ def _named_word(match: re.Match[str]) -> bool:
     return not code and _named_literal(match)
 
 
+_COMMAND = r"(?m:(?:^[+\- ]?|(?<=[\s;&|(`'\"$])))"
+"""Where a command begins: a line's start (after a diff's marker), a space, a separator, a quote or `$(`."""
+
+
+def _chosen(value: str) -> bool:
+    """A value a person typed as a password: a literal, not a placeholder (`password`, `<password>`)."""
+    return is_literal(value) and not is_placeholder(value)
+
+
 _NAME = r"(?<![A-Za-z0-9_])[$@:]?([A-Za-z_][A-Za-z0-9_.\-]*)['\"]?\]?"
 """A key as code and configuration write it: `DB_PASSWORD`, `self.token`, `$password`, `:password`,
 `"api-key"`, `config['SECRET_KEY']`, `--password`."""
@@ -432,6 +441,18 @@ def _keyed(
     )
 
 
+def _on_command_line(commands: str, flag: str, hints: tuple[str, ...]) -> Rule:
+    """A password given by `flag` (a regex whose group 2 is the password) on the command line of one of
+    `commands` (a regex), which must begin a command, the flag its own word after it."""
+    return Rule(
+        "command_line_password",
+        re.compile(rf"{_COMMAND}(?:{commands})[ \t][^\n|;&]*?(?<=[ \t]){flag}"),
+        hints,
+        group=2,
+        accept=lambda match: _chosen(match.group(2)),
+    )
+
+
 RULES: tuple[Rule, ...] = (
     # A file that is a credential by its name (`db_password.txt`, `.vault_pass`): its lines, whatever
     # they hold, up to the next file's header.
@@ -545,6 +566,41 @@ RULES: tuple[Rule, ...] = (
     ),
     # An element named for a credential: Maven's <password>...</password>.
     _keyed("xml_secret", r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"),
+    # A credential named in one field and given in the next: .NET's `<add key="ApiKey" value="..." />`,
+    # an environment list's `{"name": "DB_PASSWORD", "value": "..."}` (ECS, Kubernetes) ...
+    _keyed(
+        "named_value",
+        r"""(?i)(?<![A-Za-z0-9_])['"]?(?:name|key)['"]?[ \t]*[:=][ \t]*['"]?([A-Za-z_][A-Za-z0-9_.\-]*)['"]?"""
+        r"""[ \t]*,?[ \t]*['"]?value['"]?[ \t]*[:=][ \t]*(['"])([^'"\n]+)\2""",
+        value_group=3,
+    ),
+    # ... and over two lines, as YAML and pretty-printed JSON write it (`- name: DB_PASSWORD` /
+    # `  value: "..."`), each line perhaps a diff's.
+    Rule(
+        "named_value",
+        re.compile(
+            r"""(?im)^[+\- ]?[ \t]*(?:-[ \t]+)?['"]?name['"]?[ \t]*:[ \t]*['"]?([A-Za-z_][A-Za-z0-9_.\-]*)['"]?[ \t]*,?"""
+            r"""[ \t]*\n[+\- ]?[ \t]*['"]?value['"]?[ \t]*:[ \t]*(['"]?)([^'"\s][^'"\n]*?)\2[ \t]*,?[ \t]*$"""
+        ),
+        ("value",),
+        group=3,
+        accept=partial(_named_literal, value_group=3),
+        multiline=True,
+    ),
+    # A password on a command line, in a script, a CI step or a document: `curl -u user:PASSWORD`,
+    # `mysql -pPASSWORD` (the password joined to its flag), `sshpass -p PASSWORD`, `docker login -p
+    # PASSWORD`. The command must begin a command (not `/etc/mysql/ -print0`), and the flag be its own.
+    _on_command_line("curl", r"(?:-u|--user)(?:[ \t]+|=)(['\"]?)[^\s:'\"]+:([^\s'\"]+)", ("curl",)),
+    _on_command_line(
+        "mysql|mysqldump|mysqladmin|mariadb|mariadb-dump",
+        r"-p(['\"]?)([^\s'\"]+)\1(?=\s|$)",
+        ("mysql", "mariadb"),
+    ),
+    _on_command_line(
+        r"sshpass|(?:docker|podman|buildah|skopeo|helm[ \t]+registry)[ \t]+login",
+        r"(?:-p|--password)[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)",
+        ("sshpass", "login"),
+    ),
     _keyed(
         "netrc_password",
         r"(?i)(?<![A-Za-z0-9_])machine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+(password)[ \t]+(\S+)",

@@ -276,6 +276,13 @@ CREDENTIALS = [
     ("kubeconfig", "    token: swordfish"),
     ("settings.xml", "      <password>swordfish</password>"),
     ("README.md", "Start it with DB_PASSWORD=swordfish make up"),
+    ("Web.config", '    <add key="ApiKey" value="swordfish" />'),
+    ("task-definition.json", '      {"name": "DB_PASSWORD", "value": "swordfish"},'),
+    ("deploy.sh", "curl -fsS -u deploy:swordfish https://example.com/api"),
+    ("docs/backup.md", "    mysqldump -u root -pswordfish app > app.sql"),
+    ("app/backup.py", "os.system(\"mysql -uroot -p'swordfish' app < dump.sql\")"),
+    (".github/workflows/ci.yml", "      - run: docker login -u ci -p swordfish registry.example.com"),
+    ("deploy.sh", "sshpass -p 'swordfish' ssh deploy@host"),
 ]
 
 
@@ -321,6 +328,14 @@ NOT_CREDENTIALS = [
     ("docs/auth.md", "requests.get(url, auth=auth)"),
     ("docs/auth.md", "Session(token=self.token)"),
     ("config/settings.yaml", "password: changeme"),
+    ("docker-entrypoint.sh", "find /etc/mysql/ -name '*.cnf' -print0"),
+    ("docker-entrypoint.sh", 'mysql -uroot -p"$MYSQL_ROOT_PASSWORD" app'),
+    ("docker-entrypoint.sh", "mysql -u root -p app"),
+    ("deploy.sh", "docker login -u ci --password-stdin registry.example.com"),
+    ("docs/api.md", "curl -u <user>:<password> https://example.com"),
+    ("docs/api.md", "curl -k -u admin:password https://example.com"),
+    ("k8s/pod.yaml", '        - {"name": "PORT", "value": "8080"}'),
+    ("Web.config", '    <add key="Theme" value="dark" />'),
 ]
 
 
@@ -330,6 +345,22 @@ NOT_CREDENTIALS = [
 def test_code_references_and_placeholders_under_a_credential_name_stay(path, line):
     text = f"diff --git a/{path} b/{path}\n@@ -1 +1 @@\n+{line}\n"
     assert redact(text) == (text, {})
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        "   - name: DB_PASSWORD\n+    value: swordfish\n",  # Kubernetes' env, the value changed
+        '+  - name: "API_TOKEN"\n+    value: "swordfish"\n',
+        '+        "name": "DB_PASSWORD",\n+        "value": "swordfish"\n',  # an ECS task definition
+    ],
+)
+def test_a_credential_named_on_one_line_and_given_on_the_next_is_redacted(pair):
+    text = f"diff --git a/deploy.yaml b/deploy.yaml\n@@ -1,2 +1,2 @@\n{pair}"
+    redacted, counts = redact(text)
+    assert "swordfish" not in redacted and counts == {"named_value": 1}
+    port = text.replace("DB_PASSWORD", "PORT").replace("API_TOKEN", "PORT")
+    assert redact(port) == (port, {})  # a name that is no credential: its value stays
 
 
 def test_the_message_is_prose_and_each_file_its_own_syntax():
