@@ -121,7 +121,7 @@ def is_placeholder(value: str) -> bool:
     return (
         lowered.startswith(("$", "{", "<", "%", "("))
         or _says_it_stands_in(lowered)
-        or re.sub(r"[^a-z]", "", lowered) in ("password", "passwd", "secret", "token")
+        or re.sub(r"[^a-z]", "", lowered) in ("password", "passwd", "pass", "pwd", "pw", "secret", "token")
     )
 
 
@@ -507,6 +507,35 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("stripe_key", re.compile(r"(?<![A-Za-z0-9])[sr]k_live_[A-Za-z0-9]{20,}"), ("k_live_",)),
     Rule("google_api_key", re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}"), ("AIza",)),
+    # Model and package hosts' keys, by the prefix each gives its own (as gitleaks reads them).
+    Rule(
+        "openai_key",
+        re.compile(
+            r"(?<![A-Za-z0-9_-])sk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_\-]{20,}|[A-Za-z0-9]{48})(?![A-Za-z0-9])"
+        ),
+        ("sk-",),
+    ),
+    Rule(
+        "anthropic_key", re.compile(r"(?<![A-Za-z0-9_-])sk-ant-[a-z]+\d*-[A-Za-z0-9_\-]{20,}"), ("sk-ant-",)
+    ),
+    Rule("huggingface_token", re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z]{34}(?![A-Za-z0-9])"), ("hf_",)),
+    Rule("npm_token", re.compile(r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"), ("npm_",)),
+    Rule("pypi_token", re.compile(r"(?<![A-Za-z0-9_])pypi-AgE[A-Za-z0-9_\-]{50,}"), ("pypi-AgE",)),
+    Rule(
+        "sendgrid_key",
+        re.compile(r"(?<![A-Za-z0-9_])SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}(?![A-Za-z0-9_\-])"),
+        (r"SG\.",),
+    ),
+    Rule("shopify_token", re.compile(r"(?<![A-Za-z0-9_])shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"), ("shp",)),
+    Rule("digitalocean_token", re.compile(r"(?<![A-Za-z0-9_])do[por]_v1_[a-f0-9]{64}"), ("do[por]_v1_",)),
+    Rule(
+        "azure_storage_key",  # a connection string's `AccountKey=...;` (base64 of 64 bytes)
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9_])(?:AccountKey|SharedAccessKey)[ \t]*=[ \t]*([A-Za-z0-9+/]{30,}={0,2})"
+        ),
+        ("accountkey", "sharedaccesskey"),
+        group=1,
+    ),
     Rule(
         "jwt",
         re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
@@ -566,6 +595,27 @@ RULES: tuple[Rule, ...] = (
     ),
     # An element named for a credential: Maven's <password>...</password>.
     _keyed("xml_secret", r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"),
+    # A credential named by a call's first argument and given by the next: PHP's `define('DB_PASSWORD',
+    # '...')`, Java's `setProperty("mail.smtp.password", "...")`, `os.environ.setdefault("SECRET_KEY",
+    # "...")`, a settings tuple. One word: a label after the name (`field("password", "Your password")`)
+    # is no password.
+    _keyed(
+        "named_argument",
+        r"""(?i)\([ \t]*['"]([A-Za-z_][A-Za-z0-9_.]*)['"][ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*[),])""",
+        value_group=3,
+    ),
+    # A password given after its user, last: `auth=("alice", "...")`, `HTTPBasicAuth("alice", "...")`,
+    # `smtp.login(user, "...")`.
+    Rule(
+        "auth_argument",
+        re.compile(
+            r"(?:(?<![A-Za-z0-9_])auth[ \t]*=[ \t]*\(|(?<![A-Za-z0-9_])(?:HTTP)?(?:Basic|Digest|Proxy)Auth\(|\.login\()"
+            r"""[ \t]*(?:(['"])[^'"\n]*\1|[A-Za-z_][\w.]*)[ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*\))"""
+        ),
+        ("auth", "Auth", r"\.login\("),
+        group=3,
+        accept=lambda match: _chosen(match.group(3)),
+    ),
     # A credential named in one field and given in the next: .NET's `<add key="ApiKey" value="..." />`,
     # an environment list's `{"name": "DB_PASSWORD", "value": "..."}` (ECS, Kubernetes) ...
     _keyed(

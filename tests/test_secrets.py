@@ -33,6 +33,14 @@ SECRETS = {
     "secret_assignment": "q8ZxR2vLm9TbW4nKp7Yc",
     "stripe_key": "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
     "google_api_key": "AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
+    "openai_key": "sk-proj-Qz8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8",
+    "anthropic_key": "sk-ant-api03-Zq8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8Bc2",
+    "huggingface_token": "hf_QzRmLxVbNcTpWsYdFhJkGaBcDeFgHiJkLm",
+    "npm_token": "npm_Qz8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8Bc2",
+    "pypi_token": "pypi-AgEIcHlwaS5vcmcCJDk4ZWQyYzE3LTg0NmQtNGY1Yi05YzE2LWE3ZDk5YjBmNTM1OAACKlsz",
+    "sendgrid_key": "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",
+    "shopify_token": "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",
+    "digitalocean_token": "dop_v1_4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e",
 }
 PRIVATE_KEY_BODY = "MIIEowIBAAKCAQEA0Zk3VxTq8pL2mN9rS4tU7wX1yZ3aB5cD7eF9gH1iJ3kL5mN7"
 PASSWORD_ALONE = "correct-horse-battery"  # a file's whole content: nothing but its name says what it is
@@ -50,6 +58,14 @@ REMOTE = "https://deploy:{SECRETS["url_password"]}@git.example.com/team/app.git"
 API_KEY = "{SECRETS["secret_assignment"]}"
 STRIPE = "{SECRETS["stripe_key"]}"
 MAPS = "{SECRETS["google_api_key"]}"
+OPENAI = "{SECRETS["openai_key"]}"
+ANTHROPIC = "{SECRETS["anthropic_key"]}"
+HF = "{SECRETS["huggingface_token"]}"
+NPM = "{SECRETS["npm_token"]}"
+PYPI = "{SECRETS["pypi_token"]}"
+MAIL = "{SECRETS["sendgrid_key"]}"
+SHOP = "{SECRETS["shopify_token"]}"
+DROPLETS = "{SECRETS["digitalocean_token"]}"
 '''
 
 
@@ -283,6 +299,16 @@ CREDENTIALS = [
     ("app/backup.py", "os.system(\"mysql -uroot -p'swordfish' app < dump.sql\")"),
     (".github/workflows/ci.yml", "      - run: docker login -u ci -p swordfish registry.example.com"),
     ("deploy.sh", "sshpass -p 'swordfish' ssh deploy@host"),
+    ("wp-config.php", "define( 'DB_PASSWORD', 'swordfish' );"),
+    ("src/Mail.java", 'props.setProperty("mail.smtp.password", "swordfish");'),
+    ("app/settings.py", 'os.environ.setdefault("SECRET_KEY", "swordfish")'),
+    ("app/client.py", 'requests.get(url, auth=("alice", "swordfish"))'),
+    ("app/client.py", 'session.auth = HTTPDigestAuth("alice", "swordfish")'),
+    ("app/mail.py", 'smtp.login(user, "swordfish")'),
+    (
+        "app/storage.py",
+        'CONN = "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=swordfishswordfishswordfishswordfish==;"',
+    ),
 ]
 
 
@@ -336,6 +362,14 @@ NOT_CREDENTIALS = [
     ("docs/api.md", "curl -k -u admin:password https://example.com"),
     ("k8s/pod.yaml", '        - {"name": "PORT", "value": "8080"}'),
     ("Web.config", '    <add key="Theme" value="dark" />'),
+    ("app/forms.py", 'field("password", "Your password")'),
+    ("app/settings.py", 'os.environ.get("DB_PASSWORD", "")'),
+    ("tests/test_auth.py", "r = get(httpbin('basic-auth', 'user', 'pass'), auth=auth)"),
+    ("tests/test_auth.py", "auth = ('digest', 'auth', 'user', 'pass')"),
+    ("app/client.py", "requests.get(url, auth=HTTPBasicAuth(user, password))"),
+    ("docs/auth.md", ">>> requests.get(url, auth=('user', 'pass'))"),
+    ("app/ui.css", ".sk-fading-circle-container-abcdef { margin: 0 }"),
+    ("app/hub.py", "path = hf_hub_download(repo_id, filename)"),
 ]
 
 
