@@ -543,9 +543,10 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "url_password",
-        re.compile(r"(?i)[a-z][a-z0-9+.-]*://[^/\s:@'\"<>]+:([^/\s@'\"<>]+)@"),
-        # The pattern without its scheme: only lines with a user and a password in a URL.
-        (r"://[^/\s:@'\"<>]+:[^/\s@'\"<>]+@",),
+        # The user may be empty: Redis's `redis://:PASSWORD@host` has none.
+        re.compile(r"(?i)[a-z][a-z0-9+.-]*://[^/\s:@'\"<>]*:([^/\s@'\"<>]+)@"),
+        # The pattern without its scheme: only lines with a password in a URL.
+        (r"://[^/\s:@'\"<>]*:[^/\s@'\"<>]+@",),
         group=1,
         # Not a template's placeholder: `$PASS`, `{password}`, `<password>`, `%s`, or one `_TEMPLATE` knows, as
         # Ruby's and Elixir's `"http://127.0.0.1:#{@port}/ws"` (its `@` is an attribute's, not a host's).
@@ -592,6 +593,13 @@ RULES: tuple[Rule, ...] = (
         "quoted_secret",
         rf"(?i){_NAME}[ \t]*(?::=|=>|[:=])[ \t]*[rbuf]?(['\"])((?:\\.|(?!\2)[^\n\\])+)\2",
         value_group=3,
+    ),
+    # ... and in code a template literal (in prose backticks mark code: "`auth=` over `netrc`").
+    _keyed(
+        "quoted_secret",
+        rf"(?i){_NAME}[ \t]*(?::=|=>|[:=])[ \t]*(`)((?:\\.|[^`\n\\])+)`",
+        value_group=3,
+        syntaxes=frozenset({Syntax.CODE}),
     ),
     # An element named for a credential: Maven's <password>...</password>.
     _keyed("xml_secret", r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"),

@@ -309,6 +309,8 @@ CREDENTIALS = [
         "app/storage.py",
         'CONN = "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=swordfishswordfishswordfishswordfish==;"',
     ),
+    ("app/cache.py", 'REDIS_URL = "redis://:swordfish@cache:6379/0"'),
+    ("src/db.ts", "const client = new Client({ user: 'app', password: `swordfish` })"),
 ]
 
 
@@ -370,6 +372,8 @@ NOT_CREDENTIALS = [
     ("docs/auth.md", ">>> requests.get(url, auth=('user', 'pass'))"),
     ("app/ui.css", ".sk-fading-circle-container-abcdef { margin: 0 }"),
     ("app/hub.py", "path = hf_hub_download(repo_id, filename)"),
+    ("src/db.ts", "const client = new Client({ password: `${process.env.DB_PASSWORD}` })"),
+    ("docs/auth.md", "The `auth=` argument wins over `netrc`"),
 ]
 
 
