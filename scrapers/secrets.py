@@ -240,6 +240,8 @@ def _named_word(match: re.Match[str]) -> bool:
     return not code and _named_literal(match)
 
 
+_TYPE = r"&?(?:'[a-z]+[ \t]+)?[A-Za-z_][\w.]*(?:\[[^\]=\n]*\]|<[^>=\n]*>)?\??"
+"""A declared type between a name and its value: `str`, `Optional[str]`, `&'static str`, `String?`, `Map<K, V>`."""
 _COMMAND = r"(?m:(?:^[+\- ]?|(?<=[\s;&|(`'\"$])))"
 """Where a command begins: a line's start (after a diff's marker), a space, a separator, a quote or `$(`."""
 
@@ -592,6 +594,14 @@ RULES: tuple[Rule, ...] = (
     _keyed(
         "quoted_secret",
         rf"(?i){_NAME}[ \t]*(?::=|=>|[:=])[ \t]*[rbuf]?(['\"])((?:\\.|(?!\2)[^\n\\])+)\2",
+        value_group=3,
+    ),
+    # ... with its type between: `db_password: str = "..."` (Python, a pydantic setting), `apiKey: string`
+    # (TypeScript), `val password: String` (Kotlin), `const API_KEY: &'static str` (Rust), Go's
+    # `const apiKey string = "..."`.
+    _keyed(
+        "quoted_secret",
+        rf"""(?i){_NAME}(?:[ \t]*:[ \t]*|[ \t]+){_TYPE}[ \t]*=[ \t]*[rbuf]?(['"])((?:\\.|(?!\2)[^\n\\])+)\2""",
         value_group=3,
     ),
     # ... and in code a template literal (in prose backticks mark code: "`auth=` over `netrc`").

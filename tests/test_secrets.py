@@ -311,6 +311,12 @@ CREDENTIALS = [
     ),
     ("app/cache.py", 'REDIS_URL = "redis://:swordfish@cache:6379/0"'),
     ("src/db.ts", "const client = new Client({ user: 'app', password: `swordfish` })"),
+    ("app/settings.py", 'db_password: str = "swordfish"'),  # a pydantic setting's default
+    ("app/settings.py", 'API_KEY: Final[str] = "swordfish"'),
+    ("src/api.ts", 'export const apiKey: string = "swordfish";'),
+    ("src/main.rs", 'const API_KEY: &\'static str = "swordfish";'),
+    ("cmd/main.go", 'const apiToken string = "swordfish"'),
+    ("app/src/Db.kt", 'val password: String? = "swordfish"'),
 ]
 
 
@@ -374,6 +380,9 @@ NOT_CREDENTIALS = [
     ("app/hub.py", "path = hf_hub_download(repo_id, filename)"),
     ("src/db.ts", "const client = new Client({ password: `${process.env.DB_PASSWORD}` })"),
     ("docs/auth.md", "The `auth=` argument wins over `netrc`"),
+    ("app/settings.py", 'password: str = os.environ["DB_PASSWORD"]'),
+    ("app/settings.py", 'token: str = Field(default="", env="TOKEN")'),
+    ("app/auth.py", 'def login(user: str, password: str = "") -> bool:'),
 ]
 
 
