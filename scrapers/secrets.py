@@ -136,9 +136,11 @@ def _says_it_stands_in(lowered: str) -> bool:
 
 _CREDENTIAL_WORDS = frozenset(
     {"password", "passwd", "passphrase", "pwd", "pass", "secret", "token", "credential", "credentials",
-     "auth", "apikey", "accesskey", "privatekey", "secretkey", "authkey", "authtoken", "accesstoken"}
+     "auth", "apikey", "accesskey", "privatekey", "secretkey", "authkey", "authtoken", "accesstoken",
+     "requirepass", "masterauth"}
 )  # fmt: skip
-"""The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey."""
+"""The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey, Redis's
+requirepass."""
 _SECRET_KEY_KINDS = frozenset(
     {"api", "access", "private", "secret", "auth", "signing", "encryption", "master"}
 )
@@ -246,6 +248,15 @@ _COMMAND = r"(?m:(?:^[+\- ]?|(?<=[\s;&|(`'\"$])))"
 """Where a command begins: a line's start (after a diff's marker), a space, a separator, a quote or `$(`."""
 
 
+def _flag_value(match: re.Match[str]) -> bool:
+    """A credential-named flag's value (group 3) that a person typed, not the next flag."""
+    return (
+        _named_literal(match, value_group=3)
+        and _chosen(match.group(3))
+        and not match.group(3).startswith("-")
+    )
+
+
 def _chosen(value: str) -> bool:
     """A value a person typed as a password: a literal, not a placeholder (`password`, `<password>`)."""
     return is_literal(value) and not is_placeholder(value)
@@ -268,6 +279,8 @@ _KEY_NAME_HINTS = (
     r"pass['\"]?\]?[ \t]*[:=]",
     r"auth['\"]?\]?[ \t]*[:=]",
     r"key[_-]data",
+    "requirepass",
+    "masterauth",
     # `key` alone is in most lines of code that touch a dict; the lookbehinds keep the named ones.
     "key(?:" + "|".join(f"(?<={prefix}{sep}key)" for prefix in _KEY_PREFIXES for sep in ("", "_", "-")) + ")",
 )
@@ -668,6 +681,35 @@ RULES: tuple[Rule, ...] = (
         r"sshpass|(?:docker|podman|buildah|skopeo|helm[ \t]+registry)[ \t]+login",
         r"(?:-p|--password)[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)",
         ("sshpass", "login"),
+    ),
+    # A credential flag and its value: `--password=...` anywhere (a script, a CI step, a document, a
+    # command in a string); `--password ...`, `redis-server --requirepass ...` in configuration alone
+    # (shell, YAML, a Dockerfile): in prose the word after a switch is the sentence's ("add
+    # --no-root-password flag").
+    _keyed(
+        "command_line_password",
+        r"""(?i)(?<=[ \t'"])--([A-Za-z][A-Za-z0-9-]*)=(['"]?)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
+        value_group=3,
+        accept=lambda match: _flag_value(match),
+    ),
+    _keyed(
+        "command_line_password",
+        r"""(?i)(?<=[ \t'"])--([A-Za-z][A-Za-z0-9-]*)[ \t]+(['"]?)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
+        value_group=3,
+        accept=lambda match: _flag_value(match),
+        syntaxes=_CONFIG,
+    ),
+    # SQL's `CREATE USER app IDENTIFIED BY '...'`, `ALTER ROLE app WITH PASSWORD '...'`: a user's or a
+    # role's statement ("the queue is identified by "name"" is not one).
+    Rule(
+        "sql_password",
+        re.compile(
+            r"""(?i)(?<![A-Za-z0-9_])(?:user|role)[ \t][^\n;'"]*?(?<=[ \t])(?:identified[ \t]+by|password)"""
+            r"""[ \t]+(['"])([^'"\n]+)\1"""
+        ),
+        ("identified", "password"),
+        group=2,
+        accept=lambda match: _chosen(match.group(2)),
     ),
     _keyed(
         "netrc_password",

@@ -317,6 +317,12 @@ CREDENTIALS = [
     ("src/main.rs", 'const API_KEY: &\'static str = "swordfish";'),
     ("cmd/main.go", 'const apiToken string = "swordfish"'),
     ("app/src/Db.kt", 'val password: String? = "swordfish"'),
+    ("db/init.sql", "CREATE USER app IDENTIFIED BY 'swordfish';"),
+    ("db/init.sql", "ALTER ROLE app WITH LOGIN PASSWORD 'swordfish';"),
+    ("docker-compose.yml", "    command: redis-server --requirepass swordfish"),
+    ("deploy.sh", "app serve --db-password 'swordfish' --verbose"),
+    ("app/run.py", 'subprocess.run("tool --api-key=swordfish sync", shell=True)'),
+    ("README.md", "Start it with `app --password=swordfish`"),
 ]
 
 
@@ -383,6 +389,10 @@ NOT_CREDENTIALS = [
     ("app/settings.py", 'password: str = os.environ["DB_PASSWORD"]'),
     ("app/settings.py", 'token: str = Field(default="", env="TOKEN")'),
     ("app/auth.py", 'def login(user: str, password: str = "") -> bool:'),
+    ("app/queue.py", '    The work queue is identified by "name".'),
+    ("README.md", "Add the --no-root-password flag for the tests"),
+    ("deploy.sh", 'app serve --password "$DB_PASSWORD"'),
+    ("deploy.sh", "app serve --password-file /run/secrets/db --token-ttl 3600"),
 ]
 
 
