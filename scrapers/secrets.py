@@ -244,6 +244,9 @@ def _named_word(match: re.Match[str]) -> bool:
 
 _TYPE = r"&?(?:'[a-z]+[ \t]+)?[A-Za-z_][\w.]*(?:\[[^\]=\n]*\]|<[^>=\n]*>)?\??"
 """A declared type between a name and its value: `str`, `Optional[str]`, `&'static str`, `String?`, `Map<K, V>`."""
+_CREDENTIAL_WORD = "(?:pass|pwd|secret|token|key|auth|cred)"
+"""A word a credential's name holds, for a rule's hints (lowered): its own check is `credential_name`."""
+_FLAG_HINTS = (rf"--[a-z0-9\-]*{_CREDENTIAL_WORD}",)
 _COMMAND = r"(?m:(?:^[+\- ]?|(?<=[\s;&|(`'\"$])))"
 """Where a command begins: a line's start (after a diff's marker), a space, a separator, a quote or `$(`."""
 
@@ -633,6 +636,7 @@ RULES: tuple[Rule, ...] = (
     _keyed(
         "named_argument",
         r"""(?i)\([ \t]*['"]([A-Za-z_][A-Za-z0-9_.]*)['"][ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*[),])""",
+        hints=(rf"""\([ \t]*['"][a-z0-9_.]*{_CREDENTIAL_WORD}""",),
         value_group=3,
     ),
     # A password given after its user, last: `auth=("alice", "...")`, `HTTPBasicAuth("alice", "...")`,
@@ -643,7 +647,7 @@ RULES: tuple[Rule, ...] = (
             r"(?:(?<![A-Za-z0-9_])auth[ \t]*=[ \t]*\(|(?<![A-Za-z0-9_])(?:HTTP)?(?:Basic|Digest|Proxy)Auth\(|\.login\()"
             r"""[ \t]*(?:(['"])[^'"\n]*\1|[A-Za-z_][\w.]*)[ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*\))"""
         ),
-        ("auth", "Auth", r"\.login\("),
+        (r"auth[ \t]*=[ \t]*\(", r"Auth\(", r"\.login\("),
         group=3,
         accept=lambda match: _chosen(match.group(3)),
     ),
@@ -663,7 +667,8 @@ RULES: tuple[Rule, ...] = (
             r"""(?im)^[+\- ]?[ \t]*(?:-[ \t]+)?['"]?name['"]?[ \t]*:[ \t]*['"]?([A-Za-z_][A-Za-z0-9_.\-]*)['"]?[ \t]*,?"""
             r"""[ \t]*\n[+\- ]?[ \t]*['"]?value['"]?[ \t]*:[ \t]*(['"]?)([^'"\s][^'"\n]*?)\2[ \t]*,?[ \t]*$"""
         ),
-        ("value",),
+        # A name line with a credential's word in it: this rule reads whole texts, and `value` is in most.
+        (rf"name['\"]?[ \t]*:[ \t]*['\"]?[a-z0-9_.\-]*{_CREDENTIAL_WORD}",),
         group=3,
         accept=partial(_named_literal, value_group=3),
         multiline=True,
@@ -689,12 +694,14 @@ RULES: tuple[Rule, ...] = (
     _keyed(
         "command_line_password",
         r"""(?i)(?<=[ \t'"])--([A-Za-z][A-Za-z0-9-]*)=(['"]?)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
+        hints=_FLAG_HINTS,
         value_group=3,
         accept=lambda match: _flag_value(match),
     ),
     _keyed(
         "command_line_password",
         r"""(?i)(?<=[ \t'"])--([A-Za-z][A-Za-z0-9-]*)[ \t]+(['"]?)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
+        hints=_FLAG_HINTS,
         value_group=3,
         accept=lambda match: _flag_value(match),
         syntaxes=_CONFIG,
