@@ -319,6 +319,7 @@ _CODE_SUFFIXES = frozenset(
         ".gradle",
         ".c",
         ".h",
+        ".ino",  # an Arduino sketch (C++), where WiFi passwords are `#define`d
         ".cc",
         ".cpp",
         ".cxx",
@@ -620,6 +621,25 @@ RULES: tuple[Rule, ...] = (
         rf"""(?i){_NAME}(?:[ \t]*:[ \t]*|[ \t]+){_TYPE}[ \t]*=[ \t]*[rbuf]?(['"])((?:\\.|(?!\2)[^\n\\])+)\2""",
         value_group=3,
     ),
+    # ... or with nothing between but a space, in code: Gradle's `storePassword "..."`, C's `#define
+    # WIFI_PASSWORD "..."`, Clojure's `{:password "..."}`.
+    _keyed(
+        "quoted_secret",
+        rf"""(?i){_NAME}[ \t]+(['"])((?:\\.|(?!\2)[^\n\\])+)\2""",
+        value_group=3,
+        syntaxes=frozenset({Syntax.CODE}),
+    ),
+    # ... or on the next line: Python's `SECRET_KEY = (` / `"..."`.
+    Rule(
+        "quoted_secret",
+        re.compile(
+            rf"""(?im){_NAME}[ \t]*=[ \t]*\([ \t]*\n[+\- ]?[ \t]*[rbuf]?(['"])((?:\\.|(?!\2)[^\n\\])+)\2"""
+        ),
+        (rf"{_CREDENTIAL_WORD}[a-z0-9_]*['\"]?\]?[ \t]*=[ \t]*\([ \t]*\n",),
+        group=3,
+        accept=partial(_named_literal, value_group=3),
+        multiline=True,
+    ),
     # ... and in code a template literal (in prose backticks mark code: "`auth=` over `netrc`").
     _keyed(
         "quoted_secret",
@@ -671,6 +691,28 @@ RULES: tuple[Rule, ...] = (
         (rf"name['\"]?[ \t]*:[ \t]*['\"]?[a-z0-9_.\-]*{_CREDENTIAL_WORD}",),
         group=3,
         accept=partial(_named_literal, value_group=3),
+        multiline=True,
+    ),
+    # Terraform's `variable "db_password" {` ... `default = "..."`.
+    Rule(
+        "named_value",
+        re.compile(
+            r'''(?im)^[+\- ]?[ \t]*variable[ \t]+"([A-Za-z_][A-Za-z0-9_\-]*)"[ \t]*\{[^}]*?\n[+\- ]?[ \t]*default[ \t]*=[ \t]*"([^"\n]+)"'''
+        ),
+        (rf"variable[ \t]+\"[a-z0-9_\-]*{_CREDENTIAL_WORD}",),
+        group=2,
+        accept=_named_literal,
+        multiline=True,
+    ),
+    # YAML's block scalar: `password: |` and the value on the lines below it (its first).
+    Rule(
+        "named_value",
+        re.compile(
+            r"""(?im)^[+\- ]?[ \t]*['"]?([A-Za-z_][A-Za-z0-9_.\-]*)['"]?[ \t]*:[ \t]*[|>][-+0-9]*[ \t]*(?:#[^\n]*)?\n[+\- ]?[ \t]+([^\s][^\n]*)"""
+        ),
+        (rf"{_CREDENTIAL_WORD}[a-z0-9_.\-]*['\"]?[ \t]*:[ \t]*[|>]",),
+        group=2,
+        accept=_named_literal,
         multiline=True,
     ),
     # A password on a command line, in a script, a CI step or a document: `curl -u user:PASSWORD`,
@@ -730,12 +772,12 @@ RULES: tuple[Rule, ...] = (
         syntaxes=frozenset({Syntax.NETRC}),
     ),
     # `KEY=value` in configuration: .env, `export KEY=value`, compose's `- KEY=value`, `db.password=x`.
-    _keyed("unquoted_secret", rf"(?i){_NAME}:?=(?![\s'\"=])([^\s'\"]+)", syntaxes=_CONFIG),
-    # `key: value` and `key = value` in configuration (YAML, INI, TOML, properties, Makefile): the rest of
-    # the line, up to a comment.
+    _keyed("unquoted_secret", rf"(?i){_NAME}[:?]?=(?![\s'\"=])([^\s'\"]+)", syntaxes=_CONFIG),
+    # `key: value` and `key = value` in configuration (YAML, INI, TOML, properties, Makefile's `?=` and
+    # `:=` too): the rest of the line, up to a comment.
     _keyed(
         "unquoted_secret",
-        rf"(?i){_NAME}(?:[ \t]*:[ \t]+|[ \t]+:?=[ \t]*|:?=[ \t]+)(?![\s'\"])([^\n]*?[^\s]){_COMMENT_OR_END}",
+        rf"(?i){_NAME}(?:[ \t]*:[ \t]+|[ \t]+[:?]?=[ \t]*|[:?]?=[ \t]+)(?![\s'\"])([^\n]*?[^\s]){_COMMENT_OR_END}",
         syntaxes=_CONFIG,
     ),
     _keyed(

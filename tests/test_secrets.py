@@ -323,6 +323,10 @@ CREDENTIALS = [
     ("deploy.sh", "app serve --db-password 'swordfish' --verbose"),
     ("app/run.py", 'subprocess.run("tool --api-key=swordfish sync", shell=True)'),
     ("README.md", "Start it with `app --password=swordfish`"),
+    ("app/build.gradle", "            storePassword 'swordfish'"),  # Android's signing config
+    ("firmware/wifi.ino", '#define WIFI_PASSWORD "swordfish"'),
+    ("src/app.clj", '{:db {:password "swordfish"}}'),
+    ("Makefile", "DB_PASSWORD ?= swordfish"),
 ]
 
 
@@ -393,6 +397,10 @@ NOT_CREDENTIALS = [
     ("README.md", "Add the --no-root-password flag for the tests"),
     ("deploy.sh", 'app serve --password "$DB_PASSWORD"'),
     ("deploy.sh", "app serve --password-file /run/secrets/db --token-ttl 3600"),
+    ("app/auth.py", 'raise InvalidPassword("try again")'),
+    ("app/models.rb", "validates :password, presence: true"),
+    ("src/log.c", 'printf("password %s", masked);'),
+    ("Makefile", "DB_PASSWORD != cat /run/secrets/db"),
 ]
 
 
@@ -418,6 +426,24 @@ def test_a_credential_named_on_one_line_and_given_on_the_next_is_redacted(pair):
     assert "swordfish" not in redacted and counts == {"named_value": 1}
     port = text.replace("DB_PASSWORD", "PORT").replace("API_TOKEN", "PORT")
     assert redact(port) == (port, {})  # a name that is no credential: its value stays
+
+
+@pytest.mark.parametrize(
+    ("path", "lines"),
+    [
+        ("infra/variables.tf", 'variable "db_password" {\n+  type = string\n+  default = "swordfish"\n+}'),
+        ("chart/values.yaml", "  password: |\n+    swordfish"),  # a block scalar
+        ("app/settings.py", 'SECRET_KEY = (\n+    "swordfish"\n+)'),
+    ],
+)
+def test_a_credential_whose_value_is_on_a_line_below_its_name_is_redacted(path, lines):
+    text = f"diff --git a/{path} b/{path}\n@@ -1,3 +1,3 @@\n+{lines}\n"
+    redacted, counts = redact(text)
+    assert "swordfish" not in redacted and sum(counts.values()) == 1
+    other = (
+        text.replace("db_password", "region").replace("password:", "banner:").replace("SECRET_KEY", "TITLE")
+    )
+    assert redact(other) == (other, {})  # a name that is no credential: its value stays
 
 
 def test_the_message_is_prose_and_each_file_its_own_syntax():
