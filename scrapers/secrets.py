@@ -246,6 +246,8 @@ _TYPE = r"&?(?:'[a-z]+[ \t]+)?[A-Za-z_][\w.]*(?:\[[^\]=\n]*\]|<[^>=\n]*>)?\??"
 """A declared type between a name and its value: `str`, `Optional[str]`, `&'static str`, `String?`, `Map<K, V>`."""
 _CREDENTIAL_WORD = "(?:pass|pwd|secret|token|key|auth|cred)"
 """A word a credential's name holds, for a rule's hints (lowered): its own check is `credential_name`."""
+
+
 _FLAG_HINTS = (rf"--[a-z0-9\-]*{_CREDENTIAL_WORD}",)
 _COMMAND = r"(?m:(?:^[+\- ]?|(?<=[\s;&|(`'\"$])))"
 """Where a command begins: a line's start (after a diff's marker), a space, a separator, a quote or `$(`."""
@@ -481,7 +483,8 @@ RULES: tuple[Rule, ...] = (
             r"(?im)^diff --git a/([^\n]*?(?:pass|pwd|secret|token|cred|auth|key)[^/\n]*) b/[^\n]*\n"
             r"((?!diff --git )[^\n]*(?:\n(?!diff --git |\Z)[^\n]*)*)"
         ),
-        ("diff --git a/",),
+        # The header of such a file, not every header: this rule reads whole texts.
+        (r"diff --git a/[^\n]*?(?:pass|pwd|secret|token|cred|auth|key)[^/\n]* b/",),
         group=2,
         accept=lambda match: credential_file(match.group(1)),
         multiline=True,
@@ -629,17 +632,6 @@ RULES: tuple[Rule, ...] = (
         value_group=3,
         syntaxes=frozenset({Syntax.CODE}),
     ),
-    # ... or on the next line: Python's `SECRET_KEY = (` / `"..."`.
-    Rule(
-        "quoted_secret",
-        re.compile(
-            rf"""(?im){_NAME}[ \t]*=[ \t]*\([ \t]*\n[+\- ]?[ \t]*[rbuf]?(['"])((?:\\.|(?!\2)[^\n\\])+)\2"""
-        ),
-        (rf"{_CREDENTIAL_WORD}[a-z0-9_]*['\"]?\]?[ \t]*=[ \t]*\([ \t]*\n",),
-        group=3,
-        accept=partial(_named_literal, value_group=3),
-        multiline=True,
-    ),
     # ... and in code a template literal (in prose backticks mark code: "`auth=` over `netrc`").
     _keyed(
         "quoted_secret",
@@ -710,7 +702,7 @@ RULES: tuple[Rule, ...] = (
         re.compile(
             r"""(?im)^[+\- ]?[ \t]*['"]?([A-Za-z_][A-Za-z0-9_.\-]*)['"]?[ \t]*:[ \t]*[|>][-+0-9]*[ \t]*(?:#[^\n]*)?\n[+\- ]?[ \t]+([^\s][^\n]*)"""
         ),
-        (rf"{_CREDENTIAL_WORD}[a-z0-9_.\-]*['\"]?[ \t]*:[ \t]*[|>]",),
+        (r":[ \t]*[|>][\-+0-9]*[ \t]*\n",),
         group=2,
         accept=_named_literal,
         multiline=True,
