@@ -663,6 +663,10 @@ RULES: tuple[Rule, ...] = (
         group=3,
         accept=lambda match: _chosen(match.group(3)),
     ),
+    # A variable's default, where the variable is a credential: Spring's `${db.password:...}`, the shell's
+    # and Compose's `${POSTGRES_PASSWORD:-...}` (the value when nothing sets it: often the one everyone
+    # uses); not `:?` (an error's message) or `:+` (a value when it is set).
+    _keyed("default_secret", r"(?i)\$\{([A-Za-z_][A-Za-z0-9_.\-]*)(?::-|:=|:(?![?+]))([^}\s]+)\}"),
     # A credential named in one field and given in the next: .NET's `<add key="ApiKey" value="..." />`,
     # an environment list's `{"name": "DB_PASSWORD", "value": "..."}` (ECS, Kubernetes) ...
     _keyed(

@@ -327,6 +327,8 @@ CREDENTIALS = [
     ("firmware/wifi.ino", '#define WIFI_PASSWORD "swordfish"'),
     ("src/app.clj", '{:db {:password "swordfish"}}'),
     ("Makefile", "DB_PASSWORD ?= swordfish"),
+    ("src/main/resources/application.yml", "    password: ${DB_PASSWORD:swordfish}"),  # Spring's default
+    ("docker-compose.yml", "      POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:-swordfish}"),
 ]
 
 
@@ -401,6 +403,8 @@ NOT_CREDENTIALS = [
     ("app/models.rb", "validates :password, presence: true"),
     ("src/log.c", 'printf("password %s", masked);'),
     ("Makefile", "DB_PASSWORD != cat /run/secrets/db"),
+    ("docker-compose.yml", "      POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:?set it in .env}"),
+    ("docker-compose.yml", "      PORT: ${PORT:-8080}"),
 ]
 
 
