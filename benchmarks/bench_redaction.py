@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import sys
 import tempfile
 from collections import Counter
@@ -29,9 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipeline.config import ScrapeConfig
 from pipeline.hardware import usable_cores
 from scrapers.scrape import scrape
-from scrapers.secrets import MESSAGE_ORIGIN
-
-REDACTION = re.compile(r"<REDACTED:([a-z_]+)>")
+from scrapers.secrets import MESSAGE_ORIGIN, REDACTION
 
 
 def redacted_lines(repo: str) -> tuple[int, list[tuple[str, str]]]:

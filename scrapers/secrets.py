@@ -796,6 +796,10 @@ _LOWER_TO_ASCII = (re.compile("\u0130".encode()), re.compile("\u212a".encode()))
 so a hint like `key` can hide behind them from bytes.lower()."""
 
 
+REDACTION = re.compile(r"<REDACTED:([a-z_]+)>")
+"""The mark a secret leaves, its rule's name inside."""
+
+
 def redact(text: str) -> tuple[str, Counter]:
     """`text` with every secret replaced by `<REDACTED:rule>`, and how many each rule replaced."""
     return redact_all([text])[0]
@@ -939,7 +943,7 @@ def _replace(match: re.Match[str], rule: Rule, counts: Counter) -> str:
     counts[rule.name] += 1
     whole = match.group(0)
     start = match.start(rule.group) - match.start(0)
-    return whole[:start] + f"<REDACTED:{rule.name}>" + whole[start + len(secret) :]
+    return whole[:start] + f"<REDACTED:{rule.name}>" + whole[start + len(secret) :]  # REDACTION's form
 
 
 MESSAGE_ORIGIN = "(commit message)"
