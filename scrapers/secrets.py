@@ -520,7 +520,11 @@ RULES: tuple[Rule, ...] = (
         re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})"),
         ("g(?:h[pousr]_|ithub_pat_)",),
     ),
-    Rule("gitlab_token", re.compile(r"(?<![A-Za-z0-9_])glpat-[A-Za-z0-9_\-]{20,}"), ("glpat-",)),
+    Rule(  # personal, runner, deploy and pipeline-trigger tokens
+        "gitlab_token",
+        re.compile(r"(?<![A-Za-z0-9_])gl(?:pat|rt|dt|ptt)-[A-Za-z0-9_\-]{20,}"),
+        ("glpat-", "glrt-", "gldt-", "glptt-"),
+    ),
     Rule("slack_token", re.compile(r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9-]{10,}"), ("xox[abposr]-",)),
     Rule(
         "slack_webhook",
@@ -550,6 +554,16 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("shopify_token", re.compile(r"(?<![A-Za-z0-9_])shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"), ("shp",)),
     Rule("digitalocean_token", re.compile(r"(?<![A-Za-z0-9_])do[por]_v1_[a-f0-9]{64}"), ("do[por]_v1_",)),
+    Rule("vault_token", re.compile(r"(?<![A-Za-z0-9_])hv[sb]\.[A-Za-z0-9_\-]{24,}"), (r"hv[sb]\.",)),
+    Rule(
+        "databricks_token", re.compile(r"(?<![A-Za-z0-9_])dapi[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])"), ("dapi",)
+    ),
+    Rule("postman_key", re.compile(r"(?<![A-Za-z0-9_])PMAK-[a-f0-9]{24}-[a-f0-9]{34}"), ("PMAK-",)),
+    Rule(
+        "telegram_bot_token",  # the bot's id, a colon, and its secret
+        re.compile(r"(?<![0-9])[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}(?![A-Za-z0-9_\-])"),
+        (":AA",),
+    ),
     Rule(
         "azure_storage_key",  # a connection string's `AccountKey=...;` (base64 of 64 bytes)
         re.compile(

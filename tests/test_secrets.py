@@ -41,6 +41,10 @@ SECRETS = {
     "sendgrid_key": "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",
     "shopify_token": "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",
     "digitalocean_token": "dop_v1_4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e",
+    "vault_token": "hvs.CAESIJx8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8Bc2Dq7Er1",
+    "databricks_token": "dapi4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e",
+    "postman_key": "PMAK-4f1c9a7e2b8d3f6a0c5e9b1d-7a3f2c8e4f1c9a7e2b8d3f6a0c5e9b1d7a",
+    "telegram_bot_token": "7123456789:AAHq8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8",
 }
 PRIVATE_KEY_BODY = "MIIEowIBAAKCAQEA0Zk3VxTq8pL2mN9rS4tU7wX1yZ3aB5cD7eF9gH1iJ3kL5mN7"
 PASSWORD_ALONE = "correct-horse-battery"  # a file's whole content: nothing but its name says what it is
@@ -66,6 +70,10 @@ PYPI = "{SECRETS["pypi_token"]}"
 MAIL = "{SECRETS["sendgrid_key"]}"
 SHOP = "{SECRETS["shopify_token"]}"
 DROPLETS = "{SECRETS["digitalocean_token"]}"
+VAULT = "{SECRETS["vault_token"]}"
+WAREHOUSE = "{SECRETS["databricks_token"]}"
+POSTMAN = "{SECRETS["postman_key"]}"
+BOT = "{SECRETS["telegram_bot_token"]}"
 '''
 
 
@@ -75,6 +83,14 @@ def test_each_rule_redacts_its_secret(rule):
     assert SECRETS[rule] not in text
     assert f"<REDACTED:{rule}>" in text
     assert counts[rule] == 1
+
+
+@pytest.mark.parametrize("token", ["glrt-Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk", "gldt-Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk"])
+def test_gitlab_runner_and_deploy_tokens_are_gitlab_tokens(token):
+    assert redact(f'RUNNER_TOKEN_FOR_CI = "{token}"') == (
+        'RUNNER_TOKEN_FOR_CI = "<REDACTED:gitlab_token>"',
+        {"gitlab_token": 1},
+    )
 
 
 def test_private_key_block_is_redacted_whole_even_inside_a_diff():
