@@ -1,7 +1,8 @@
 """Find secrets in commit text and replace them with `<REDACTED:rule>` before anything is written.
 
-Provider rules (AWS, GitHub, GitLab, Slack, Stripe, Google, private key
-blocks, JWTs, passwords in URLs) are strict patterns. The generic rule (any
+Provider rules (AWS, GitHub, GitLab, Slack, Stripe, Google, the model,
+package and cloud hosts' keys, private key blocks, JWTs, passwords in URLs)
+are strict patterns. The generic rule (any
 value assigned to a name like password/secret/token/api_key) fires only on
 values that look random: mixed letters and digits, not a snake_case word,
 enough entropy. Measured on real histories, "keyword + entropy" without those
@@ -16,7 +17,11 @@ one is a literal in configuration (`.env`, YAML, INI, TOML, properties,
 shell, Dockerfile `ENV`, `.netrc`, `.npmrc`), and in commit messages and
 documents only as `KEY=value`; in source code it is an expression
 (`password = form.password.data`) and is left alone. Variables, templates,
-calls, booleans, paths and obvious placeholders are never literals.
+calls, booleans, paths and obvious placeholders are never literals. The same
+holds where the name and the value sit apart: in two fields (`name:
+DB_PASSWORD` / `value: ...`), in a call's arguments (`define('DB_PASSWORD',
+'...')`), after a declared type (`db_password: str = "..."`), as a flag and
+its value on a command line (`--api-key=...`, `mysql -p...`).
 
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate
