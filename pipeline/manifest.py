@@ -181,6 +181,13 @@ def manifest_file(path: Path) -> Path:
     return path / MANIFEST_FILE if (path / MANIFEST_FILE).is_file() else path
 
 
+def trained_on(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The repositories a run learned, from its manifest: each one's path and the commit it trained up to."""
+    return [
+        (str(learned.get("path")), str(learned.get("head"))) for learned in manifest.get("repositories") or []
+    ]
+
+
 def load_manifest(path: Path) -> dict[str, Any]:
     """A manifest a user points a command at; anything that is not one is a one-line error naming it."""
     from pipeline.errors import PipelineError

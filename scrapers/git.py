@@ -20,7 +20,7 @@ import re
 import secrets
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,13 +213,16 @@ def run_git(repo: Repository, *args: str) -> str:
         raise RepositoryError(f"{repo.path}: git {args[0]} failed: {git_failure(err.stderr)}") from None
 
 
-def has_commit(repo: Repository, sha: str) -> bool:
-    """Whether `repo` holds commit `sha` (another clone of a history holds its commits)."""
-    try:
-        run_git(repo, "cat-file", "-e", f"{sha}^{{commit}}")
-    except RepositoryError:
-        return False
-    return True
+def holds_any(repo: Repository, shas: Iterable[str]) -> bool:
+    """Whether `repo` holds one of the commits `shas`: where they are the heads a run trained up to, it is
+    that run's project, this clone or another of the same history."""
+    for sha in shas:
+        try:
+            run_git(repo, "cat-file", "-e", f"{sha}^{{commit}}")
+        except RepositoryError:
+            continue
+        return True
+    return False
 
 
 def rev_list(

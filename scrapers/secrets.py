@@ -485,11 +485,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "credential_file",
         re.compile(
-            r"(?im)^diff --git a/([^\n]*?(?:pass|pwd|secret|token|cred|auth|key)[^/\n]*) b/[^\n]*\n"
+            rf"(?im)^diff --git a/([^\n]*?{_CREDENTIAL_WORD}[^/\n]*) b/[^\n]*\n"
             r"((?!diff --git )[^\n]*(?:\n(?!diff --git |\Z)[^\n]*)*)"
         ),
         # The header of such a file, not every header: this rule reads whole texts.
-        (r"diff --git a/[^\n]*?(?:pass|pwd|secret|token|cred|auth|key)[^/\n]* b/",),
+        (rf"diff --git a/[^\n]*?{_CREDENTIAL_WORD}[^/\n]* b/",),
         group=2,
         accept=lambda match: credential_file(match.group(1)),
         multiline=True,

@@ -32,6 +32,7 @@ from pipeline.manifest import (
     new_manifest,
     read_manifest,
     schema_problems,
+    trained_on,
     utc_now,
     write_json,
 )
@@ -467,12 +468,12 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
     of them (a run again on one project replaces the last, as it always has). A repository that cannot be
     opened is left to the scrape to say so."""
     from scrapers.errors import RepositoryError
-    from scrapers.git import has_commit, open_repository
+    from scrapers.git import holds_any, open_repository
 
     trained = [(output_dir / name).exists() for name in (ADAPTER_DIR, CHECKPOINT_DIR)]
     previous = _read_previous(output_dir / MANIFEST_FILE) if any(trained) else None
-    learned = (previous or {}).get("repositories") or []
-    before = sorted(str(repository.get("path")) for repository in learned)
+    learned = trained_on(previous or {})
+    before = sorted(path for path, _ in learned)
     if not before:
         return None
     try:
@@ -480,9 +481,9 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
     except RepositoryError:
         return None
     now = sorted(repository.path for repository in opened)
-    heads = [str(repository.get("head")) for repository in learned]
+    heads = [head for _, head in learned]
     # The same repositories, or clones of them (each holds a commit the run trained up to): its own run.
-    if now == before or all(any(has_commit(here, head) for head in heads) for here in opened):
+    if now == before or all(holds_any(here, heads) for here in opened):
         return None
     return (
         f"{output_dir} holds a run trained on {', '.join(before)}; this one reads {', '.join(now)}: give "

@@ -182,18 +182,16 @@ def _another_project(adapter: Path, repo: str | Path) -> str | None:
     one project with another's adapter suggests the other's messages: a slip more often than a choice);
     None where it holds one (the same clone, or another clone of it: the commit trained up to is there),
     or where the run's manifest is not beside the adapter to say."""
+    from pipeline.manifest import MANIFEST_FILE, trained_on
     from scrapers.errors import RepositoryError
-    from scrapers.git import has_commit, open_repository
+    from scrapers.git import holds_any, open_repository
 
     try:
-        manifest = orjson.loads((adapter.parent / "MANIFEST.json").read_bytes())
-        learned = [
-            (str(learned["path"]), str(learned["head"])) for learned in manifest.get("repositories") or []
-        ]
+        learned = trained_on(orjson.loads((adapter.parent / MANIFEST_FILE).read_bytes()))
         here = open_repository(repo)
-    except (OSError, ValueError, KeyError, TypeError, RepositoryError):
+    except (OSError, ValueError, AttributeError, TypeError, RepositoryError):
         return None
-    if not learned or any(has_commit(here, head) for _, head in learned):
+    if not learned or holds_any(here, [head for _, head in learned]):
         return None
     return ", ".join(path for path, _ in learned)
 
@@ -301,18 +299,19 @@ def suggest(argv: list[str]) -> None:
 
     original = message_file.read_text(encoding="utf-8", errors="replace")
     prefix = comment_prefix(original)
-    if prefix is None and _template_end(original, "#"):
+    template_end = _template_end(original, prefix or "#")
+    if prefix is None and template_end:
         return  # a commit template's text begins the message, and a suggestion could only be typed into it
     suggester = Suggester.load(adapter)
     found = suggester.suggestions(diff, 1 + count if prefix else 1)
     if found:
-        _offer(message_file, found[0], found[1:], prefix, original)
+        _offer(message_file, found[0], found[1:], prefix, original, template_end)
     if suggester.system == "model":
         from pipeline.use.generate import beside, generate
 
         written = generate(adapter, diff, task="message", system="model").strip()
         if written:  # the retrieval's answers become the alternatives
-            _offer(message_file, written, beside(written, found, count), prefix, original)
+            _offer(message_file, written, beside(written, found, count), prefix, original, template_end)
 
 
 def comment_prefix(original: str) -> str | None:
@@ -416,14 +415,14 @@ def staged_diff() -> str:
 
 
 def _offer(
-    message_file: Path, suggestion: str, alternatives: list[str], prefix: str | None, original: str
+    message_file: Path, suggestion: str, alternatives: list[str], prefix: str | None, original: str, end: int
 ) -> None:
     """The suggestion as the message's first line, its alternatives commented below it, above what git
     wrote (its comments); the file replaced whole. Where git's message begins with a commit template's
     text, that text stays first and the suggestion is shown as a comment after it, the first of the
     choices: above the template it would push the template's lines ("JIRA-: ", "Why:") into the body,
-    to be committed with it, and git would no longer refuse a template left as it was."""
-    end = _template_end(original, prefix) if prefix else 0
+    to be committed with it, and git would no longer refuse a template left as it was. `end`: where that
+    text ends, in lines (`_template_end`; 0 for none)."""
     if end:
         lines = original.splitlines(keepends=True)
         choices = commented(
