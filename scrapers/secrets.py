@@ -1,8 +1,8 @@
 """Find secrets in commit text and replace them with `<REDACTED:rule>` before anything is written.
 
 Provider rules (AWS, GitHub, GitLab, Slack, Stripe, Google, the model,
-package and cloud hosts' keys, private key blocks, JWTs, passwords in URLs)
-are strict patterns. The generic rule (any
+package, mail, payment and cloud hosts' keys, webhooks, private key blocks,
+JWTs, passwords in URLs) are strict patterns. The generic rule (any
 value assigned to a name like password/secret/token/api_key) fires only on
 values that look random: mixed letters and digits, not a snake_case word,
 enough entropy. Measured on real histories, "keyword + entropy" without those
@@ -21,7 +21,9 @@ calls, booleans, paths and obvious placeholders are never literals. The same
 holds where the name and the value sit apart: in two fields (`name:
 DB_PASSWORD` / `value: ...`), in a call's arguments (`define('DB_PASSWORD',
 '...')`), after a declared type (`db_password: str = "..."`), as a flag and
-its value on a command line (`--api-key=...`, `mysql -p...`).
+its value on a command line (`--api-key=...`, `mysql -p...`, `keytool
+-storepass ...`), after its user (`smtp.login(user, "...")`), as what a
+call signs with (`jwt.encode(payload, "...")`).
 
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate
@@ -221,8 +223,12 @@ def is_literal(value: str, name: str = "") -> bool:
     lowered = value.lower()
     return not (
         not any(c.isalnum() for c in value)
-        or value.startswith(
-            ("$", "%", "{", "<", "(", "[", "!", "&", "*", "|", ">", "@", "~", "\\", "`", "/", "./")
+        or (
+            value.startswith(
+                ("$", "%", "{", "<", "(", "[", "!", "&", "*", "|", ">", "@", "~", "\\", "`", "/", "./")
+            )
+            # ... but bytes written as escapes are (`app.secret_key = b'\x8f\x12...'`, os.urandom's output)
+            and not re.match(r"(?:\\x[0-9a-fA-F]{2}){4}", value)
         )
         or "(" in value
         or _TEMPLATE.search(value) is not None
@@ -536,7 +542,11 @@ RULES: tuple[Rule, ...] = (
         re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+"),
         (r"hooks\.slack\.com",),
     ),
-    Rule("stripe_key", re.compile(r"(?<![A-Za-z0-9])[sr]k_live_[A-Za-z0-9]{20,}"), ("k_live_",)),
+    Rule(  # secret and restricted keys, and a webhook's signing secret
+        "stripe_key",
+        re.compile(r"(?<![A-Za-z0-9])(?:[sr]k_live_[A-Za-z0-9]{20,}|whsec_[A-Za-z0-9]{24,})"),
+        ("k_live_", "whsec_"),
+    ),
     Rule("google_api_key", re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}"), ("AIza",)),
     # Model and package hosts' keys, by the prefix each gives its own (as gitleaks reads them).
     Rule(
@@ -568,6 +578,28 @@ RULES: tuple[Rule, ...] = (
         "telegram_bot_token",  # the bot's id, a colon, and its secret
         re.compile(r"(?<![0-9])[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}(?![A-Za-z0-9_\-])"),
         (":AA",),
+    ),
+    Rule(
+        "mailgun_key",
+        re.compile(r"(?<![A-Za-z0-9_\-])key-[0-9a-z]{32}(?![A-Za-z0-9])"),
+        ("key-",),
+        accept=lambda match: looks_random(match.group(0)[4:]),
+    ),
+    Rule("mailchimp_key", re.compile(r"(?<![A-Za-z0-9])[0-9a-f]{32}-us[0-9]{1,2}(?![A-Za-z0-9])"), ("-us",)),
+    Rule("square_token", re.compile(r"(?<![A-Za-z0-9_])sq0(?:atp|csp|idp)-[A-Za-z0-9_\-]{22,}"), ("sq0",)),
+    Rule("sentry_token", re.compile(r"(?<![A-Za-z0-9_])sntry[su]_[A-Za-z0-9+/=_\-]{30,}"), ("sntry",)),
+    Rule(  # the URL is the credential: whoever holds it posts to the channel
+        "discord_webhook",
+        re.compile(
+            r"(?i)https://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/[0-9]+/[A-Za-z0-9_\-]+"
+        ),
+        ("discord",),
+    ),
+    Rule(
+        "twilio_auth_token",  # given after its account's (AC...) or API key's (SK...) id, as Twilio's examples do
+        re.compile(r"""(?<![A-Za-z0-9])(?:AC|SK)[0-9a-f]{32}(['"])[ \t]*,[ \t]*(['"])([0-9a-f]{32})\2"""),
+        ("AC", "SK"),
+        group=3,
     ),
     Rule(
         "azure_storage_key",  # a connection string's `AccountKey=...;` (base64 of 64 bytes)
@@ -621,7 +653,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "authorization_header",
         re.compile(
-            r"(?i)(?<![A-Za-z0-9_])authorization['\"]?[ \t]*[:=][ \t]*['\"]?(basic|bearer|token)[ \t]+"
+            # `"Authorization": "Bearer ..."`, and as a call's two arguments: Go's `Header.Set("Authorization",
+            # "Bearer ...")`, Java's `setRequestProperty(...)`.
+            r"(?i)(?<![A-Za-z0-9_])authorization['\"]?[ \t]*[:=,][ \t]*[rbuf]?['\"]?(basic|bearer|token)[ \t]+"
             r"([A-Za-z0-9+/=._~\-]{8,})"
         ),
         ("authorization",),
@@ -666,21 +700,60 @@ RULES: tuple[Rule, ...] = (
     # is no password.
     _keyed(
         "named_argument",
-        r"""(?i)\([ \t]*['"]([A-Za-z_][A-Za-z0-9_.]*)['"][ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*[),])""",
-        hints=(rf"""\([ \t]*['"][a-z0-9_.]*{_CREDENTIAL_WORD}""",),
+        r"""(?i)\([ \t]*['"]([A-Za-z_][A-Za-z0-9_.\-]*)['"][ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*[),])""",
+        hints=(rf"""\([ \t]*['"][a-z0-9_.\-]*{_CREDENTIAL_WORD}""",),
         value_group=3,
+        # A dashed name is a header's (`X-Auth-Token`, `X-API-Key`), or a path's: `('basic-auth', 'user')`.
+        accept=lambda match: (
+            _named_literal(match, value_group=3)
+            and ("-" not in match.group(1) or match.group(1).lower().endswith(("token", "key", "secret")))
+        ),
     ),
     # A password given after its user, last: `auth=("alice", "...")`, `HTTPBasicAuth("alice", "...")`,
     # `smtp.login(user, "...")`.
     Rule(
         "auth_argument",
         re.compile(
-            r"(?:(?<![A-Za-z0-9_])auth[ \t]*=[ \t]*\(|(?<![A-Za-z0-9_])(?:HTTP)?(?:Basic|Digest|Proxy)Auth\(|\.login\()"
-            r"""[ \t]*(?:(['"])[^'"\n]*\1|[A-Za-z_][\w.]*)[ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*\))"""
+            r"(?:(?<![A-Za-z0-9_])auth[ \t]*=[ \t]*\(|(?<![A-Za-z0-9_])(?:HTTP)?(?:Basic|Digest|Proxy)Auth\("
+            r"|\.(?:login|simple_bind_s|simple_bind|bind_s)\(|(?<![A-Za-z0-9_])(?:Network|UsernamePassword)Credentials?\()"
+            # One word, or Google's app password: four groups of four letters.
+            r"""[ \t]*(?:(['"])[^'"\n]*\1|[A-Za-z_][\w.]*)[ \t]*,[ \t]*(['"])([^'"\s]+|[a-z]{4}(?: [a-z]{4}){3})\2(?=[ \t]*\))"""
         ),
-        (r"auth[ \t]*=[ \t]*\(", r"Auth\(", r"\.login\("),
+        (r"auth[ \t]*=[ \t]*\(", r"Auth\(", r"\.login\(", r"_bind", r"Credential"),
         group=3,
         accept=lambda match: _chosen(match.group(3)),
+    ),
+    # A signing key given as a call's argument: `jwt.encode(payload, "...")`, `jwt.sign(payload, '...')`,
+    # `Fernet(b"...")`, `hmac.new(b"...", msg)`.
+    Rule(
+        "signing_key",
+        re.compile(
+            # The payload: an object or a list written out (commas inside), a string, or an expression.
+            r"""(?:(?<![A-Za-z0-9_])jwt\.(?:encode|decode|sign|verify)\([ \t]*"""
+            r"""(?:\{[^{}\n]*\}|\[[^\[\]\n]*\]|(['"])[^'"\n]*\1|[^,\n()'"{}\[\]]+)[ \t]*,"""
+            r"""|(?<![A-Za-z0-9_])(?:Fernet|hmac\.new)\()[ \t]*[rbuf]?(['"])((?:\\.|(?!\2)[^\n\\])+)\2"""
+        ),
+        (r"jwt\.", r"Fernet\(", r"hmac\.new\("),
+        group=3,
+        accept=lambda match: _chosen(match.group(3)),
+    ),
+    # JDBC's `DriverManager.getConnection(url, "user", "...")`.
+    Rule(
+        "auth_argument",
+        re.compile(
+            r"""(?<![A-Za-z0-9_])getConnection\([^,\n()]+,[ \t]*(['"])[^'"\n]*\1[ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*\))"""
+        ),
+        (r"getConnection\(",),
+        group=3,
+        accept=lambda match: _chosen(match.group(3)),
+    ),
+    # Go's MySQL data source name, `user:password@tcp(host:3306)/db`: a URL without its scheme.
+    Rule(
+        "url_password",
+        re.compile(r"""(?<![A-Za-z0-9_])[A-Za-z0-9_.\-]+:([^\s@'"/]+)@(?:tcp|unix)\("""),
+        (r"@tcp\(", r"@unix\("),
+        group=1,
+        accept=lambda match: _chosen(match.group(1)),
     ),
     # A variable's default, where the variable is a credential: Spring's `${db.password:...}`, the shell's
     # and Compose's `${POSTGRES_PASSWORD:-...}` (the value when nothing sets it: often the one everyone
@@ -740,9 +813,84 @@ RULES: tuple[Rule, ...] = (
         ("mysql", "mariadb"),
     ),
     _on_command_line(
-        r"sshpass|(?:docker|podman|buildah|skopeo|helm[ \t]+registry)[ \t]+login",
+        r"sshpass|(?:docker|podman|buildah|skopeo|helm[ \t]+registry|az)[ \t]+login",
         r"(?:-p|--password)[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)",
         ("sshpass", "login"),
+    ),
+    _on_command_line("redis-cli", r"(?:-a|--pass)[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("redis-cli",)),
+    _on_command_line("sqlcmd|bcp|osql", r"-P[ \t]*(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("sqlcmd", "bcp", "osql")),
+    _on_command_line(r"ldap[a-z]+", r"-w[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("ldap",)),
+    _on_command_line(
+        "smbclient|rpcclient|smbmap|smbget",
+        r"(?:-U|--user)[ \t=]*(['\"]?)[^\s%'\"]+%([^\s'\"]+)",
+        ("smb", "rpcclient"),
+    ),
+    _on_command_line("7z|7za|7zr", r"-p(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("7z",)),
+    _on_command_line("zip|unzip", r"-P[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("zip",)),
+    _on_command_line("ssh-keygen", r"-N[ \t]*(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("ssh-keygen",)),
+    _on_command_line(
+        "rabbitmqctl",
+        r"(?:add_user|change_password)[ \t]+\S+[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)",
+        ("rabbitmqctl",),
+    ),
+    _on_command_line(r"net[ \t]+use", r"/user:\S+[ \t]+(['\"]?)([^\s'\"/]+)\1(?=\s|$)", ("/user:",)),
+    _on_command_line(
+        "npm|yarn|pnpm",
+        r"set[ \t]+\S*_(?:authToken|auth|password)[ \t]+(['\"]?)([^\s'\"]+)\1",
+        ("_auth", "_password"),
+    ),
+    # `htpasswd -b FILE USER PASSWORD` (`-nb USER PASSWORD`: no file): the password is its last word.
+    Rule(
+        "command_line_password",
+        re.compile(
+            rf"{_COMMAND}htpasswd((?:[ \t]+-[A-Za-z]+)+)(?:[ \t]+(?!-)[^\s'\"]+){{1,2}}[ \t]+(['\"]?)([^\s'\"]+)\2"
+            r"(?=[ \t]*(?:$|[;&|)#>]))"
+        ),
+        ("htpasswd",),
+        group=3,
+        accept=lambda match: (
+            "b" in match.group(1)
+            and len(match.group(0).split()) - len(match.group(1).split())
+            == (3 if "n" in match.group(1) else 4)
+            and _chosen(match.group(3))
+        ),
+    ),
+    # An echoed password piped to a login that reads it (`echo "..." | docker login --password-stdin`,
+    # `echo "..." | sudo -S ...`), or a user's (`echo "user:..." | chpasswd`).
+    Rule(
+        "command_line_password",
+        re.compile(
+            rf"""{_COMMAND}(?:echo|printf)[ \t]+(?:-n[ \t]+)?(['"]?)[^\s:'"|]+:([^\s'"|]+)\1[ \t]*\|[ \t]*(?:sudo[ \t]+)?chpasswd"""
+        ),
+        ("chpasswd",),
+        group=2,
+        accept=lambda match: _chosen(match.group(2)),
+    ),
+    Rule(
+        "command_line_password",
+        re.compile(
+            rf"""{_COMMAND}(?:echo|printf)[ \t]+(?:-n[ \t]+)?(['"]?)([^\s'"|]+)\1[ \t]*\|"""
+            r"(?:[^\n|]*?--password-stdin|[ \t]*sudo[ \t][^\n|]*?(?<=[ \t])-S(?=\s))"
+        ),
+        ("password-stdin", "sudo"),
+        group=2,
+        accept=lambda match: _chosen(match.group(2)),
+    ),
+    # OpenSSL's pass phrase arguments (`-passout pass:...`, `-passin`, `-password`, `-pass`) and Java's
+    # keytool and jarsigner (`-storepass ...`, `-keypass`; `-storepass:env NAME` names a variable).
+    _keyed(
+        "command_line_password",
+        r"""(?<=[ \t'"])-(pass(?:in|out|word)?)[ \t]+(['"]?)pass:([^\s'"]+)\2""",
+        hints=("pass:",),
+        value_group=3,
+        accept=lambda match: _chosen(match.group(3)),
+    ),
+    _keyed(
+        "command_line_password",
+        r"""(?<=[ \t'"])-((?:src|dest|new)?(?:store|key)pass)[ \t]+(['"]?)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
+        hints=("storepass", "keypass"),
+        value_group=3,
+        accept=lambda match: _chosen(match.group(3)),
     ),
     # A credential flag and its value: `--password=...` anywhere (a script, a CI step, a document, a
     # command in a string); `--password ...`, `redis-server --requirepass ...` in configuration alone
@@ -757,7 +905,7 @@ RULES: tuple[Rule, ...] = (
     ),
     _keyed(
         "command_line_password",
-        r"""(?i)(?<=[ \t'"])--([A-Za-z][A-Za-z0-9-]*)[ \t]+(['"]?)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
+        r"""(?i)(?<=[ \t'"])--([A-Za-z][A-Za-z0-9-]*)[ \t]+(['"]?)(?!-)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
         hints=_FLAG_HINTS,
         value_group=3,
         accept=lambda match: _flag_value(match),

@@ -45,6 +45,12 @@ SECRETS = {
     "databricks_token": "dapi4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e",
     "postman_key": "PMAK-4f1c9a7e2b8d3f6a0c5e9b1d-7a3f2c8e4f1c9a7e2b8d3f6a0c5e9b1d7a",
     "telegram_bot_token": "7123456789:AAHq8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8",
+    "mailgun_key": "key-3ax6xnjp29jd6fds4gc373sgvjxteol0",
+    "mailchimp_key": "4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e-us14",
+    "square_token": "sq0atp-Q8zR2mL7xV4bN1cT9pW3sY",
+    "sentry_token": "sntrys_Qz8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8Bc2",
+    "discord_webhook": "https://discord.com/api/webhooks/123456789012345678/Zq8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8",
+    "twilio_auth_token": "9f8e7d6c5b4a39281706f5e4d3c2b1a0",
 }
 PRIVATE_KEY_BODY = "MIIEowIBAAKCAQEA0Zk3VxTq8pL2mN9rS4tU7wX1yZ3aB5cD7eF9gH1iJ3kL5mN7"
 PASSWORD_ALONE = "correct-horse-battery"  # a file's whole content: nothing but its name says what it is
@@ -74,6 +80,12 @@ VAULT = "{SECRETS["vault_token"]}"
 WAREHOUSE = "{SECRETS["databricks_token"]}"
 POSTMAN = "{SECRETS["postman_key"]}"
 BOT = "{SECRETS["telegram_bot_token"]}"
+MAILGUN = "{SECRETS["mailgun_key"]}"
+MAILCHIMP = "{SECRETS["mailchimp_key"]}"
+SQUARE = "{SECRETS["square_token"]}"
+SENTRY = "{SECRETS["sentry_token"]}"
+ALERTS = "{SECRETS["discord_webhook"]}"
+SMS = Client("AC0123456789abcdef0123456789abcdef", "{SECRETS["twilio_auth_token"]}")
 '''
 
 
@@ -91,6 +103,38 @@ def test_gitlab_runner_and_deploy_tokens_are_gitlab_tokens(token):
         'RUNNER_TOKEN_FOR_CI = "<REDACTED:gitlab_token>"',
         {"gitlab_token": 1},
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "secret", "rule"),
+    [
+        (
+            'STRIPE_WEBHOOK_SECRET = "whsec_4eC39HqLyjWDarjtT1zdp7dcAbCdEf"',
+            "whsec_4eC39HqLyjWDarjtT1zdp7dcAbCdEf",
+            "stripe_key",
+        ),
+        (
+            'fernet = Fernet(b"q8ZxR2vLm9TbW4nKp7Yc3DfgQ8ZxR2vLm9TbW4nKp7Y=")',
+            "q8ZxR2vLm9TbW4nKp7Yc3Dfg",
+            "signing_key",
+        ),
+        (
+            'digest = hmac.new(b"q8ZxR2vLm9TbW4nKp7Yc", body, hashlib.sha256)',
+            "q8ZxR2vLm9TbW4nKp7Yc",
+            "signing_key",
+        ),
+        # os.urandom's output pasted in, as Flask's documentation once showed it
+        ("app.secret_key = b'\\x8f\\x12\\xaa\\x01\\x9c\\x33'", "\\x8f\\x12", "quoted_secret"),
+        (
+            'smtp.login("me@gmail.com", "abcd efgh ijkl mnop")',
+            "abcd efgh",
+            "auth_argument",
+        ),  # an app password
+    ],
+)
+def test_secrets_in_their_own_shapes(line, secret, rule):
+    text, counts = redact(line)
+    assert secret not in text and counts == {rule: 1}, text
 
 
 def test_private_key_block_is_redacted_whole_even_inside_a_diff():
@@ -345,6 +389,37 @@ CREDENTIALS = [
     ("Makefile", "DB_PASSWORD ?= swordfish"),
     ("src/main/resources/application.yml", "    password: ${DB_PASSWORD:swordfish}"),  # Spring's default
     ("docker-compose.yml", "      POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:-swordfish}"),
+    # Commands that take a password, in a script, a CI step or a document.
+    ("deploy.sh", 'echo "swordfish" | docker login -u ci --password-stdin registry.example.com'),
+    ("deploy.sh", "echo 'swordfish' | sudo -S apt-get update"),
+    ("provision.sh", 'echo "deploy:swordfish" | chpasswd'),
+    ("deploy.sh", "az login --service-principal -u http://app -p swordfish --tenant t"),
+    ("deploy.sh", "htpasswd -b -c /etc/nginx/.htpasswd admin swordfish"),
+    ("deploy.sh", "htpasswd -nb admin swordfish > .htpasswd"),
+    ("certs.sh", "openssl pkcs12 -export -in cert.pem -passout pass:swordfish -out cert.p12"),
+    ("build.sh", "keytool -genkeypair -alias app -keystore app.jks -storepass swordfish"),
+    ("ops.sh", "redis-cli -h cache -a swordfish ping"),
+    ("db.sh", 'sqlcmd -S db -U sa -P swordfish -Q "SELECT 1"'),
+    ("ldap.sh", 'ldapsearch -x -D "cn=admin,dc=example,dc=org" -w swordfish'),
+    ("share.sh", "smbclient //srv/share -U admin%swordfish"),
+    ("pack.sh", "7z a -pswordfish backup.7z data"),
+    ("pack.sh", "zip -P swordfish backup.zip data"),
+    ("keys.sh", 'ssh-keygen -t ed25519 -N "swordfish" -f deploy_key'),
+    ("mq.sh", "rabbitmqctl add_user app swordfish"),
+    ("map.bat", "net use Z: \\\\srv\\share /user:admin swordfish"),
+    ("ci.sh", "npm config set //registry.npmjs.org/:_authToken swordfish"),
+    ("decrypt.sh", "gpg --batch --passphrase swordfish -d secrets.gpg"),  # after another flag
+    # Headers given as a call's arguments or an f-string, signing keys, logins and data source names.
+    ("client.go", 'req.Header.Set("Authorization", "Bearer swordfish")'),
+    ("Client.java", 'conn.setRequestProperty("Authorization", "Basic swordfish");'),
+    ("client.py", 'session.headers.update({"Authorization": f"Bearer swordfish"})'),
+    ("client.js", 'xhr.setRequestHeader("X-Auth-Token", "swordfish");'),
+    ("auth.js", "const token = jwt.sign({ sub: user.id }, 'swordfish', { expiresIn: '1h' });"),
+    ("auth.py", 'token = jwt.encode({"sub": "42", "iat": 1371720939}, "swordfish", algorithm="HS256")'),
+    ("Db.java", 'Connection c = DriverManager.getConnection(url, "app", "swordfish");'),
+    ("main.go", 'db, err := sql.Open("mysql", "app:swordfish@tcp(db:3306)/app")'),
+    ("Mail.cs", 'client.Credentials = new NetworkCredential("app", "swordfish");'),
+    ("directory.py", 'conn.simple_bind_s("cn=admin,dc=example,dc=org", "swordfish")'),
 ]
 
 
@@ -418,6 +493,20 @@ NOT_CREDENTIALS = [
     ("app/auth.py", 'raise InvalidPassword("try again")'),
     ("app/models.rb", "validates :password, presence: true"),
     ("src/log.c", 'printf("password %s", masked);'),
+    ("deploy.sh", 'echo "$DOCKER_PASSWORD" | docker login -u ci --password-stdin'),
+    ("deploy.sh", "echo 'building' | sudo tee /var/log/build.log"),
+    ("deploy.sh", "htpasswd -c /etc/nginx/.htpasswd admin"),  # asks for it
+    ("certs.sh", "openssl pkcs12 -export -passout env:P12_PASSWORD -out cert.p12"),
+    ("certs.sh", "openssl rsa -in key.pem -passin file:pass.txt"),
+    ("build.sh", "keytool -list -keystore app.jks -storepass:env STORE_PASSWORD"),
+    ("build.sh", 'keytool -list -keystore app.jks -storepass "$STORE_PASSWORD"'),
+    ("ops.sh", 'redis-cli -a "$REDIS_PASSWORD" ping'),
+    ("keys.sh", 'ssh-keygen -t ed25519 -N "" -f deploy_key'),
+    ("auth.py", "jwt.encode(payload, key, algorithm='HS256')"),
+    ("auth.py", 'jwt.decode(token, options={"verify_signature": False})'),
+    ("auth.py", 'jwt.encode({"sub": "42", "iat": 1371720939}, SECRET_KEY)'),
+    ("client.go", 'req.Header.Set("Authorization", "Bearer "+token)'),
+    ("sms.py", 'client = Client("AC0123456789abcdef0123456789abcdef", auth_token)'),
     ("Makefile", "DB_PASSWORD != cat /run/secrets/db"),
     ("docker-compose.yml", "      POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:?set it in .env}"),
     ("docker-compose.yml", "      PORT: ${PORT:-8080}"),
