@@ -28,8 +28,8 @@ call signs with (`jwt.encode(payload, "...")`).
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate
 lines, not the size of the history. A scrape redacts its texts in batches
-(`redact_all`): each hint is looked for once in the whole batch, in C, and
-only the texts that hold it go further.
+(`redact_all`): every rule's hints are found in the whole batch in one pass
+of an Aho-Corasick automaton, and only the texts that hold one go further.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property, partial
 from itertools import accumulate
+from typing import Any
 
 from scrapers.formats import MESSAGE_HEADING
 
@@ -71,9 +72,10 @@ class Rule:
     name: str
     pattern: re.Pattern[str]
     hints: tuple[str, ...]
-    """Regexes that each start with a literal, so re finds them in C; every match of `pattern`
-    holds a match of one (in the lowered text when the rule ignores case). Texts and lines
-    without one never meet `pattern`: the more precise the hints, the less it runs."""
+    """Regexes that each start with a literal (ANCHOR_CHARS or more: one automaton finds every
+    rule's at once); every match of `pattern` holds a match of one (in the lowered text when the
+    rule ignores case). Texts and lines without one never meet `pattern`: the more precise the
+    hints, the less it runs."""
     group: int = 0
     """The part of the match that is the secret (0: all of it)."""
     accept: Callable[[re.Match[str]], bool] | None = None
@@ -91,10 +93,6 @@ class Rule:
     @cached_property
     def hint_patterns(self) -> tuple[re.Pattern[str], ...]:
         return tuple(re.compile(hint) for hint in self.hints)
-
-    @cached_property
-    def hint_byte_patterns(self) -> tuple[re.Pattern[bytes], ...]:
-        return tuple(re.compile(hint.encode()) for hint in self.hints)
 
 
 def looks_random(value: str) -> bool:
@@ -515,7 +513,7 @@ RULES: tuple[Rule, ...] = (
         "aws_access_key_id",
         # Access key ids (AKIA long-term, ASIA temporary); other AWS id prefixes name users and roles, not keys.
         re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Z0-9])"),
-        ("A(?:KIA|SIA|BIA|CCA)",),
+        ("AKIA", "ASIA", "ABIA", "ACCA"),
     ),
     Rule(
         "aws_secret_access_key",
@@ -529,7 +527,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "github_token",
         re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})"),
-        ("g(?:h[pousr]_|ithub_pat_)",),
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
     Rule(  # personal, runner, deploy and pipeline-trigger tokens
         "gitlab_token",
@@ -568,8 +566,12 @@ RULES: tuple[Rule, ...] = (
         (r"SG\.",),
     ),
     Rule("shopify_token", re.compile(r"(?<![A-Za-z0-9_])shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"), ("shp",)),
-    Rule("digitalocean_token", re.compile(r"(?<![A-Za-z0-9_])do[por]_v1_[a-f0-9]{64}"), ("do[por]_v1_",)),
-    Rule("vault_token", re.compile(r"(?<![A-Za-z0-9_])hv[sb]\.[A-Za-z0-9_\-]{24,}"), (r"hv[sb]\.",)),
+    Rule(
+        "digitalocean_token",
+        re.compile(r"(?<![A-Za-z0-9_])do[por]_v1_[a-f0-9]{64}"),
+        ("dop_v1_", "doo_v1_", "dor_v1_"),
+    ),
+    Rule("vault_token", re.compile(r"(?<![A-Za-z0-9_])hv[sb]\.[A-Za-z0-9_\-]{24,}"), (r"hvs\.", r"hvb\.")),
     Rule(
         "databricks_token", re.compile(r"(?<![A-Za-z0-9_])dapi[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])"), ("dapi",)
     ),
@@ -975,23 +977,18 @@ def redact(text: str) -> tuple[str, Counter]:
 def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
     """`redact` for many texts at once, which is how a scrape calls it.
 
-    The hints are looked for in all the texts joined as UTF-8, one C-level scan
-    per hint for the whole batch instead of one per text: most texts hold no
-    hint of most rules, and only those that hold one meet its regex.
+    The hints are looked for in all the texts joined as UTF-8, every rule's at
+    once (`_HintIndex`) for the whole batch instead of text by text: most texts
+    hold no hint of most rules, and only those that hold one meet its regex.
     """
     encoded = [text.encode("utf-8", "surrogatepass") for text in texts]  # any str encodes
     joined = b"\0".join(encoded)  # no hint holds a NUL, so none straddles two texts
     lowered = joined.lower()  # ASCII only, so byte offsets stay put
     starts = [0, *accumulate(len(data) + 1 for data in encoded)]
     candidates: list[list[int]] = [[] for _ in texts]
-    holding: dict[tuple[bool, tuple[str, ...]], set[int]] = {}  # most rules share their hints: scan once
+    holding = _hint_index().texts_holding(joined, lowered, starts)
     for number, rule in enumerate(RULES):
-        key = (rule.ignores_case, rule.hints)
-        if key not in holding:
-            holding[key] = _texts_holding(
-                lowered if rule.ignores_case else joined, rule.hint_byte_patterns, starts
-            )
-        for index in holding[key]:
+        for index in set().union(*(holding.get((rule.ignores_case, hint), ()) for hint in rule.hints)):
             candidates[index].append(number)
     if not joined.isascii():
         for index in _texts_holding(joined, _LOWER_TO_ASCII, starts):
@@ -1000,6 +997,94 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
         _redact_text(text, candidates[index]) if candidates[index] else (text, Counter())
         for index, text in enumerate(texts)
     ]
+
+
+ANCHOR_CHARS = 3
+"""A hint's literal beginning this long or longer is looked for by the automaton; a shorter one (`7z`,
+`--`, `(`) is a scan of its own."""
+
+
+def _literal_start(hint: str) -> tuple[str, bool]:
+    """The literal a hint regex begins with, and whether that literal is the whole hint."""
+    literal: list[str] = []
+    at = 0
+    while at < len(hint):
+        char = hint[at]
+        if char == "\\" and at + 1 < len(hint) and not hint[at + 1].isalnum():
+            literal.append(hint[at + 1])  # an escaped punctuation mark: itself
+            at += 2
+        elif char in "*?{":  # a quantifier makes the character before it optional
+            return "".join(literal[:-1]), False
+        elif char in ".^$+[]()|\\":
+            return "".join(literal), False
+        else:
+            literal.append(char)
+            at += 1
+    return "".join(literal), True
+
+
+class _HintIndex:
+    """Every rule's hints, found in a batch in one pass of an Aho-Corasick automaton over their
+    literal beginnings (two: the text as it is, and lowered for the rules that ignore case), each
+    hint's regex then tried only where its literal is: what a scan of the batch per hint found (93
+    hints: 0.72 s of requests' redaction, now 0.22 s)."""
+
+    def __init__(self, rules: Sequence[Rule]):
+        import ahocorasick_rs
+
+        hints = sorted({(rule.ignores_case, hint) for rule in rules for hint in rule.hints})
+        self.scanned: list[tuple[tuple[bool, str], re.Pattern[bytes]]] = []
+        self.automata: dict[
+            bool, tuple[Any, list[list[tuple[tuple[bool, str], re.Pattern[bytes] | None]]]]
+        ] = {}
+        for lowered in (False, True):
+            by_literal: dict[str, list[tuple[tuple[bool, str], re.Pattern[bytes] | None]]] = {}
+            for key in (key for key in hints if key[0] == lowered):
+                literal, whole = _literal_start(key[1])
+                if len(literal) < ANCHOR_CHARS:
+                    self.scanned.append((key, re.compile(key[1].encode())))
+                else:
+                    by_literal.setdefault(literal, []).append(
+                        (key, None if whole else re.compile(key[1].encode()))
+                    )
+            literals = sorted(by_literal)
+            automaton = ahocorasick_rs.BytesAhoCorasick([literal.encode() for literal in literals])
+            self.automata[lowered] = (automaton, [by_literal[literal] for literal in literals])
+
+    def texts_holding(
+        self, joined: bytes, lowered: bytes, starts: list[int]
+    ) -> dict[tuple[bool, str], set[int]]:
+        """For each hint ((ignores case, regex)), the indexes of the texts (`starts`: where each begins
+        in `joined`, then the end) that hold a match of it."""
+        found: dict[tuple[bool, str], set[int]] = {}
+        for ignores_case, (automaton, users) in self.automata.items():
+            haystack = lowered if ignores_case else joined
+            settled: dict[int, int] = {}  # a literal whose every hint is known for the text it is in
+            text = 0
+            for literal, start, _ in automaton.find_matches_as_indexes(haystack, overlapping=True):
+                while start >= starts[text + 1]:
+                    text += 1
+                if settled.get(literal) == text:
+                    continue
+                unsettled = False
+                for key, pattern in users[literal]:
+                    texts = found.setdefault(key, set())
+                    if text in texts:
+                        continue
+                    if pattern is None or pattern.match(haystack, start):
+                        texts.add(text)
+                    else:
+                        unsettled = True
+                if not unsettled:
+                    settled[literal] = text
+        for key, pattern in self.scanned:
+            found[key] = _texts_holding(lowered if key[0] else joined, (pattern,), starts)
+        return found
+
+
+@functools.cache
+def _hint_index() -> _HintIndex:
+    return _HintIndex(RULES)
 
 
 def _lowercase(text: str) -> str:

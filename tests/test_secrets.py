@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from functools import partial
 
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from scrapers.secrets import (
     RULES,
     Syntax,
+    _hint_index,
+    _literal_start,
     _replace,
     line_syntaxes,
     looks_random,
@@ -575,3 +578,41 @@ def test_the_message_is_prose_and_each_file_its_own_syntax():
 )  # fmt: skip
 def test_the_syntax_comes_from_the_file_name(path, syntax):
     assert syntax_of(path) is syntax
+
+
+@pytest.mark.parametrize(
+    ("hint", "start"),
+    [
+        ("AKIA", ("AKIA", True)),
+        (r"\.login\(", (".login(", True)),
+        (r"auth['\"]?\]?[ \t]*[:=]", ("auth", False)),
+        ("pass(?:wd|word)", ("pass", False)),
+        ("keys?", ("key", False)),  # the `s` is optional: not part of what every match holds
+        (r"key\d", ("key", False)),
+        ("--[a-z]*token", ("--", False)),
+    ],
+)
+def test_a_hints_literal_start_is_what_every_match_of_it_begins_with(hint, start):
+    assert _literal_start(hint) == start
+
+
+def test_one_pass_over_a_batch_finds_each_hint_where_a_scan_per_hint_finds_it():
+    """The automaton (one pass, every rule's hints) against `re.search` of each hint in each text, on the
+    texts these tests redact or leave, joined as redact_all joins a batch."""
+    lines = [line for _, line in CREDENTIALS + NOT_CREDENTIALS] + _PIECES + [CONFIG_WITH_SECRETS, "İ AKIA"]
+    texts = ["\n".join(lines[i : i + 7]) for i in range(0, len(lines), 7)] + [""]
+    encoded = [text.encode() for text in texts]
+    joined = b"\0".join(encoded)
+    starts = [0]
+    for data in encoded:
+        starts.append(starts[-1] + len(data) + 1)
+    found = _hint_index().texts_holding(joined, joined.lower(), starts)
+    for rule in RULES:
+        for hint in rule.hints:
+            expected = {
+                index
+                for index, data in enumerate(encoded)
+                if re.search(hint.encode(), data.lower() if rule.ignores_case else data)
+            }
+            assert found.get((rule.ignores_case, hint), set()) == expected, (rule.name, hint)
+    assert sum(map(len, found.values())) > 100  # the batch holds hints of most rules
