@@ -146,10 +146,9 @@ _CREDENTIAL_WORDS = frozenset(
 )  # fmt: skip
 """The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey, Redis's
 requirepass."""
-_SECRET_KEY_KINDS = frozenset(
-    {"api", "access", "private", "secret", "auth", "signing", "encryption", "master"}
-)
-"""Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key (not `key`, `cache_key`)."""
+_KEY_PREFIXES = ("api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt")
+"""Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key, JWT_KEY (not `key`,
+`cache_key`)."""
 _NOT_CREDENTIAL_TOKENS = frozenset(
     {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "special", "image", "audio",
      "video", "placeholder", "next", "prev", "previous", "page", "continuation", "cursor", "sync", "max", "min",
@@ -170,7 +169,7 @@ def credential_name(name: str) -> bool:
         return False
     if last == "data":  # kubeconfig's client-key-data: a PEM key, base64
         return before == "key"
-    return last in _CREDENTIAL_WORDS or (last == "key" and before in _SECRET_KEY_KINDS)
+    return last in _CREDENTIAL_WORDS or (last == "key" and before in _KEY_PREFIXES)
 
 
 _PLAIN_SUFFIXES = frozenset({"", ".txt", ".pass", ".pwd", ".secret", ".secrets", ".token", ".cred", ".creds"})
@@ -282,7 +281,6 @@ _NAME = r"(?<![A-Za-z0-9_])[$@:]?([A-Za-z_][A-Za-z0-9_.\-]*)['\"]?\]?"
 _COMMENT_OR_END = r"(?=[ \t]+[#;]|[ \t]*$)"
 _CONFIG = frozenset({Syntax.CONFIG, Syntax.DOCKERFILE})
 
-_KEY_PREFIXES = ("api", "access", "auth", "private", "secret", "signing", "encryption", "master")
 _KEY_NAME_HINTS = (
     r"pass(?:wd|word|phrase)",
     "pwd",
@@ -471,15 +469,20 @@ def _keyed(
     )
 
 
+def _typed(name: str, pattern: re.Pattern[str], hints: tuple[str, ...], group: int) -> Rule:
+    """A rule whose `group` is a password a person typed (`_chosen`): not a variable, a template or a
+    placeholder."""
+    return Rule(name, pattern, hints, group=group, accept=lambda match: _chosen(match.group(group)))
+
+
 def _on_command_line(commands: str, flag: str, hints: tuple[str, ...]) -> Rule:
     """A password given by `flag` (a regex whose group 2 is the password) on the command line of one of
     `commands` (a regex), which must begin a command, the flag its own word after it."""
-    return Rule(
+    return _typed(
         "command_line_password",
         re.compile(rf"{_COMMAND}(?:{commands})[ \t][^\n|;&]*?(?<=[ \t]){flag}"),
         hints,
         group=2,
-        accept=lambda match: _chosen(match.group(2)),
     )
 
 
@@ -713,21 +716,33 @@ RULES: tuple[Rule, ...] = (
     ),
     # A password given after its user, last: `auth=("alice", "...")`, `HTTPBasicAuth("alice", "...")`,
     # `smtp.login(user, "...")`.
-    Rule(
+    _typed(
         "auth_argument",
         re.compile(
             r"(?:(?<![A-Za-z0-9_])auth[ \t]*=[ \t]*\(|(?<![A-Za-z0-9_])(?:HTTP)?(?:Basic|Digest|Proxy)Auth\("
-            r"|\.(?:login|simple_bind_s|simple_bind|bind_s)\(|(?<![A-Za-z0-9_])(?:Network|UsernamePassword)Credentials?\()"
+            r"|\.(?:login|simple_bind_s|simple_bind|bind_s)\("
+            # NetworkCredential, pika's PlainCredentials, BasicAWSCredentials, AwsBasicCredentials.create,
+            # javax.mail's PasswordAuthentication.
+            r"|(?<![A-Za-z0-9_])(?:[A-Z]\w*)?(?:Credentials?|PasswordAuthentication)(?:\.create)?\()"
             # One word, or Google's app password: four groups of four letters.
             r"""[ \t]*(?:(['"])[^'"\n]*\1|[A-Za-z_][\w.]*)[ \t]*,[ \t]*(['"])([^'"\s]+|[a-z]{4}(?: [a-z]{4}){3})\2(?=[ \t]*\))"""
         ),
-        (r"auth[ \t]*=[ \t]*\(", r"Auth\(", r"\.login\(", r"_bind", r"Credential"),
+        (r"auth[ \t]*=[ \t]*\(", r"Auth\(", r"\.login\(", r"_bind", r"Credential", r"Authentication"),
         group=3,
-        accept=lambda match: _chosen(match.group(3)),
+    ),
+    # ... or third: Go's `smtp.PlainAuth("", user, "...", host)`, `keyring.set_password(service, user,
+    # "...")`, Python's `FTP(host, user, "...")`.
+    _typed(
+        "auth_argument",
+        re.compile(
+            r"""(?<![A-Za-z0-9_])(?:PlainAuth|set_password|FTP|FTP_TLS)\([^,\n()]*,[^,\n()]*,[ \t]*(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
+        ),
+        ("PlainAuth", "set_password", "FTP"),
+        group=2,
     ),
     # A signing key given as a call's argument: `jwt.encode(payload, "...")`, `jwt.sign(payload, '...')`,
     # `Fernet(b"...")`, `hmac.new(b"...", msg)`.
-    Rule(
+    _typed(
         "signing_key",
         re.compile(
             # The payload: an object or a list written out (commas inside), a string, or an expression.
@@ -737,25 +752,22 @@ RULES: tuple[Rule, ...] = (
         ),
         (r"jwt\.", r"Fernet\(", r"hmac\.new\("),
         group=3,
-        accept=lambda match: _chosen(match.group(3)),
     ),
     # JDBC's `DriverManager.getConnection(url, "user", "...")`.
-    Rule(
+    _typed(
         "auth_argument",
         re.compile(
             r"""(?<![A-Za-z0-9_])getConnection\([^,\n()]+,[ \t]*(['"])[^'"\n]*\1[ \t]*,[ \t]*(['"])([^'"\s]+)\2(?=[ \t]*\))"""
         ),
         (r"getConnection\(",),
         group=3,
-        accept=lambda match: _chosen(match.group(3)),
     ),
     # Go's MySQL data source name, `user:password@tcp(host:3306)/db`: a URL without its scheme.
-    Rule(
+    _typed(
         "url_password",
         re.compile(r"""(?<![A-Za-z0-9_])[A-Za-z0-9_.\-]+:([^\s@'"/]+)@(?:tcp|unix)\("""),
         (r"@tcp\(", r"@unix\("),
         group=1,
-        accept=lambda match: _chosen(match.group(1)),
     ),
     # A variable's default, where the variable is a credential: Spring's `${db.password:...}`, the shell's
     # and Compose's `${POSTGRES_PASSWORD:-...}` (the value when nothing sets it: often the one everyone
@@ -819,6 +831,22 @@ RULES: tuple[Rule, ...] = (
         r"(?:-p|--password)[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)",
         ("sshpass", "login"),
     ),
+    _on_command_line(
+        "mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport",
+        r"-p[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)",
+        ("mongo",),
+    ),
+    _on_command_line("influx", r"-password[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("influx",)),
+    _on_command_line("schtasks", r"/RP[ \t]+(['\"]?)([^\s'\"/]+)\1(?=\s|$)", ("schtasks",)),
+    # PowerShell's `ConvertTo-SecureString "..." -AsPlainText`: a password in the script, made a secure one.
+    _typed(
+        "command_line_password",
+        re.compile(
+            r"""(?i)convertto-securestring[ \t]+(?:-string[ \t]+)?(['"])([^'"\n]+)\1[^\n]*?[ \t]-asplaintext"""
+        ),
+        ("convertto-securestring",),
+        group=2,
+    ),
     _on_command_line("redis-cli", r"(?:-a|--pass)[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("redis-cli",)),
     _on_command_line("sqlcmd|bcp|osql", r"-P[ \t]*(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("sqlcmd", "bcp", "osql")),
     _on_command_line(r"ldap[a-z]+", r"-w[ \t]+(['\"]?)([^\s'\"]+)\1(?=\s|$)", ("ldap",)),
@@ -859,16 +887,15 @@ RULES: tuple[Rule, ...] = (
     ),
     # An echoed password piped to a login that reads it (`echo "..." | docker login --password-stdin`,
     # `echo "..." | sudo -S ...`), or a user's (`echo "user:..." | chpasswd`).
-    Rule(
+    _typed(
         "command_line_password",
         re.compile(
             rf"""{_COMMAND}(?:echo|printf)[ \t]+(?:-n[ \t]+)?(['"]?)[^\s:'"|]+:([^\s'"|]+)\1[ \t]*\|[ \t]*(?:sudo[ \t]+)?chpasswd"""
         ),
         ("chpasswd",),
         group=2,
-        accept=lambda match: _chosen(match.group(2)),
     ),
-    Rule(
+    _typed(
         "command_line_password",
         re.compile(
             rf"""{_COMMAND}(?:echo|printf)[ \t]+(?:-n[ \t]+)?(['"]?)([^\s'"|]+)\1[ \t]*\|"""
@@ -876,7 +903,6 @@ RULES: tuple[Rule, ...] = (
         ),
         ("password-stdin", "sudo"),
         group=2,
-        accept=lambda match: _chosen(match.group(2)),
     ),
     # OpenSSL's pass phrase arguments (`-passout pass:...`, `-passin`, `-password`, `-pass`) and Java's
     # keytool and jarsigner (`-storepass ...`, `-keypass`; `-storepass:env NAME` names a variable).
@@ -915,15 +941,22 @@ RULES: tuple[Rule, ...] = (
     ),
     # SQL's `CREATE USER app IDENTIFIED BY '...'`, `ALTER ROLE app WITH PASSWORD '...'`: a user's or a
     # role's statement ("the queue is identified by "name"" is not one).
-    Rule(
+    _typed(
         "sql_password",
         re.compile(
-            r"""(?i)(?<![A-Za-z0-9_])(?:user|role)[ \t][^\n;'"]*?(?<=[ \t])(?:identified[ \t]+by|password)"""
-            r"""[ \t]+(['"])([^'"\n]+)\1"""
+            r"""(?i)(?:(?<![A-Za-z0-9_])(?:user|role)[ \t][^\n;'"]*?(?<=[ \t])|'[^'\n]*'@'[^'\n]*'[ \t]+)"""
+            r"""(?:identified[ \t]+(?:with[ \t]+\w+[ \t]+)?by|password)[ \t]+(['"])([^'"\n]+)\1"""
         ),
         ("identified", "password"),
         group=2,
-        accept=lambda match: _chosen(match.group(2)),
+    ),
+    _typed(  # MySQL's `SET PASSWORD FOR 'app'@'%' = PASSWORD('...')`
+        "sql_password",
+        re.compile(
+            r"""(?i)(?<![A-Za-z0-9_])set[ \t]+password[^\n;]*=[ \t]*password\([ \t]*(['"])([^'"\n]+)\1"""
+        ),
+        ("password",),
+        group=2,
     ),
     _keyed(
         "netrc_password",
