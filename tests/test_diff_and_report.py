@@ -300,6 +300,21 @@ def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
     assert "(blank: 5 whitespace characters)" in page
 
 
+def test_report_tables_read_at_a_glance(two_runs):
+    """A list of facts has no blank header row; the scoreboard's headings break between words, never inside
+    one ("subject exact %" had stood one letter a line, the table wider than the page, in a 1280-pixel
+    window); the held-out loss's change is a percentage, as the run prints it."""
+    from pipeline.use.report import STYLE, render_report
+
+    manifest = read_json(two_runs[0])
+    page = render_report(manifest)
+    assert "<tr><th></th><th></th></tr>" not in page
+    assert "table.scores th { overflow-wrap: normal; }" in STYLE
+    assert "table.scores td:first-child { white-space: normal;" in STYLE  # the system's name may wrap
+    change = manifest["training_report"]["evaluation"]["relative_change"]
+    assert f"({change:+.1%})</td>" in page and "relative)" not in page
+
+
 def test_diff_compares_the_task_metrics(cli, two_runs):
     changed = cli("diff", *two_runs, "--json", "--all").out
     paths = {change["path"] for change in orjson.loads(changed)["changes"]}

@@ -27,6 +27,7 @@ table.samples { table-layout: fixed; width: 100%; } table.samples td, table.samp
 table.plan td:nth-child(1), table.plan td:nth-child(3) { white-space: nowrap; overflow-wrap: normal; }
 table.plan td:nth-child(2) { max-width: 14em; } table.plan td:nth-child(4) { width: 60%; }
 table.scores td { white-space: nowrap; overflow-wrap: normal; } .better { color: #1a7f37; } .worse { color: #cf222e; }
+table.scores td:first-child { white-space: normal; min-width: 10em; } table.scores th { overflow-wrap: normal; }
 details > summary { cursor: pointer; font-size: 1.5em; font-weight: bold; margin-top: 2rem; }
 .status-completed { color: #1a7f37; } .status-failed, .status-interrupted { color: #cf222e; }
 """
@@ -546,19 +547,20 @@ def _figure(draw, alt: str) -> str:
 
 def _table(header, rows, escape: bool = True, css: str | None = None) -> str:
     cell = _e if escape else str
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    headings = "".join(f"<th>{_e(h)}</th>" for h in header)
+    head = f"<tr>{headings}</tr>" if any(header) else ""  # none: a list of facts
     body = "".join("<tr>" + "".join(f"<td>{cell(value)}</td>" for value in row) + "</tr>" for row in rows)
     attribute = f' class="{css}"' if css else ""
-    return f"<table{attribute}><tr>{head}</tr>{body}</table>"
+    return f"<table{attribute}>{head}{body}</table>"
 
 
 def _before_after(evaluation: dict[str, Any]) -> str:
     before, after = evaluation.get("before"), evaluation.get("after")
     if not before or not after:
         return evaluation.get("note") or "not measured"
-    return (
-        f"{_fmt(before['loss'])} → {_fmt(after['loss'])} ({_fmt(evaluation.get('relative_change'))} relative)"
-    )
+    change = evaluation.get("relative_change")
+    shown = f" ({change:+.1%})" if change is not None else ""
+    return f"{_fmt(before['loss'])} → {_fmt(after['loss'])}{shown}"
 
 
 def _fmt(value: Any, unit: str = "") -> str:
