@@ -410,7 +410,16 @@ def test_compare_page_overlays_runs_and_tables_what_differs(cli, two_runs, tmp_p
     html = page.read_text()
     parser = Images()
     parser.feed(html)
-    assert parser.headings == ["Runs", "Curves", "What differs"]
+    # Each run's commit messages side by side, before the curves: not a screen of paths further down.
+    assert parser.headings == ["Runs", "Commit messages", "Curves", "What differs"]
+    messages = html.split("<h2>Commit messages</h2>", 1)[1].split("<h2>", 1)[0]
+    for name, path in zip(("micro-1", "micro-2"), two_runs, strict=True):
+        evaluation = read_json(path)["training_report"]["evaluation"]
+        suggested = evaluation["tasks"]["suggested"]["message"]
+        assert (
+            f"<tr><td>{name}</td><td>{evaluation['system']['name']}</td><td>{suggested['samples']}</td>"
+            f"<td>{suggested['chrf']:g} / {suggested['edit_similarity']:g}</td>" in messages
+        )
     assert len(parser.sources) == 1 and "training and held-out loss of every run, overlaid" in html
     params = html.split("<h3>Params</h3>", 1)[1].split("<h3>", 1)[0]
     assert "<th>micro-1</th><th>micro-2</th>" in params

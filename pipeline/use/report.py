@@ -597,6 +597,7 @@ def render_comparison(names: list[str], manifests: list[dict[str, Any]]) -> str:
         [
             "<h1>repotune: runs compared</h1>",
             _runs_table(names, manifests),
+            _messages_compared(names, manifests),
             _overlaid_curves(names, manifests),
             _differences(names, manifests),
         ],
@@ -622,6 +623,45 @@ def _runs_table(names: list[str], manifests: list[dict[str, Any]]) -> str:
         )
     header = ("run", "status", "model", "steps", "training loss", "held-out loss", "tokens/s", "total time")
     return "<h2>Runs</h2>" + _table(header, rows)
+
+
+def _messages_compared(names: list[str], manifests: list[dict[str, Any]]) -> str:
+    """Each run's commit messages on its held-out commits: the suggestion (and the system that made it)
+    and its paired difference from the lookup, beside the fine-tuned model's and the lookup's scores."""
+    rows = []
+    for name, m in zip(names, manifests, strict=True):
+        evaluation = (m.get("training_report") or {}).get("evaluation") or {}
+        tasks = evaluation.get("tasks") or {}
+        scored = {system: (tasks.get(system) or {}).get("message") or {} for system in SYSTEM_LABELS}
+        if not scored["suggested"]:
+            continue
+        both = {
+            system: f"{_fmt(scored[system].get('chrf'))} / {_fmt(scored[system].get('edit_similarity'))}"
+            for system in ("suggested", "after", "nearest_commit")
+        }
+        versus = scored["suggested"].get("vs_nearest_commit") or {}
+        rows.append(
+            (
+                _e(name),
+                _e((evaluation.get("system") or {}).get("name")),
+                _e(scored["suggested"].get("samples")),
+                _e(both["suggested"]),
+                _signed(versus, "chrf"),
+                _signed(versus, "edit_similarity"),
+                _e(both["after"]),
+                _e(both["nearest_commit"]),
+            )
+        )
+    if not rows:
+        return ""
+    header = ("run", "suggested by", "commits", "suggested chrF / ES", "chrF vs lookup [95%]",
+              "ES vs lookup [95%]", "fine-tuned chrF / ES", "lookup chrF / ES")  # fmt: skip
+    return (
+        "<h2>Commit messages</h2>"
+        + _table(header, rows, escape=False, css="scores")
+        + '<p class="muted">each run on its own held-out commits: runs on the same repository and head compare'
+        " directly, and a difference between them within the intervals is noise</p>"
+    )
 
 
 ABSENT = "(absent)"
