@@ -85,6 +85,13 @@ def test_each_metric_says_what_it_is_and_a_measurement_is_never_a_param(cli, two
         ("training_report.evaluation.tasks.before.code.exact_match_pct", "next line exact match %, base model"),
         ("training_report.evaluation.before.per_format.message.loss", "held-out loss, base model, message format"),
         ("training_report.evaluation.cost.after_s", ""),
+        # What chose the suggestion system, and how alike the answers begin: named too.
+        ("training_report.evaluation.system.lookup_gain.mean_ci95",
+         "the lookup's gain over the selector in the mean of chrF and edit similarity, older commits, 95% interval"),
+        ("training_report.evaluation.system.validation.selector.chrf",
+         "commit message chrF, selector, older commits (choosing the system)"),
+        ("training_report.evaluation.tasks.after.message.commonest_opening.answers",
+         "answers beginning with their commonest first word, fine-tuned"),
     ],
 )  # fmt: skip
 def test_metric_names_are_built_from_the_path(path, words):

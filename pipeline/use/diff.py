@@ -439,6 +439,16 @@ _SCORES = {
     "samples": "commits scored",
 }
 _AGAINST = {"vs_nearest_commit": "minus the lookup's", "vs_before": "minus the base model's"}
+_OPENING = {
+    "word": "commonest first word of the answers",
+    "answers": "answers beginning with their commonest first word",
+    "references": "commits written beginning with the answers' commonest first word",
+}
+# What `.evaluation.system` weighs when it chooses who suggests (on the blocks older than the held-out ones).
+_GAINS = {
+    "lookup_gain": "the lookup's gain over the selector",
+    "model_gain": "the fine-tuned model's gain over retrieval",
+}
 _NAMED = {
     "training_report.training.summary.first": "loss (training), first step",
     "training_report.training.summary.last": "loss (training), last step",
@@ -470,6 +480,13 @@ def describe(path: str) -> str:
         against = _AGAINST.get(parts[5], "") if len(parts) == 7 else ""
         if score and (len(parts) == 6 or against):
             words = f"{_TASKS[parts[4]]} {score}, {_SYSTEMS[parts[3]]}" + (f" {against}" if against else "")
+        elif len(parts) == 7 and parts[5] == "commonest_opening" and parts[6] in _OPENING:
+            words = f"{_OPENING[parts[6]]}, {_SYSTEMS[parts[3]]}"
+    elif parts[2] == "system" and len(parts) == 5 and parts[3] in _GAINS and parts[4] == "mean":
+        words = f"{_GAINS[parts[3]]} in the mean of chrF and edit similarity, older commits"
+    elif parts[2] == "system" and len(parts) == 6 and parts[3] == "validation" and parts[5] in _SCORES:
+        chooser = {"lookup": "lookup", "selector": "selector", "model": "fine-tuned"}.get(parts[4], parts[4])
+        words = f"commit message {_SCORES[parts[5]]}, {chooser}, older commits (choosing the system)"
     elif parts[2] in ("before", "after") and parts[-1] in ("loss", "perplexity", "loss_stderr"):
         measure = {
             "loss": "held-out loss",
