@@ -228,6 +228,7 @@ def is_literal(value: str, name: str = "") -> bool:
             and not re.match(r"(?:\\x[0-9a-fA-F]{2}){4}", value)
         )
         or "(" in value
+        or "}}" in value  # the end of a template's placeholder: `{{user%password}}`'s last part
         or _TEMPLATE.search(value) is not None
         or lowered in _NOT_LITERALS
         or lowered == name.lower()
@@ -267,6 +268,16 @@ def _flag_value(match: re.Match[str]) -> bool:
         _named_literal(match, value_group=3)
         and _chosen(match.group(3))
         and not match.group(3).startswith("-")
+    )
+
+
+def _mixes_letters_and_digits(value: str) -> bool:
+    """A word of letters and digits (and a password's symbols), not code: `arguments[0]`, `a.b2()`."""
+    return (
+        len(value) >= 6
+        and re.fullmatch(r"[A-Za-z0-9!@#$%^&*+=~_\-]+", value) is not None
+        and any(c.isdigit() for c in value)
+        and any(c.isalpha() for c in value)
     )
 
 
@@ -989,6 +1000,22 @@ RULES: tuple[Rule, ...] = (
         rf"(?i){_NAME}=(?![\s'\"=])([^\s'\"(),;\[\]`]+)",
         syntaxes=frozenset({Syntax.PROSE}),
         accept=_named_word,
+    ),
+    # ... and a sentence that gives one: "the staging password is hunter22", "set the token to `x9...`". A
+    # word is a password there when it is quoted or mixes letters and digits ("the password is required",
+    # "the token is 32 bytes" are sentences).
+    Rule(
+        "prose_password",
+        re.compile(
+            r"""(?i)(?<![A-Za-z0-9_])(?:password|passphrase|passwd|api[ _-]?key|token|secret)"""
+            r"""(?:[ \t]+(?:is|was|to)|[ \t]*[=:])[ \t]+(?:now[ \t]+)?(['"`]?)([^\s'"`]+?)\1(?=[\s,;)]|[.!?](?:\s|$)|$)"""
+        ),
+        ("password", "passphrase", "passwd", r"api[ _-]?key", "token", "secret"),
+        group=2,
+        accept=lambda match: (
+            _chosen(match.group(2)) and (bool(match.group(1)) or _mixes_letters_and_digits(match.group(2)))
+        ),
+        syntaxes=frozenset({Syntax.PROSE}),
     ),
 )
 

@@ -438,6 +438,10 @@ CREDENTIALS = [
     ("ops.sh", "mongo admin -u root -p swordfish"),
     ("ops.sh", "influx -username admin -password swordfish"),
     ("config.py", 'JWT_KEY = "swordfish"'),
+    # A sentence that gives one: quoted, or a word of letters and digits.
+    ("docs/setup.md", "The staging password is 'swordfish', ask ops for the other."),
+    ("docs/setup.md", "Log in as admin; the password is swordfish42."),
+    ("docs/setup.md", "API key: swordfish42"),
 ]
 
 
@@ -532,6 +536,13 @@ NOT_CREDENTIALS = [
     ("mail.go", 'auth := smtp.PlainAuth("", from, password, host)'),
     ("ops.sh", "mongo admin -u root -p"),  # asks for it
     ("mq.py", "creds = pika.PlainCredentials(user, password)"),
+    ("README.md", "The password is required and the token is 32 bytes long."),
+    ("README.md", "The secret is stored in Vault."),
+    ("bin/tool", "token = arguments[0]"),  # a script without a suffix reads as prose
+    (
+        "pages/smbclient.md",
+        "`smbclient {{//서버/공유}} --user {{사용자명%비밀번호}}`",
+    ),  # tldr's placeholders, in Korean
     ("Makefile", "DB_PASSWORD != cat /run/secrets/db"),
     ("docker-compose.yml", "      POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:?set it in .env}"),
     ("docker-compose.yml", "      PORT: ${PORT:-8080}"),
