@@ -142,10 +142,10 @@ def _says_it_stands_in(lowered: str) -> bool:
 _CREDENTIAL_WORDS = frozenset(
     {"password", "passwd", "passphrase", "pwd", "pass", "secret", "token", "credential", "credentials",
      "auth", "apikey", "accesskey", "privatekey", "secretkey", "authkey", "authtoken", "accesstoken",
-     "requirepass", "masterauth"}
+     "requirepass", "masterauth", "psk"}
 )  # fmt: skip
 """The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey, Redis's
-requirepass."""
+requirepass, wpa_supplicant's psk (and, in `credential_name`, a secret key's base and some salts)."""
 _KEY_PREFIXES = ("api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt")
 """Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key, JWT_KEY (not `key`,
 `cache_key`)."""
@@ -169,6 +169,10 @@ def credential_name(name: str) -> bool:
         return False
     if last == "data":  # kubeconfig's client-key-data: a PEM key, base64
         return before == "key"
+    if last == "base":  # Rails' secret_key_base
+        return before == "key" and len(words) > 2 and words[-3] in _KEY_PREFIXES
+    if last == "salt":  # WordPress's AUTH_SALT, LOGGED_IN_SALT, Drupal's hash_salt; not itsdangerous' `salt`
+        return before in ("auth", "in", "nonce", "hash")
     return last in _CREDENTIAL_WORDS or (last == "key" and before in _KEY_PREFIXES)
 
 
@@ -302,6 +306,8 @@ _KEY_NAME_HINTS = (
     r"pass['\"]?\]?[ \t]*[:=]",
     r"auth['\"]?\]?[ \t]*[:=]",
     r"key[_-]data",
+    "salt",  # WordPress's AUTH_SALT, Drupal's hash_salt
+    r"psk['\"]?[ \t]*[:=]",  # wpa_supplicant's pre-shared key
     "requirepass",
     "masterauth",
     # `key` alone is in most lines of code that touch a dict; the lookbehinds keep the named ones.
@@ -480,10 +486,33 @@ def _keyed(
     )
 
 
-def _typed(name: str, pattern: re.Pattern[str], hints: tuple[str, ...], group: int) -> Rule:
-    """A rule whose `group` is a password a person typed (`_chosen`): not a variable, a template or a
-    placeholder."""
-    return Rule(name, pattern, hints, group=group, accept=lambda match: _chosen(match.group(group)))
+def _typed(
+    name: str,
+    pattern: re.Pattern[str],
+    hints: tuple[str, ...],
+    group: int,
+    check: Callable[[str], bool] | None = None,
+    **options: Any,
+) -> Rule:
+    """A rule whose `group` is a password a person typed (`_chosen`, or `check`): not a variable, a
+    template or a placeholder."""
+    kept = check or _chosen
+    return Rule(name, pattern, hints, group=group, accept=lambda match: kept(match.group(group)), **options)
+
+
+def _authorization(separator: str, syntaxes: frozenset[Syntax] = EVERY_SYNTAX) -> Rule:
+    """An `Authorization` header's credential, the header's name and its scheme (Basic, Bearer, Token)
+    `separator` apart."""
+    return _typed(
+        "authorization_header",
+        re.compile(
+            rf"(?i)(?<![A-Za-z0-9_])authorization{separator}(basic|bearer|token)[ \t]+([A-Za-z0-9+/=._~\-]{{8,}})"
+        ),
+        ("authorization",),
+        group=2,
+        check=is_literal,
+        syntaxes=syntaxes,
+    )
 
 
 def _on_command_line(commands: str, flag: str, hints: tuple[str, ...]) -> Rule:
@@ -666,18 +695,11 @@ RULES: tuple[Rule, ...] = (
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
     ),
     _keyed("url_query_secret", r"(?i)[?&]([A-Za-z_][A-Za-z0-9_.\-]*)=([^&\s'\"#<>]+)"),
-    Rule(
-        "authorization_header",
-        re.compile(
-            # `"Authorization": "Bearer ..."`, and as a call's two arguments: Go's `Header.Set("Authorization",
-            # "Bearer ...")`, Java's `setRequestProperty(...)`.
-            r"(?i)(?<![A-Za-z0-9_])authorization['\"]?[ \t]*[:=,][ \t]*[rbuf]?['\"]?(basic|bearer|token)[ \t]+"
-            r"([A-Za-z0-9+/=._~\-]{8,})"
-        ),
-        ("authorization",),
-        group=2,
-        accept=lambda match: is_literal(match.group(2)),
-    ),
+    # `"Authorization": "Bearer ..."`, and as a call's two arguments: Go's `Header.Set("Authorization", "Bearer
+    # ...")`, Java's `setRequestProperty(...)`; after a space in configuration, quoted: nginx's
+    # `proxy_set_header Authorization "Basic ..."`.
+    _authorization(r"""['"]?[ \t]*[:=,][ \t]*[rbuf]?['"]?"""),
+    _authorization(r"""[ \t]+['"]""", syntaxes=_CONFIG),
     # A quoted value assigned to a credential-named key (`password = "..."`, `"db_password": "..."`,
     # `API_TOKEN='...'`, `login(password="...")`): whatever it looks like, a person chose it.
     _keyed(
@@ -731,14 +753,22 @@ RULES: tuple[Rule, ...] = (
         "auth_argument",
         re.compile(
             r"(?:(?<![A-Za-z0-9_])auth[ \t]*=[ \t]*\(|(?<![A-Za-z0-9_])(?:HTTP)?(?:Basic|Digest|Proxy)Auth\("
-            r"|\.(?:login|simple_bind_s|simple_bind|bind_s)\("
+            r"|\.(?:login|simple_bind_s|simple_bind|bind_s)\(|(?<![A-Za-z0-9_])WiFi\.begin\("
             # NetworkCredential, pika's PlainCredentials, BasicAWSCredentials, AwsBasicCredentials.create,
             # javax.mail's PasswordAuthentication.
             r"|(?<![A-Za-z0-9_])(?:[A-Z]\w*)?(?:Credentials?|PasswordAuthentication)(?:\.create)?\()"
             # One word, or Google's app password: four groups of four letters.
             r"""[ \t]*(?:(['"])[^'"\n]*\1|[A-Za-z_][\w.]*)[ \t]*,[ \t]*(['"])([^'"\s]+|[a-z]{4}(?: [a-z]{4}){3})\2(?=[ \t]*\))"""
         ),
-        (r"auth[ \t]*=[ \t]*\(", r"Auth\(", r"\.login\(", r"_bind", r"Credential", r"Authentication"),
+        (
+            r"auth[ \t]*=[ \t]*\(",
+            r"Auth\(",
+            r"\.login\(",
+            r"_bind",
+            r"Credential",
+            r"Authentication",
+            r"WiFi\.begin\(",
+        ),
         group=3,
     ),
     # ... or third: Go's `smtp.PlainAuth("", user, "...", host)`, `keyring.set_password(service, user,
@@ -778,6 +808,57 @@ RULES: tuple[Rule, ...] = (
         "url_password",
         re.compile(r"""(?<![A-Za-z0-9_])[A-Za-z0-9_.\-]+:([^\s@'"/]+)@(?:tcp|unix)\("""),
         (r"@tcp\(", r"@unix\("),
+        group=1,
+    ),
+    # A credential's fallback beside the variable that overrides it, in code: `process.env.JWT_SECRET ||
+    # '...'` (or `??`), `os.environ.get("API_KEY") or "..."`, Ruby's `ENV.fetch('DB_PASSWORD') { '...' }` and
+    # `ENV["DB_PASSWORD"] || "..."`, Rust's `env::var("JWT_SECRET").unwrap_or("...")`: the value everyone
+    # runs with until someone sets it.
+    _keyed(
+        "default_secret",
+        r"""process\.env\.([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:\|\||\?\?)[ \t]*(['"`])([^'"`\n]+)\2""",
+        hints=(r"process\.env\.",),
+        value_group=3,
+    ),
+    _keyed(
+        "default_secret",
+        r"""os\.(?:environ\.get|getenv)\([ \t]*['"]([A-Za-z_][A-Za-z0-9_]*)['"][ \t]*\)[ \t]+or[ \t]+(['"])([^'"\n]+)\2""",
+        hints=(r"os\.environ\.get", r"os\.getenv"),
+        value_group=3,
+    ),
+    _keyed(
+        "default_secret",
+        r"""ENV(?:\.fetch\([ \t]*|\[[ \t]*)['"]([A-Za-z_][A-Za-z0-9_]*)['"][ \t]*(?:\)[ \t]*\{|\][ \t]*\|\|)[ \t]*(['"])([^'"\n]+)\2""",
+        hints=(r"ENV\.fetch", r"ENV\["),
+        value_group=3,
+    ),
+    _keyed(
+        "default_secret",
+        r'env::var\([ \t]*"([A-Za-z_][A-Za-z0-9_]*)"[ \t]*\)\s*\.unwrap_or(?:_else\([ \t]*\|_\|)?[ \t]*\(?[ \t]*"([^"\n]+)"',
+        hints=("env::var",),
+    ),
+    # .NET's configuration: `Configuration["Jwt:Key"] = "..."`, and appsettings.json's `"Jwt": { "Key": "..." }`.
+    _keyed(
+        "quoted_secret",
+        r"""(?i)\[[ \t]*["']([A-Za-z_][\w.]*(?::[A-Za-z_][\w.]*)+)["'][ \t]*\][ \t]*=[ \t]*(["'])([^"'\n]+)\2""",
+        hints=(":key", ":secret", ":password", ":token", ":apikey"),
+        value_group=3,
+    ),
+    _typed(
+        "quoted_secret",
+        re.compile(
+            r'(?i)"jwt"[ \t]*:[ \t]*\{[^{}]*?"(?:key|secret|secretkey|signingkey)"[ \t]*:[ \t]*"([^"\n]+)"'
+        ),
+        ('"jwt"',),
+        group=1,
+        check=is_literal,
+        multiline=True,
+    ),
+    # Laravel's `APP_KEY=base64:...`, the key that encrypts its cookies and sessions.
+    Rule(
+        "app_key",
+        re.compile(r"(?<![A-Za-z0-9_])APP_KEY[ \t]*=[ \t]*['\"]?(base64:[A-Za-z0-9+/]{20,}={0,2})"),
+        ("APP_KEY",),
         group=1,
     ),
     # A variable's default, where the variable is a credential: Spring's `${db.password:...}`, the shell's
@@ -879,6 +960,14 @@ RULES: tuple[Rule, ...] = (
         "npm|yarn|pnpm",
         r"set[ \t]+\S*_(?:authToken|auth|password)[ \t]+(['\"]?)([^\s'\"]+)\1",
         ("_auth", "_password"),
+    ),
+    _keyed(  # HAProxy's `user admin insecure-password ...`, redis.conf's `requirepass ...` and `masterauth ...`
+        "unquoted_secret",
+        r"(?im)(?:(?<=[ \t])(insecure-password)|^[+\- ]?[ \t]*(requirepass|masterauth))[ \t]+(\S+)",
+        hints=("insecure-password", "requirepass", "masterauth"),
+        value_group=3,
+        accept=lambda match: _chosen(match.group(3)),
+        syntaxes=_CONFIG,
     ),
     # `htpasswd -b FILE USER PASSWORD` (`-nb USER PASSWORD`: no file): the password is its last word.
     Rule(

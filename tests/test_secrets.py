@@ -133,6 +133,11 @@ def test_gitlab_runner_and_deploy_tokens_are_gitlab_tokens(token):
             "abcd efgh",
             "auth_argument",
         ),  # an app password
+        (
+            "APP_KEY=base64:q8ZxR2vLm9TbW4nKp7Yc3DfgQ8ZxR2vLm9TbW4nKp7Y=",
+            "q8ZxR2vLm9TbW4nKp7Yc3Dfg",
+            "app_key",
+        ),  # Laravel's, in .env
     ],
 )
 def test_secrets_in_their_own_shapes(line, secret, rule):
@@ -442,6 +447,25 @@ CREDENTIALS = [
     ("docs/setup.md", "The staging password is 'swordfish', ask ops for the other."),
     ("docs/setup.md", "Log in as admin; the password is swordfish42."),
     ("docs/setup.md", "API key: swordfish42"),
+    # A credential's fallback beside the variable that overrides it.
+    ("src/config.js", "const secret = process.env.JWT_SECRET || 'swordfish';"),
+    ("src/config.ts", "const secret = process.env.JWT_SECRET ?? 'swordfish';"),
+    ("app/config.py", 'API_KEY = os.environ.get("API_KEY") or "swordfish"'),
+    ("config/initializers/app.rb", "password = ENV.fetch('DB_PASSWORD') { 'swordfish' }"),
+    ("config/database.yml", '  password: <%= ENV["DB_PASSWORD"] || "swordfish" %>'),
+    ("config/secrets.rb", "ENV.fetch('SECRET_KEY_BASE', 'swordfish')"),  # Rails' secret_key_base
+    ("src/config.rs", 'let secret = env::var("JWT_SECRET").unwrap_or("swordfish".to_string());'),
+    ("src/config.rs", 'let secret = env::var("JWT_SECRET").unwrap_or_else(|_| "swordfish".into());'),
+    # Frameworks' and servers' own places.
+    ("Program.cs", 'builder.Configuration["Jwt:Key"] = "swordfish";'),
+    ("appsettings.json", '  "Jwt": { "Key": "swordfish", "Issuer": "app" },'),
+    ("wp-config.php", "define('SECURE_AUTH_SALT', 'swordfish');"),
+    ("sites/default/settings.php", "$settings['hash_salt'] = 'swordfish';"),
+    ("nginx.conf", 'proxy_set_header Authorization "Basic swordfish";'),
+    ("haproxy.cfg", "  user admin insecure-password swordfish"),
+    ("redis.conf", "requirepass swordfish"),
+    ("wpa_supplicant.conf", '  psk="swordfish"'),
+    ("firmware/main.cpp", 'WiFi.begin("home", "swordfish");'),
 ]
 
 
@@ -539,6 +563,14 @@ NOT_CREDENTIALS = [
     ("README.md", "The password is required and the token is 32 bytes long."),
     ("README.md", "The secret is stored in Vault."),
     ("bin/tool", "token = arguments[0]"),  # a script without a suffix reads as prose
+    ("src/config.js", "const secret = process.env.JWT_SECRET || defaults.secret;"),
+    ("src/config.js", "const port = process.env.PORT || '8080';"),
+    ("app/config.py", 'DEBUG = os.environ.get("DEBUG") or "false"'),
+    ("src/config.rs", 'let port = env::var("PORT").unwrap_or("8080".to_string());'),
+    ("firmware/main.cpp", "WiFi.begin(ssid, password);"),
+    ("redis.conf", "# requirepass foobared"),  # a comment: redis.conf's own example
+    ("appsettings.json", '  "Jwt": { "Issuer": "app", "Audience": "app" },'),
+    ("src/flask/sessions.py", '    salt = "cookie-session"'),  # itsdangerous' salt: a namespace, not a secret
     (
         "pages/smbclient.md",
         "`smbclient {{//서버/공유}} --user {{사용자명%비밀번호}}`",
