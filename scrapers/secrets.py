@@ -969,6 +969,30 @@ RULES: tuple[Rule, ...] = (
         accept=lambda match: _chosen(match.group(3)),
         syntaxes=_CONFIG,
     ),
+    # Setting a secret from the command line: `gh secret set NAME --body ...`, `az keyvault secret set ...
+    # --value ...`, `aws configure set aws_secret_access_key ...`.
+    _on_command_line(
+        r"gh[ \t]+secret[ \t]+set", r"(?:--body|-b)(?:[ \t]+|=)(['\"]?)([^\s'\"]+)\1", ("gh secret",)
+    ),
+    _on_command_line(
+        r"az[ \t]+keyvault[ \t]+secret[ \t]+set",
+        r"--value(?:[ \t]+|=)(['\"]?)([^\s'\"]+)\1",
+        ("az keyvault",),
+    ),
+    _on_command_line(
+        r"aws[ \t]+configure[ \t]+set",
+        r"\S*(?:secret_access_key|session_token)[ \t]+(['\"]?)([^\s'\"]+)\1",
+        ("aws configure",),
+    ),
+    # A credential-named setting given its value on the command line: `git config --global github.token ...`,
+    # fish's `set -x API_TOKEN ...`, Windows' `setx API_TOKEN "..."`.
+    _keyed(
+        "command_line_password",
+        r"""(?<![A-Za-z0-9_])(?:git[ \t]+config(?:[ \t]+--[a-z\-]+)*|setx|set(?:[ \t]+-[a-zA-Z]+)+)[ \t]+"""
+        r"""([A-Za-z_][\w.\-]*)[ \t]+(['"]?)([^\s'"]+)\2(?=\s|$)""",
+        hints=("git config", "setx", "set -"),
+        value_group=3,
+    ),
     # `htpasswd -b FILE USER PASSWORD` (`-nb USER PASSWORD`: no file): the password is its last word.
     Rule(
         "command_line_password",

@@ -466,6 +466,13 @@ CREDENTIALS = [
     ("redis.conf", "requirepass swordfish"),
     ("wpa_supplicant.conf", '  psk="swordfish"'),
     ("firmware/main.cpp", 'WiFi.begin("home", "swordfish");'),
+    # Setting one from the command line.
+    ("ci.sh", 'gh secret set DEPLOY_TOKEN --body "swordfish"'),
+    ("ci.sh", "az keyvault secret set --vault-name v --name db --value swordfish"),
+    ("ci.sh", "aws configure set aws_secret_access_key swordfish"),
+    ("ci.sh", "git config --global github.token swordfish"),
+    ("env.fish", "set -gx API_TOKEN swordfish"),
+    ("setenv.bat", 'setx API_TOKEN "swordfish"'),
 ]
 
 
@@ -571,6 +578,9 @@ NOT_CREDENTIALS = [
     ("redis.conf", "# requirepass foobared"),  # a comment: redis.conf's own example
     ("appsettings.json", '  "Jwt": { "Issuer": "app", "Audience": "app" },'),
     ("src/flask/sessions.py", '    salt = "cookie-session"'),  # itsdangerous' salt: a namespace, not a secret
+    ("ci.sh", 'gh secret set DEPLOY_TOKEN --body "$DEPLOY_TOKEN"'),
+    ("ci.sh", "git config --global user.name deploy"),
+    ("env.fish", "set -gx EDITOR vim"),
     (
         "pages/smbclient.md",
         "`smbclient {{//서버/공유}} --user {{사용자명%비밀번호}}`",
