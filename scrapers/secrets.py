@@ -776,9 +776,9 @@ RULES: tuple[Rule, ...] = (
     _typed(
         "auth_argument",
         re.compile(
-            r"""(?<![A-Za-z0-9_])(?:PlainAuth|set_password|FTP|FTP_TLS)\([^,\n()]*,[^,\n()]*,[ \t]*(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
+            r"""(?<![A-Za-z0-9_])(?:PlainAuth|set_password|FTP|FTP_TLS|(?:pymysql|MySQLdb)\.connect)\([^,\n()]*,[^,\n()]*,[ \t]*(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
         ),
-        ("PlainAuth", "set_password", "FTP"),
+        ("PlainAuth", "set_password", "FTP", r"pymysql\.connect", r"MySQLdb\.connect"),
         group=2,
     ),
     # A signing key given as a call's argument: `jwt.encode(payload, "...")`, `jwt.sign(payload, '...')`,
@@ -850,6 +850,17 @@ RULES: tuple[Rule, ...] = (
             r'(?i)"jwt"[ \t]*:[ \t]*\{[^{}]*?"(?:key|secret|secretkey|signingkey)"[ \t]*:[ \t]*"([^"\n]+)"'
         ),
         ('"jwt"',),
+        group=1,
+        check=is_literal,
+        multiline=True,
+    ),
+    # Composer's auth.json: a host's token under `github-oauth`, `gitlab-token` or `bitbucket-oauth`.
+    _typed(
+        "quoted_secret",
+        re.compile(
+            r'"(?:github-oauth|gitlab-oauth|gitlab-token)"[ \t]*:[ \t]*\{[^{}]*?"[^"\n]+"[ \t]*:[ \t]*"([^"\n]+)"'
+        ),
+        ("github-oauth", "gitlab-oauth", "gitlab-token"),
         group=1,
         check=is_literal,
         multiline=True,

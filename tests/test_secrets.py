@@ -473,6 +473,11 @@ CREDENTIALS = [
     ("ci.sh", "git config --global github.token swordfish"),
     ("env.fish", "set -gx API_TOKEN swordfish"),
     ("setenv.bat", 'setx API_TOKEN "swordfish"'),
+    (
+        "app/db.py",
+        'conn = pymysql.connect("db", "app", "swordfish", "app")',
+    ),  # positional: host, user, password
+    ("auth.json", '{"github-oauth": {"github.com": "swordfish"}}'),  # Composer's, a token under its host
 ]
 
 
@@ -581,6 +586,8 @@ NOT_CREDENTIALS = [
     ("ci.sh", 'gh secret set DEPLOY_TOKEN --body "$DEPLOY_TOKEN"'),
     ("ci.sh", "git config --global user.name deploy"),
     ("env.fish", "set -gx EDITOR vim"),
+    ("app/db.py", "conn = pymysql.connect(host, user, password, db)"),
+    ("auth.json", '{"github-oauth": {}, "http-basic": {}}'),
     (
         "pages/smbclient.md",
         "`smbclient {{//서버/공유}} --user {{사용자명%비밀번호}}`",
