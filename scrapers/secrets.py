@@ -146,8 +146,11 @@ _CREDENTIAL_WORDS = frozenset(
 )  # fmt: skip
 """The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey, Redis's
 requirepass, wpa_supplicant's psk (and, in `credential_name`, a secret key's base and some salts)."""
-_KEY_PREFIXES = ("api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt")
-"""Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key, JWT_KEY (not `key`,
+_KEY_PREFIXES = (
+    "api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt", "subscription"
+)  # fmt: skip
+"""Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key, JWT_KEY, Azure's
+Ocp-Apim-Subscription-Key (not `key`,
 `cache_key`)."""
 _NOT_CREDENTIAL_TOKENS = frozenset(
     {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "special", "image", "audio",
@@ -864,6 +867,31 @@ RULES: tuple[Rule, ...] = (
         group=1,
         check=is_literal,
         multiline=True,
+    ),
+    # Android's `buildConfigField "String", "API_KEY", "\"...\""` (and `resValue "string", "api_key", "..."`).
+    _keyed(
+        "quoted_secret",
+        r"""(?:buildConfigField|resValue)[ \t(]+["'][A-Za-z]+["'][ \t]*,[ \t]*["']([A-Za-z_][\w.]*)["'][ \t]*,[ \t]*"""
+        r"""["'](?:\\")?([^"'\\\n]+)(?:\\")?["']""",
+        hints=("buildConfigField", "resValue"),
+    ),
+    # A property list's `<key>APIKey</key>` and the `<string>...</string>` on the line after it (iOS, macOS).
+    Rule(
+        "named_value",
+        re.compile(r"<key>([A-Za-z_][\w.\-]*)</key>[ \t]*\n?[+\- ]?[ \t]*<string>([^<\n]+)</string>"),
+        ("<key>",),
+        group=2,
+        accept=_named_literal,
+        multiline=True,
+    ),
+    # A credential flag and its value as two elements of an exec-form command: compose's
+    # `command: ["redis-server", "--requirepass", "..."]`, a Dockerfile's `CMD [...]`.
+    _keyed(
+        "command_line_password",
+        r"""(?i)["'](--[A-Za-z][A-Za-z0-9-]*)["'][ \t]*,[ \t]*(["'])([^"'\n]+)\2""",
+        hints=_FLAG_HINTS,
+        value_group=3,
+        accept=lambda match: _flag_value(match),
     ),
     # Laravel's `APP_KEY=base64:...`, the key that encrypts its cookies and sessions.
     Rule(

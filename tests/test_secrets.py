@@ -478,6 +478,9 @@ CREDENTIALS = [
         'conn = pymysql.connect("db", "app", "swordfish", "app")',
     ),  # positional: host, user, password
     ("auth.json", '{"github-oauth": {"github.com": "swordfish"}}'),  # Composer's, a token under its host
+    ("app/build.gradle", 'buildConfigField "String", "API_KEY", "\\"swordfish\\""'),  # Android's
+    ("docker-compose.yml", '    command: ["redis-server", "--requirepass", "swordfish"]'),  # exec form
+    ("app/azure.py", 'headers = {"Ocp-Apim-Subscription-Key": "swordfish"}'),
 ]
 
 
@@ -588,6 +591,10 @@ NOT_CREDENTIALS = [
     ("env.fish", "set -gx EDITOR vim"),
     ("app/db.py", "conn = pymysql.connect(host, user, password, db)"),
     ("auth.json", '{"github-oauth": {}, "http-basic": {}}'),
+    ("app/build.gradle", 'buildConfigField "String", "API_URL", "\\"https://api.example.com\\""'),
+    ("ios/App/Info.plist", "<key>CFBundleName</key><string>App</string>"),
+    ("docker-compose.yml", '    command: ["redis-server", "--appendonly", "yes"]'),
+    ("docker-compose.yml", '    command: ["app", "--password-file", "/run/secrets/db"]'),
     (
         "pages/smbclient.md",
         "`smbclient {{//서버/공유}} --user {{사용자명%비밀번호}}`",
@@ -612,6 +619,7 @@ def test_code_references_and_placeholders_under_a_credential_name_stay(path, lin
         "   - name: DB_PASSWORD\n+    value: swordfish\n",  # Kubernetes' env, the value changed
         '+  - name: "API_TOKEN"\n+    value: "swordfish"\n',
         '+        "name": "DB_PASSWORD",\n+        "value": "swordfish"\n',  # an ECS task definition
+        "+\t<key>API_TOKEN</key>\n+\t<string>swordfish</string>\n",  # a property list (iOS, macOS)
     ],
 )
 def test_a_credential_named_on_one_line_and_given_on_the_next_is_redacted(pair):
