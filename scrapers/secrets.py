@@ -288,6 +288,23 @@ def _mixes_letters_and_digits(value: str) -> bool:
     )
 
 
+_SETTER_PREFIXES = frozenset({"set", "with", "use"})
+_CREDENTIAL_PARTS = frozenset(
+    {"password", "passwd", "pwd", "passphrase", "secret", "token", "key", "api", "auth", "access", "client",
+     "private", "bearer", "credentials"}
+)  # fmt: skip
+
+
+def _credential_method(name: str) -> bool:
+    """A method that sets a credential: a setter of one (`setPassword`, `WithAuthToken`, `set_token`,
+    `setApiKey`) or a builder's step named only for one (`.password(...)`, `.apiKey(...)`); not a lookup
+    or a check (`get_secret`, `check_password`, `hash_password`)."""
+    words = [word.lower() for word in _WORD.findall(name)]
+    if len(words) > 1 and words[0] in _SETTER_PREFIXES:
+        return credential_name("_".join(words[1:]))
+    return bool(words) and set(words) <= _CREDENTIAL_PARTS and credential_name(name)
+
+
 def _chosen(value: str) -> bool:
     """A value a person typed as a password: a literal, not a placeholder (`password`, `<password>`)."""
     return is_literal(value) and not is_placeholder(value)
@@ -892,6 +909,18 @@ RULES: tuple[Rule, ...] = (
         hints=_FLAG_HINTS,
         value_group=3,
         accept=lambda match: _flag_value(match),
+    ),
+    # A literal given to a setter or a builder's step named for a credential: `dataSource.setPassword("...")`,
+    # `Client.builder().apiKey("...")`, Go's `WithAuthToken("...")`, PHP's `$mail->setPassword('...')`.
+    Rule(
+        "quoted_secret",
+        re.compile(r"""(?i)(?:\.|->)([A-Za-z_][A-Za-z0-9_]*)\([ \t]*(['"])([^'"\n]+)\2[ \t]*\)"""),
+        tuple(
+            rf"{word}\("
+            for word in ("password", "passwd", "secret", "token", "key", "passphrase", "credentials")
+        ),
+        group=3,
+        accept=lambda match: _credential_method(match.group(1)) and _chosen(match.group(3)),
     ),
     # Laravel's `APP_KEY=base64:...`, the key that encrypts its cookies and sessions.
     Rule(

@@ -481,6 +481,13 @@ CREDENTIALS = [
     ("app/build.gradle", 'buildConfigField "String", "API_KEY", "\\"swordfish\\""'),  # Android's
     ("docker-compose.yml", '    command: ["redis-server", "--requirepass", "swordfish"]'),  # exec form
     ("app/azure.py", 'headers = {"Ocp-Apim-Subscription-Key": "swordfish"}'),
+    # A setter, or a builder's step, named for a credential.
+    ("src/main/java/Db.java", 'dataSource.setPassword("swordfish");'),
+    ("src/main/java/Client.java", 'Client.builder().apiKey("swordfish").build();'),
+    ("client.go", 'client := github.NewClient(nil).WithAuthToken("swordfish")'),
+    ("app/client.py", 'client.set_token("swordfish")'),
+    ("src/mail.js", 'sgMail.setApiKey("swordfish");'),
+    ("src/Mail.php", "$mail->setPassword('swordfish');"),
 ]
 
 
@@ -595,6 +602,10 @@ NOT_CREDENTIALS = [
     ("ios/App/Info.plist", "<key>CFBundleName</key><string>App</string>"),
     ("docker-compose.yml", '    command: ["redis-server", "--appendonly", "yes"]'),
     ("docker-compose.yml", '    command: ["app", "--password-file", "/run/secrets/db"]'),
+    ("app/vault.py", 'value = secrets.get_secret("prod/db")'),  # a lookup by name
+    ("app/auth.py", 'digest = auth.hash_password("abc123")'),
+    ("app/auth.py", "user.set_password(password)"),
+    ("app/cache.js", 'cache.set_key("user:1")'),
     (
         "pages/smbclient.md",
         "`smbclient {{//서버/공유}} --user {{사용자명%비밀번호}}`",
