@@ -785,8 +785,9 @@ RULES: tuple[Rule, ...] = (
             r"Auth\(",
             r"\.login\(",
             r"_bind",
-            r"Credential",
-            r"Authentication",
+            r"Credentials?\(",
+            r"Credentials?\.create\(",
+            r"PasswordAuthentication\(",
             r"WiFi\.begin\(",
         ),
         group=3,
@@ -1027,7 +1028,7 @@ RULES: tuple[Rule, ...] = (
     _on_command_line(
         "npm|yarn|pnpm",
         r"set[ \t]+\S*_(?:authToken|auth|password)[ \t]+(['\"]?)([^\s'\"]+)\1",
-        ("_auth", "_password"),
+        (":_auth", ":_password"),
     ),
     _keyed(  # HAProxy's `user admin insecure-password ...`, redis.conf's `requirepass ...` and `masterauth ...`
         "unquoted_secret",
