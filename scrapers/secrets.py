@@ -150,8 +150,7 @@ _KEY_PREFIXES = (
     "api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt", "subscription"
 )  # fmt: skip
 """Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key, JWT_KEY, Azure's
-Ocp-Apim-Subscription-Key (not `key`,
-`cache_key`)."""
+Ocp-Apim-Subscription-Key (not `key`, `cache_key`)."""
 _NOT_CREDENTIAL_TOKENS = frozenset(
     {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "special", "image", "audio",
      "video", "placeholder", "next", "prev", "previous", "page", "continuation", "cursor", "sync", "max", "min",
@@ -1030,12 +1029,13 @@ RULES: tuple[Rule, ...] = (
         r"set[ \t]+\S*_(?:authToken|auth|password)[ \t]+(['\"]?)([^\s'\"]+)\1",
         (":_auth", ":_password"),
     ),
-    _keyed(  # HAProxy's `user admin insecure-password ...`, redis.conf's `requirepass ...` and `masterauth ...`
+    _typed(  # HAProxy's `user admin insecure-password ...`, redis.conf's `requirepass ...` and `masterauth ...`
         "unquoted_secret",
-        r"(?im)(?:(?<=[ \t])(insecure-password)|^[+\- ]?[ \t]*(requirepass|masterauth))[ \t]+(\S+)",
-        hints=("insecure-password", "requirepass", "masterauth"),
-        value_group=3,
-        accept=lambda match: _chosen(match.group(3)),
+        re.compile(
+            r"(?im)(?:(?<=[ \t])insecure-password|^[+\- ]?[ \t]*(?:requirepass|masterauth))[ \t]+(\S+)"
+        ),
+        ("insecure-password", "requirepass", "masterauth"),
+        group=1,
         syntaxes=_CONFIG,
     ),
     # Setting a secret from the command line: `gh secret set NAME --body ...`, `az keyvault secret set ...
@@ -1099,19 +1099,19 @@ RULES: tuple[Rule, ...] = (
     ),
     # OpenSSL's pass phrase arguments (`-passout pass:...`, `-passin`, `-password`, `-pass`) and Java's
     # keytool and jarsigner (`-storepass ...`, `-keypass`; `-storepass:env NAME` names a variable).
-    _keyed(
+    _typed(
         "command_line_password",
-        r"""(?<=[ \t'"])-(pass(?:in|out|word)?)[ \t]+(['"]?)pass:([^\s'"]+)\2""",
-        hints=("pass:",),
-        value_group=3,
-        accept=lambda match: _chosen(match.group(3)),
+        re.compile(r"""(?<=[ \t'"])-pass(?:in|out|word)?[ \t]+(['"]?)pass:([^\s'"]+)\1"""),
+        ("pass:",),
+        group=2,
     ),
-    _keyed(
+    _typed(
         "command_line_password",
-        r"""(?<=[ \t'"])-((?:src|dest|new)?(?:store|key)pass)[ \t]+(['"]?)([^\s'"]+)\2(?=[\s;|&)'"]|$)""",
-        hints=("storepass", "keypass"),
-        value_group=3,
-        accept=lambda match: _chosen(match.group(3)),
+        re.compile(
+            r"""(?<=[ \t'"])-(?:src|dest|new)?(?:store|key)pass[ \t]+(['"]?)([^\s'"]+)\1(?=[\s;|&)'"]|$)"""
+        ),
+        ("storepass", "keypass"),
+        group=2,
     ),
     # A credential flag and its value: `--password=...` anywhere (a script, a CI step, a document, a
     # command in a string); `--password ...`, `redis-server --requirepass ...` in configuration alone
