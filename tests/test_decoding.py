@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.data.examples import render_prompt
 from pipeline.evaluate import decoding
@@ -153,6 +156,39 @@ def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
     ]
     # The progress line hears of every prompt read, then of each step that writes its answer.
     assert told[0] == 1 and len(told) > 1 and set(told[1:]) == {0}
+
+
+class _Casts(TorchDispatchMode):
+    """Counts the copies made of each of `tensors` (autocast's casts of the weights)."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.watched = {tensor.data_ptr() for tensor in tensors}
+        self.casts: Counter[int] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.watched:
+            self.casts[args[0].data_ptr()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_each_weight_is_cast_to_bf16_once_for_all_the_answers(pretrained):
+    """A bf16 evaluation of a model whose base weights are frozen (LoRA's) casts each of them once, not
+    once a forward (a prefill and six steps here), and leaves the model as it found it."""
+    model, tokenizer = pretrained
+    trained = model.lm_head.weight  # tied to the embedding: a weight that trains stays trainable
+    for parameter in model.parameters():
+        parameter.requires_grad_(parameter is trained)
+    model.train()
+    try:
+        with _Casts(list(model.parameters())) as counted:
+            generate_batched(model, tokenizer, CODE, 6, "bf16", stop_at_newline=False)
+        assert len(counted.casts) > 200 and set(counted.casts.values()) == {1}
+        assert [p for p in model.parameters() if p.requires_grad] == [trained] and model.training
+    finally:
+        model.eval()
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)
 
 
 def test_batches_take_prompts_shortest_first_within_their_rows_and_cache_tokens():

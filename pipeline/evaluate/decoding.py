@@ -30,7 +30,7 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 
-from pipeline.train.model import autocast
+from pipeline.train.model import scoring
 
 SHARED_PREFIX_MIN = 16  # a common beginning shorter than this is not worth a copy per batch
 # Tokens per prefill forward on a CPU (measured on 2 cores, smollm2-135m: 540 tokens/s at 512 to 2,048,
@@ -61,8 +61,6 @@ def generate_batched(
     commit messages, where they start over: `unlooped`; code and diffs repeat lines). `progress` is told how
     many prompts each prefill forward read (most of the time on a CPU), and 0 after each step that writes
     the answers, for a progress line that keeps coming while they are written."""
-    import torch
-
     if not prompts:
         return []
     device = next(model.parameters()).device
@@ -78,22 +76,17 @@ def generate_batched(
     )
     ends = _Ends(tokenizer, stop_at_newline, cut_loops)
     outputs: list[str] = [""] * len(prompts)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), autocast(device.type, precision):
-            prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
-            for chosen in batches:
-                rows = [encoded[i][shared:] for i in chosen]
-                prefilled = _prefilled(
-                    model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, progress
-                )
-                answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
-                for index, answer in zip(chosen, answers, strict=True):
-                    text = tokenizer.decode(answer, skip_special_tokens=True)
-                    outputs[index] = finished(text, stop_at_newline, cut_loops)
-    finally:
-        model.train(was_training)
+    with scoring(model, precision):
+        prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
+        for chosen in batches:
+            rows = [encoded[i][shared:] for i in chosen]
+            prefilled = _prefilled(
+                model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, progress
+            )
+            answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
+            for index, answer in zip(chosen, answers, strict=True):
+                text = tokenizer.decode(answer, skip_special_tokens=True)
+                outputs[index] = finished(text, stop_at_newline, cut_loops)
     return outputs
 
 

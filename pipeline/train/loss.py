@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pipeline.train.model import autocast
+from pipeline.train.model import scoring
 
 
 def sequence_ids(position_ids):
@@ -58,19 +58,16 @@ def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str
         return None
     started = time.perf_counter()
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     per_format: dict[str, Any] = {}
     block_losses: list[float] = []
     total_loss = total_tokens = 0.0
-    try:
+    with scoring(model, precision):
         for name, dataset in splits.items():
             loss_sum = tokens = 0.0
             for start in range(0, len(dataset), batch_size):
                 rows = [dataset[i] for i in range(start, min(len(dataset), start + batch_size))]
                 batch = {key: torch.stack([row[key] for row in rows]).to(device) for key in rows[0]}
-                with torch.no_grad(), autocast(device.type, precision):
-                    logits, targets, _ = answer_logits(model, batch)
+                logits, targets, _ = answer_logits(model, batch)
                 losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
                 block = batch["labels"][:, 1:].ne(-100).nonzero()[:, 0]  # the block of each learned token
                 counts = torch.bincount(block, minlength=len(rows))
@@ -87,8 +84,6 @@ def held_out_loss(model, splits: dict[str, Any], batch_size: int, precision: str
             }
             total_loss += loss_sum
             total_tokens += tokens
-    finally:
-        model.train(was_training)
     loss = total_loss / total_tokens if total_tokens else None
     return {
         "loss": rounded(loss),

@@ -11,6 +11,8 @@ a Hugging Face id or a local directory.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +137,33 @@ def autocast(device_type: str, precision: str):
 
     mixed = precision != "fp32"
     return torch.autocast(device_type, dtype=getattr(torch, DTYPES[precision]), enabled=mixed)
+
+
+@contextmanager
+def scoring(model, precision: str) -> Iterator[None]:
+    """`model` in eval mode with no gradients, under the planned precision's autocast, each weight cast
+    once for the whole context. autocast keeps its low-precision copy of a weight only for a leaf that
+    requires grad, which a LoRA model's base weights do not: every forward cast all of them again (a
+    quarter of a decoding step's time, 94 rows of smollm2-135m on 2 cores). They are marked so while
+    scoring (nothing is recorded under no_grad), at the cost of their low-precision copy in memory."""
+    import torch
+
+    frozen = (
+        []
+        if precision == "fp32"
+        else [p for p in model.parameters() if p.is_floating_point() and not p.requires_grad]
+    )
+    was_training = model.training
+    model.eval()
+    for parameter in frozen:
+        parameter.requires_grad_(True)
+    try:
+        with torch.no_grad(), autocast(next(model.parameters()).device.type, precision):
+            yield
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(False)
+        model.train(was_training)
 
 
 def attach_lora(model, lora_config, base_modules_to_train: list[str], dropout: float):
