@@ -159,16 +159,20 @@ def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
 
 
 class _Casts(TorchDispatchMode):
-    """Counts the copies made of each of `tensors` (autocast's casts of the weights)."""
+    """Counts autocast's copies of each of `tensors` (the weights), and of keys or values as long as a
+    prompt's common beginning at least (a KV cache's; a step's query is one position, GQA-packed 3)."""
 
-    def __init__(self, tensors):
+    def __init__(self, tensors=()):
         super().__init__()
         self.watched = {tensor.data_ptr() for tensor in tensors}
         self.casts: Counter[int] = Counter()
+        self.cached = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.watched:
-            self.casts[args[0].data_ptr()] += 1
+        if func is torch.ops.aten._to_copy.default:
+            if args[0].data_ptr() in self.watched:
+                self.casts[args[0].data_ptr()] += 1
+            self.cached += args[0].dim() == 4 and args[0].shape[2] >= SHARED_PREFIX_MIN
         return func(*args, **(kwargs or {}))
 
 
@@ -189,6 +193,23 @@ def test_each_weight_is_cast_to_bf16_once_for_all_the_answers(pretrained):
         model.eval()
         for parameter in model.parameters():
             parameter.requires_grad_(True)
+
+
+def test_decoding_steps_under_bf16_read_the_kv_cache_without_casting_it(pretrained, monkeypatch):
+    """Rotary embeddings leave the keys in fp32 under bf16 autocast: the cache the answers are written
+    over keeps them in bf16, as attention reads them, so a step does not cast every layer's cache."""
+    model, tokenizer = pretrained
+    counted = _Casts()
+    greedy = decoding._greedy
+
+    def watched(*args, **kwargs):
+        with counted:
+            return greedy(*args, **kwargs)
+
+    monkeypatch.setattr(decoding, "_greedy", watched)
+    messages = [chat(tokenizer, diff) for diff in DIFFS]
+    answers = generate_batched(model, tokenizer, messages, NEW_TOKENS, "bf16", cut_loops=True)
+    assert counted.cached == 0 and any(answers)
 
 
 def test_batches_take_prompts_shortest_first_within_their_rows_and_cache_tokens():
