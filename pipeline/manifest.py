@@ -216,11 +216,16 @@ def load_manifest(path: Path) -> dict[str, Any]:
 
 
 def write_text_output(path: Path, text: str) -> Path:
-    """Write a command's output file; an unwritable path is a one-line error naming it."""
+    """Write a command's output file, making its folder as `--output-dir` and `export` do; an unwritable
+    path is a one-line error naming it."""
     from pipeline.errors import PipelineError
 
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    except (FileExistsError, NotADirectoryError):  # mkdir's: a file stands where a folder would be
+        file = next(parent for parent in path.parents if parent.exists())
+        raise PipelineError(f"cannot write {path}: {file} is a file, not a folder") from None
     except OSError as err:
         raise PipelineError(f"cannot write {path}: {err.strerror or err}") from None
     return path

@@ -217,12 +217,16 @@ def test_a_bad_input_file_is_one_line_naming_it(cli, tmp_path, kind, command):
 def test_an_unwritable_output_is_one_line_naming_it(cli, tmp_path):
     manifest = tmp_path / "m.json"
     manifest.write_bytes(orjson.dumps({"status": "planned"}))
-    report = cli("report", manifest, "-o", tmp_path / "missing" / "report.html")
-    assert report.code == 2
-    assert (
-        report.err.strip()
-        == f"repotune: error: cannot write {tmp_path / 'missing' / 'report.html'}: No such file or directory"
-    )
+    (tmp_path / "a-file").write_text("")
+    for under in (tmp_path / "a-file", tmp_path / "a-file" / "pages"):
+        report = cli("report", manifest, "-o", under / "report.html")
+        assert report.code == 2
+        assert report.err.strip() == (
+            f"repotune: error: cannot write {under / 'report.html'}: {tmp_path / 'a-file'} is a file, not a folder"
+        )
+    # A folder that does not exist yet is made, as --output-dir's is.
+    made = cli("report", manifest, "-o", tmp_path / "pages" / "run" / "report.html")
+    assert made.code == 0 and (tmp_path / "pages" / "run" / "report.html").is_file()
     watch = cli("monitor", "--duration", "1", "--output", tmp_path / "missing" / "m.json")
     assert watch.code == 2 and watch.err.strip().startswith("repotune: error: --output")
     adapter = tmp_path / "adapter"
