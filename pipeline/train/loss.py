@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pipeline.train.model import scoring
+from pipeline.train.model import causal_lm, scoring
 
 
 def sequence_ids(position_ids):
@@ -26,7 +26,7 @@ def answer_logits(model, inputs):
     """Logits only where a label is learned, with their targets and sequence ids: the decoder's
     hidden states at those positions through the output layer. Most of a chat block is prompt, whose
     logits (vocabulary-wide, in fp32 for the loss) nothing uses."""
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    causal = causal_lm(model)
     hidden = causal.get_decoder()(
         input_ids=inputs["input_ids"], position_ids=inputs["position_ids"]
     ).last_hidden_state

@@ -139,30 +139,24 @@ def autocast(device_type: str, precision: str):
     return torch.autocast(device_type, dtype=getattr(torch, DTYPES[precision]), enabled=mixed)
 
 
+def causal_lm(model):
+    """The causal LM under a LoRA wrapper (or the model itself): its decoder and output layer can be
+    called apart, where only some positions' logits are wanted."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 @contextmanager
 def scoring(model, precision: str) -> Iterator[None]:
-    """`model` in eval mode with no gradients, under the planned precision's autocast, each weight cast
-    once for the whole context. autocast keeps its low-precision copy of a weight only for a leaf that
-    requires grad, which a LoRA model's base weights do not: every forward cast all of them again (a
-    quarter of a decoding step's time, 94 rows of smollm2-135m on 2 cores). They are marked so while
-    scoring (nothing is recorded under no_grad), at the cost of their low-precision copy in memory."""
+    """`model` in eval mode with no gradients, under the planned precision's autocast; the mode it was
+    in comes back after."""
     import torch
 
-    frozen = (
-        []
-        if precision == "fp32"
-        else [p for p in model.parameters() if p.is_floating_point() and not p.requires_grad]
-    )
     was_training = model.training
     model.eval()
-    for parameter in frozen:
-        parameter.requires_grad_(True)
     try:
         with torch.no_grad(), autocast(next(model.parameters()).device.type, precision):
             yield
     finally:
-        for parameter in frozen:
-            parameter.requires_grad_(False)
         model.train(was_training)
 
 
