@@ -485,7 +485,7 @@ def describe(path: str) -> str:
     elif parts[2] == "system" and len(parts) == 5 and parts[3] in _GAINS and parts[4] == "mean":
         words = f"{_GAINS[parts[3]]} in the mean of chrF and edit similarity, older commits"
     elif parts[2] == "system" and len(parts) == 6 and parts[3] == "validation" and parts[5] in _SCORES:
-        chooser = {"lookup": "lookup", "selector": "selector", "model": "fine-tuned"}.get(parts[4], parts[4])
+        chooser = "fine-tuned" if parts[4] == "model" else parts[4]  # the lookup, the selector
         words = f"commit message {_SCORES[parts[5]]}, {chooser}, older commits (choosing the system)"
     elif parts[2] in ("before", "after") and parts[-1] in ("loss", "perplexity", "loss_stderr"):
         measure = {

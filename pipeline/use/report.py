@@ -632,12 +632,13 @@ def _messages_compared(names: list[str], manifests: list[dict[str, Any]]) -> str
     for name, m in zip(names, manifests, strict=True):
         evaluation = (m.get("training_report") or {}).get("evaluation") or {}
         tasks = evaluation.get("tasks") or {}
-        scored = {system: (tasks.get(system) or {}).get("message") or {} for system in SYSTEM_LABELS}
+        shown = ("suggested", "after", "nearest_commit")
+        scored = {system: (tasks.get(system) or {}).get("message") or {} for system in shown}
         if not scored["suggested"]:
             continue
         both = {
             system: f"{_fmt(scored[system].get('chrf'))} / {_fmt(scored[system].get('edit_similarity'))}"
-            for system in ("suggested", "after", "nearest_commit")
+            for system in shown
         }
         versus = scored["suggested"].get("vs_nearest_commit") or {}
         rows.append(
