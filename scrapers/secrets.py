@@ -23,7 +23,9 @@ DB_PASSWORD` / `value: ...`), in a call's arguments (`define('DB_PASSWORD',
 '...')`), after a declared type (`db_password: str = "..."`), as a flag and
 its value on a command line (`--api-key=...`, `mysql -p...`, `keytool
 -storepass ...`), after its user (`smtp.login(user, "...")`), as what a
-call signs with (`jwt.encode(payload, "...")`).
+call signs with (`jwt.encode(payload, "...")`). A text that escapes quotes
+inside a string (`curl -d "{\\"password\\": \\"...\\"}"`) is read a second
+time with them unescaped.
 
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate
@@ -173,6 +175,8 @@ def credential_name(name: str) -> bool:
         return before == "key"
     if last == "base":  # Rails' secret_key_base
         return before == "key" and len(words) > 2 and words[-3] in _KEY_PREFIXES
+    if last == "login":  # SonarQube's sonar.login holds a token (Maven's -Dsonar.login joins the D)
+        return before in ("sonar", "dsonar")
     if last == "salt":  # WordPress's AUTH_SALT, LOGGED_IN_SALT, Drupal's hash_salt; not itsdangerous' `salt`
         return before in ("auth", "in", "nonce", "hash")
     return last in _CREDENTIAL_WORDS or (last == "key" and before in _KEY_PREFIXES)
@@ -329,6 +333,7 @@ _KEY_NAME_HINTS = (
     r"psk['\"]?[ \t]*[:=]",  # wpa_supplicant's pre-shared key
     "requirepass",
     "masterauth",
+    r"sonar\.login",
     # `key` alone is in most lines of code that touch a dict; the lookbehinds keep the named ones.
     "key(?:" + "|".join(f"(?<={prefix}{sep}key)" for prefix in _KEY_PREFIXES for sep in ("", "_", "-")) + ")",
 )
@@ -651,6 +656,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("mailchimp_key", re.compile(r"(?<![A-Za-z0-9])[0-9a-f]{32}-us[0-9]{1,2}(?![A-Za-z0-9])"), ("-us",)),
     Rule("square_token", re.compile(r"(?<![A-Za-z0-9_])sq0(?:atp|csp|idp)-[A-Za-z0-9_\-]{22,}"), ("sq0",)),
+    Rule(
+        "sonarqube_token",
+        re.compile(r"(?<![A-Za-z0-9_])sq[apu]_[a-f0-9]{40}(?![A-Za-z0-9])"),
+        ("sqa_", "sqp_", "squ_"),
+    ),
     Rule("sentry_token", re.compile(r"(?<![A-Za-z0-9_])sntry[su]_[A-Za-z0-9+/=_\-]{30,}"), ("sntry",)),
     Rule(  # the URL is the credential: whoever holds it posts to the channel
         "discord_webhook",
@@ -714,6 +724,14 @@ RULES: tuple[Rule, ...] = (
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
     ),
     _keyed("url_query_secret", r"(?i)[?&]([A-Za-z_][A-Za-z0-9_.\-]*)=([^&\s'\"#<>]+)"),
+    # ... and a bare `key` there, as many APIs name theirs (`?q=x&key=...`), where its value looks generated.
+    Rule(
+        "url_query_secret",
+        re.compile(r"[?&]key=([^&\s'\"#<>]+)"),
+        (r"\?key=", "&key="),
+        group=1,
+        accept=lambda match: looks_random(match.group(1)),
+    ),
     # `"Authorization": "Bearer ..."`, and as a call's two arguments: Go's `Header.Set("Authorization", "Bearer
     # ...")`, Java's `setRequestProperty(...)`; after a space in configuration, quoted: nginx's
     # `proxy_set_header Authorization "Basic ..."`.
@@ -799,6 +817,15 @@ RULES: tuple[Rule, ...] = (
             r"""(?<![A-Za-z0-9_])(?:PlainAuth|set_password|FTP|FTP_TLS|(?:pymysql|MySQLdb)\.connect)\([^,\n()]*,[^,\n()]*,[ \t]*(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
         ),
         ("PlainAuth", "set_password", "FTP", r"pymysql\.connect", r"MySQLdb\.connect"),
+        group=2,
+    ),
+    # ... or fifth: Ruby's `Net::SMTP.start(address, port, helo, user, "...", :plain)`.
+    _typed(
+        "auth_argument",
+        re.compile(
+            r"""(?<![A-Za-z0-9_])SMTP\.start\((?:[^,\n()]*,){4}[ \t]*(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
+        ),
+        (r"SMTP\.start\(",),
         group=2,
     ),
     # A signing key given as a call's argument: `jwt.encode(payload, "...")`, `jwt.sign(payload, '...')`,
@@ -1235,10 +1262,74 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
     if not joined.isascii():
         for index in _texts_holding(joined, _LOWER_TO_ASCII, starts):
             candidates[index] = list(range(len(RULES)))  # its lowered str decides, in _redact_text
-    return [
+    redacted = [
         _redact_text(text, candidates[index]) if candidates[index] else (text, Counter())
         for index, text in enumerate(texts)
     ]
+    return _redact_escaped_quotes(redacted)
+
+
+_ESCAPED_QUOTE = re.compile(r"\\(['\"])")
+"""A quote inside a quoted string (`"--password=\\"...\\""`, `'{\\"api_key\\": \\"...\\"}'`): the rules read
+it as the quote it stands for, a second time (`_redact_escaped_quotes`)."""
+
+
+def _redact_escaped_quotes(redacted: list[tuple[str, Counter]]) -> list[tuple[str, Counter]]:
+    """What the rules find where an escaped quote is read as a quote, redacted in the texts as written.
+
+    A command or a JSON body written inside a string escapes its quotes (`curl -d "{\\"password\\":
+    \\"...\\"}"`, `sh -c "mysql --password=\\"...\\""`), which no rule reads as quotes. Each text that
+    holds one is read again with them unescaped (by `redact_all`, so a quote escaped twice is read a
+    third time); each secret found there is replaced where it stands in the text as written.
+    """
+    escaped = [index for index, (text, _) in enumerate(redacted) if _ESCAPED_QUOTE.search(text)]
+    if not escaped:
+        return redacted
+    plain = [_unescaped(redacted[index][0]) for index in escaped]
+    read_again = redact_all([text for text, _ in plain])
+    for index, (text, where), (read, found) in zip(escaped, plain, read_again, strict=True):
+        if found:
+            written, counts = redacted[index]
+            redacted[index] = _marked(written, text, where, read), counts + found
+    return redacted
+
+
+def _marked(written: str, plain: str, where: list[int], read: str) -> str:
+    """`written` with what `read` (the redaction of `plain`, its reading with escaped quotes unescaped,
+    whose characters stand in it `where`) replaced, replaced where it stands in `written`."""
+    for start, end, mark in reversed(_replaced(plain, read)):
+        written = written[: where[start]] + mark + written[where[end - 1] + 1 :]
+    return written
+
+
+def _unescaped(text: str) -> tuple[str, list[int]]:
+    """`text` with each escaped quote unescaped, and where each of its characters is in `text`."""
+    where: list[int] = []
+    done = 0
+    for match in _ESCAPED_QUOTE.finditer(text):
+        where += range(done, match.start())
+        done = match.start() + 1  # the backslash goes, its quote stays
+    where += range(done, len(text))
+    return _ESCAPED_QUOTE.sub(r"\1", text), where
+
+
+def _replaced(text: str, read: str) -> list[tuple[int, int, str]]:
+    """The spans of `text` that its redaction `read` replaced, each with its mark, in order. `read` is
+    `text` with some spans replaced by marks, and marks already in `text` are kept as they were."""
+    spans: list[tuple[int, int, str]] = []
+    at = done = 0  # in `text`, in `read`
+    for mark in REDACTION.finditer(read):
+        at += mark.start() - done
+        done = mark.end()
+        if text.startswith(mark.group(0), at):  # a mark the text already held
+            at += len(mark.group(0))
+            continue
+        after = REDACTION.search(read, done)
+        following = read[done : after.start() if after else len(read)]
+        end = text.find(following, at + 1) if following else len(text)
+        spans.append((at, end, mark.group(0)))
+        at = end
+    return spans
 
 
 ANCHOR_CHARS = 3

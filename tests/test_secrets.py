@@ -11,11 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scrapers.secrets import (
+    _ESCAPED_QUOTE,
     RULES,
     Syntax,
     _hint_index,
     _literal_start,
+    _marked,
     _replace,
+    _unescaped,
     line_syntaxes,
     looks_random,
     redact,
@@ -52,6 +55,7 @@ SECRETS = {
     "mailchimp_key": "4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e-us14",
     "square_token": "sq0atp-Q8zR2mL7xV4bN1cT9pW3sY",
     "sentry_token": "sntrys_Qz8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8Bc2",
+    "sonarqube_token": "squ_4f1c9a7e2b8d3f6a0c5e9b1d7a3f2c8e4f1c9a7e",
     "discord_webhook": "https://discord.com/api/webhooks/123456789012345678/Zq8Rm2Lx7Vb4Nc1Tp9Ws3Yd6Fh0Jk5Ga8",
     "twilio_auth_token": "9f8e7d6c5b4a39281706f5e4d3c2b1a0",
 }
@@ -87,6 +91,7 @@ MAILGUN = "{SECRETS["mailgun_key"]}"
 MAILCHIMP = "{SECRETS["mailchimp_key"]}"
 SQUARE = "{SECRETS["square_token"]}"
 SENTRY = "{SECRETS["sentry_token"]}"
+SONAR = "{SECRETS["sonarqube_token"]}"
 ALERTS = "{SECRETS["discord_webhook"]}"
 SMS = Client("AC0123456789abcdef0123456789abcdef", "{SECRETS["twilio_auth_token"]}")
 '''
@@ -138,11 +143,31 @@ def test_gitlab_runner_and_deploy_tokens_are_gitlab_tokens(token):
             "q8ZxR2vLm9TbW4nKp7Yc3Dfg",
             "app_key",
         ),  # Laravel's, in .env
+        # A URL's bare `key`, where its value looks generated.
+        (
+            "curl 'https://api.example.com/geo?q=x&key=q8ZxR2vLm9TbW4nKp7Yc'",
+            "q8ZxR2vLm9TbW4nKp7Yc",
+            "url_query_secret",
+        ),
     ],
 )
 def test_secrets_in_their_own_shapes(line, secret, rule):
     text, counts = redact(line)
     assert secret not in text and counts == {rule: 1}, text
+
+
+def test_a_secret_between_escaped_quotes_is_redacted_where_it_is_written():
+    """Read with its quotes unescaped (twice where they are escaped twice), replaced in the text as
+    written: every backslash stays, and so does a mark the text already held."""
+    written = (
+        'run("mysql --password=\\"hunter2x\\" app")  # <REDACTED:quoted_secret>\n'
+        'x = "{\\\\\\"password\\\\\\": \\\\\\"s3cret99\\\\\\"}"\n'
+    )
+    assert redact(written) == (
+        'run("mysql --password=\\"<REDACTED:quoted_secret>\\" app")  # <REDACTED:quoted_secret>\n'
+        'x = "{\\\\\\"password\\\\\\": \\\\\\"<REDACTED:quoted_secret>\\\\\\"}"\n',
+        {"quoted_secret": 2},
+    )
 
 
 def test_private_key_block_is_redacted_whole_even_inside_a_diff():
@@ -187,6 +212,11 @@ def test_a_file_that_is_a_credential_by_its_name_is_redacted_whole():
         'clone = "https://github.com/org/repo.git"',
         'token_type = "bearer_token_v2"',
         "AKIA_PREFIX = 'AKIA'",
+        "https://example.com/search?key=value&sort=asc",  # a bare `key` whose value is a word
+        'cache.get("profile?key=user_profile_12")',
+        "Net::SMTP.start(host, 25, helo, user, ENV['SMTP_PASSWORD'], :plain)",
+        'msg = "the password is \\"required\\""',  # escaped quotes around a word in a sentence in code
+        'raise ValueError("password=\\"" + pw + "\\"")',
     ],
 )
 def test_lookalikes_are_left_alone(line):
@@ -224,6 +254,10 @@ def _redact_without_hints(text: str) -> tuple[str, Counter]:
             text = "\n".join(
                 rule.pattern.sub(replace, line) if syntax in rule.syntaxes else line for line, syntax in lines
             )
+    if _ESCAPED_QUOTE.search(text):
+        plain, where = _unescaped(text)
+        read, found = _redact_without_hints(plain)
+        text, counts = _marked(text, plain, where, read), counts + found
     return text, counts
 
 
@@ -243,6 +277,11 @@ _PIECES = [
     "git+ssh://git:Xk39fj20DKsl@host/repo",
     "key = 1",
     "pass",
+    # Quotes escaped inside a string, once and twice.
+    'run("mysql --password=\\"hunter2x\\" app")',
+    f'body = "{{\\"token\\": \\"{_VALUE}\\"}}"',
+    'x = "{\\\\\\"password\\\\\\": \\\\\\"hunter2x\\\\\\"}"',
+    '\\"',
     "İ",
     "ſ",
     "résumé",
@@ -488,6 +527,18 @@ CREDENTIALS = [
     ("app/client.py", 'client.set_token("swordfish")'),
     ("src/mail.js", 'sgMail.setApiKey("swordfish");'),
     ("src/Mail.php", "$mail->setPassword('swordfish');"),
+    ("app/mailer.rb", "Net::SMTP.start('smtp.example.com', 25, 'example.com', 'app', 'swordfish', :plain)"),
+    (".github/workflows/ci.yml", "      - run: mvn sonar:sonar -Dsonar.login=swordfish"),
+    ("sonar-project.properties", "sonar.login=swordfish"),
+    # Quotes escaped inside a string: a command, a JSON body.
+    ("app/backup.py", 'run("mysqldump --password=\\"swordfish\\" app")'),
+    (
+        "README.md",
+        'curl -d "{\\"user\\": \\"admin\\", \\"password\\": \\"swordfish\\"}" https://example.com/login',
+    ),
+    ("test/api.test.js", "const body = '{\\'password\\': \\'swordfish\\'}';"),
+    ("deploy.sh", 'ssh db "redis-cli -a \\"swordfish\\" ping"'),
+    ("docker-compose.yml", '    command: sh -c "app --api-key=\\"swordfish\\""'),
 ]
 
 
