@@ -108,7 +108,7 @@ def test_ratio_rounding_is_not_fooled_by_floating_point():
         ("rtx4090", 8, 2, "bf16"),
         ("a100-80gb", 8, 2, "bf16"),
         ("h100-80gb", 8, 2, "bf16"),
-        ("cpu-laptop", 4, 2, "fp32"),
+        ("cpu-laptop", 1, 8, "fp32"),  # one 1,024-token block a micro-batch: a CPU's fastest (planner.py)
     ],
 )
 def test_shipped_profiles_at_the_reference_length(profile, micro, accumulation, precision):
@@ -236,8 +236,26 @@ def test_config_and_cli_values_win_and_are_recorded_with_their_source(tmp_path):
     assert plan.effective_batch_size == 3 * 4
 
 
+@pytest.mark.parametrize(
+    ("length", "micro", "accumulation"), [(1024, 1, 8), (512, 2, 4), (256, 4, 2), (64, 8, 1)]
+)
+def test_a_cpu_micro_batch_holds_about_1024_tokens_and_accumulates_the_tier_batch(
+    length, micro, accumulation
+):
+    # The tier's effective batch (4 × accumulation 2 = 8 blocks) at any length, in micro-batches of at
+    # most 1,024 tokens: a CPU trains larger ones no faster per token.
+    plan = make_plan(same_length(400, length), cpu_machine(), TINY, load_config(None))
+    assert (plan.sequence_length, plan.batch_size, plan.gradient_accumulation_steps) == (
+        length,
+        micro,
+        accumulation,
+    )
+    assert plan.effective_batch_size == 8
+
+
 def test_shipped_defaults_are_recorded_as_config_when_the_planner_keeps_them():
-    plan = make_plan(same_length(400, 1024), cpu_machine(), TINY, load_config(None))
+    # (a CPU accumulates its tier batch in one-block micro-batches: there accumulation is planned)
+    plan = make_plan(same_length(400, 1024), gpu_machine(24), TINY, load_config(None))
     assert plan.decisions["gradient_accumulation_steps"].source == "config"
     assert plan.decisions["batch_size"].source == "planned"
 
