@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import LoadedConfig
 from pipeline.record.run import Record, open_run
-from pipeline.types import Data, Evaluation, Loaded, Machine, Plan, Prepared, TrainOutcome
+from pipeline.types import Data, Evaluation, Loaded, Machine, Plan, Prepared, Scores, TrainOutcome, TrainTime
 from pipeline.use.cli import (
     Command,
     as_text,
@@ -43,8 +43,8 @@ if TYPE_CHECKING:  # torch comes with it: loaded where training starts, not for 
 
 
 def run(args: argparse.Namespace) -> None:
-    """Scrape → tokenize → plan → pack → load → measure → evaluate → train → evaluate → save, then print
-    the manifest path. Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
+    """Scrape → tokenize → plan → pack → load → measure → evaluate → plan for the time left → train →
+    evaluate → save, then print the manifest path. Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
     from pipeline.record.card import model_card
     from pipeline.train.model import save_adapter
 
@@ -98,11 +98,7 @@ def fit_to_machine(
 ) -> tuple[Loaded, Data]:
     """Load the model (with `continue_from`'s adapter, for an update), measure what the plan needs from
     this machine (the largest micro-batch that fits a GPU, the training speed for a time budget) and plan
-    again (tokenizing the rest of the history if the budget reaches past what was tokenized ahead of it),
-    keep the blocks that plan trains on."""
-    from pipeline.data.dataset import keep_newest
-    from pipeline.plan.planner import format_plan
-    from pipeline.progress import say
+    again."""
     from pipeline.train.model import TRAINING_LIBRARIES, load_libraries, load_model
     from pipeline.train.probe import measure, resumed_speed
 
@@ -117,35 +113,67 @@ def fit_to_machine(
         "measure", measure, data.prepared, data.machine, loaded, data.plan, model.model, data.packed.train,
         resumed,
     )  # fmt: skip
-    if data.prepared.tokenized is not None and plan.train_sequences > data.prepared.tokenized:
-        data = tokenize_the_rest(record, loaded, data, plan)
-        plan = data.plan
-    packed = record.step("pack", keep_newest, data.packed, data.prepared, plan)
-    say(format_plan(plan))
-    return model, replace(data, plan=plan, packed=packed)
+    return model, replace(data, plan=plan)
 
 
-def tokenize_the_rest(record: Record, loaded: LoadedConfig, data: Data, measured: Plan) -> Data:
-    """This machine trains faster than the history tokenized ahead of its budget assumed: tokenize all of
-    it, plan again at the speed measured, pack."""
+def fit_to_time_left(record: Record, loaded: LoadedConfig, data: Data, before: Scores, resume: bool) -> Data:
+    """Plan training for what its time budget leaves now that the run has spent what comes before it (a
+    resumed run: what its first run planned), tokenize the rest of the history if that plan reaches past
+    what was tokenized ahead of it, keep the blocks it trains on, print it."""
+    from pipeline.data.dataset import keep_newest
+    from pipeline.plan.planner import format_plan, time_left
+    from pipeline.progress import say
+    from pipeline.train.probe import resumed_train_time
+
+    plan, train_time = data.plan, None
+    if plan.time_budget_s and plan.speed:
+        train_time = (
+            resumed_train_time(record.previous)
+            if resume
+            else time_left(plan.time_budget_s, record.elapsed_s, before)
+        )
+    if train_time or (data.prepared.tokenized is not None and plan.train_sequences > data.prepared.tokenized):
+        data = planned_again(record, loaded, data, train_time)
+    packed = record.step("pack", keep_newest, data.packed, data.prepared, data.plan)
+    say(format_plan(data.plan))
+    return replace(data, packed=packed)
+
+
+def planned_again(record: Record, loaded: LoadedConfig, data: Data, train_time: TrainTime | None) -> Data:
+    """The plan again at the measured speed, for `train_time`; where it trains more than the history
+    tokenized ahead of its budget (this machine is faster than that assumed), all of it tokenized first."""
     from pipeline.data.dataset import pack
     from pipeline.data.token_cache import prepare
     from pipeline.plan.planner import plan_for
     from pipeline.progress import say
 
-    say(f"the budget trains more than the newest {data.prepared.tokenized:,} sequences: tokenizing the rest")
-    cache_root = record.cache_root(loaded.config.output.cache_dir)
-    prepared = record.step("tokenize_rest", prepare, data.scraped, loaded, cache_root)
-    plan = record.step("plan", plan_for, prepared, data.machine, loaded, measured.probe, speed=measured.speed)
-    return replace(data, prepared=prepared, plan=plan, packed=record.step("pack", pack, prepared, plan))
+    measured = data.plan
+
+    def planned(prepared: Prepared) -> Plan:
+        again = plan_for(
+            prepared, data.machine, loaded, measured.probe, speed=measured.speed, train_time=train_time
+        )
+        return replace(again, probe_note=measured.probe_note)
+
+    plan = planned(data.prepared)
+    if data.prepared.tokenized is not None and plan.train_sequences > data.prepared.tokenized:
+        say(
+            f"the budget trains more than the newest {data.prepared.tokenized:,} sequences: tokenizing the rest"
+        )
+        cache_root = record.cache_root(loaded.config.output.cache_dir)
+        prepared = record.step("tokenize_rest", prepare, data.scraped, loaded, cache_root)
+        plan = planned(prepared)
+        data = replace(data, prepared=prepared, packed=record.step("pack", pack, prepared, plan))
+    record.add(plan)
+    return replace(data, plan=plan)
 
 
 def train_and_evaluate(
     record: Record, loaded: LoadedConfig, data: Data, model: Loaded, resume: bool, history: Path | None = None
 ) -> tuple[TrainOutcome, Any]:
     """Index the repository's past (with an update's `history`: the whole history's scrape, where its own
-    holds the new commits alone), evaluate on the held-out commits, train (resuming, retrying an
-    out-of-memory), evaluate again beside the lookup and the suggestion system; the training's outcome
+    holds the new commits alone), evaluate on the held-out commits, plan training for what the time budget
+    has left, train (resuming, retrying an out-of-memory), evaluate again beside the lookup and the suggestion system; the training's outcome
     and the suggestion system to save beside the adapter (None on ranks that do not write)."""
     from pipeline.data.dataset import held_out_blocks, validation_blocks
     from pipeline.evaluate.evaluation import (
@@ -166,8 +194,8 @@ def train_and_evaluate(
     from pipeline.train.probe import remember_speed
     from pipeline.train.trainer import Job
 
-    config, prepared, plan, packed = loaded.config, data.prepared, data.plan, data.packed
-    held_out = held_out_blocks(packed, plan.eval_blocks)
+    config, prepared, plan = loaded.config, data.prepared, data.plan
+    held_out = held_out_blocks(data.packed, plan.eval_blocks)
     past = (
         record.step(
             "retrieval", learn_past, data.scraped.sequences_path, config.retrieval, plan.seed, history
@@ -191,6 +219,8 @@ def train_and_evaluate(
         "evaluate_before", evaluate_base, model.model, held_out, prompts, plan, prepared, config.eval, cache
     )
     record.add(Evaluation(before, None, [], prompts))
+    data = fit_to_time_left(record, loaded, data, before, resume)
+    prepared, plan, packed = data.prepared, data.plan, data.packed
 
     say(
         f"training {plan.total_steps} steps on {plan.device} × {plan.world_size} ({model.trainable_parameters:,} trainable parameters)"

@@ -246,6 +246,15 @@ class Speed:
 
 
 @dataclass(frozen=True)
+class TrainTime:
+    """What a time budget leaves training, known once the run has spent what comes before it."""
+
+    seconds: float
+    """The deadline's share for training: the budget less what was spent and what comes after."""
+    why: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """Every training parameter, decided: the values as attributes, `decisions` with each one's source
     and reason (in the order they were decided, as the CLI prints them)."""
@@ -268,6 +277,7 @@ class Plan:
     epochs: int
     time_budget_s: float | None
     measured_tokens_per_s: float | None
+    train_seconds: float | None
     train_sequences: int
     effective_batch_size: int
     drop_last: bool
@@ -493,6 +503,8 @@ class Scores:
     seconds: float = 0.0
     cached: bool = False
     """Read back from the evaluation cache (the base model's scores on the same held-out commits)."""
+    scored_in_s: float | None = None
+    """What scoring them took when they were cached (None: not cached, or cached without it)."""
 
 
 @dataclass(frozen=True)

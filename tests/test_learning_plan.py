@@ -12,9 +12,10 @@ from pipeline.config import budget_seconds, load_config
 from pipeline.data.examples import TextStyle, encode_batch
 from pipeline.errors import ConfigError
 from pipeline.evaluate.evaluation import score_outputs
-from pipeline.plan.planner import Footprint, evaluation_interval, make_plan
+from pipeline.plan.planner import Footprint, evaluation_interval, make_plan, time_left, time_limit_s
 from pipeline.train.loss import answer_logits, per_answer_loss, sequence_ids
-from pipeline.types import DataStats, ModelFacts, Speed, TaskPrompt
+from pipeline.train.probe import resumed_train_time
+from pipeline.types import DataStats, ModelFacts, Scores, Speed, TaskPrompt
 from scrapers.formats import prompt_and_response
 from tests.test_planner import TINY, cpu_machine
 
@@ -97,6 +98,71 @@ def test_a_long_prompt_is_cut_the_same_from_its_head_as_from_the_whole():
             head, counted = _head(tokenizer, content, room)
             assert head == content or (len(ids(head)) >= room and ids(content)[: len(ids(head))] == ids(head))
             assert counted is None or counted == ids(head)
+
+
+def test_the_budget_less_what_the_run_spent_and_what_comes_after_is_trained_and_is_where_it_stops():
+    loaded, data, speed = load_config(None), newest_first(1000, 512), Speed(200.0, "a test")
+    # 64 s spent before training, the base model scored in 33 s: 600 − 64 − (33 + 10) = 493 s to the
+    # deadline, of which training fills 8/9 (438.2 s × 200 tokens/s = 87,644 tokens: 171 blocks) and stops at 493.
+    left = time_left(600.0, 64.0, Scores(None, None, seconds=33.0))
+    assert left.seconds == pytest.approx(493.0)
+    assert "64 s spent before training" in left.why and "33 s scoring the fine-tuned model" in left.why
+    plan = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=speed, valid_tokens=4096, train_time=left)
+    assert plan.train_seconds == 438.2 and time_limit_s(plan) == pytest.approx(493.0, abs=0.2)
+    assert plan.train_sequences == 171 and "438 s × 200 tokens/s" in plan.decisions["train_sequences"].reason
+    assert "89% of the 493 s the 600 s budget leaves" in plan.decisions["train_seconds"].reason
+    # Before the run knows what it spends, 80% of the budget, stopping at 90%, as before.
+    share = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=speed, valid_tokens=4096)
+    assert (share.train_seconds, time_limit_s(share), share.train_sequences) == (480.0, 540.0, 187)
+
+
+def test_what_scoring_the_fine_tuned_model_takes_is_what_the_base_model_took_now_or_when_cached():
+    cached = Scores(None, None, seconds=0.0, cached=True, scored_in_s=50.0)
+    assert time_left(600.0, 30.0, cached).seconds == 600 - 30 - 60
+    unrecorded = Scores(None, None, seconds=0.0, cached=True)  # cached before the time was kept
+    assert time_left(600.0, 30.0, unrecorded).seconds == 600 - 30 - (60 + 10)
+    assert "the base model's cached scores do not say" in time_left(600.0, 30.0, unrecorded).why
+
+
+def test_a_run_that_spent_its_budget_before_training_still_trains_a_tenth_of_it():
+    spent = time_left(600.0, 590.0, Scores(None, None, seconds=40.0))
+    plan = make_plan(
+        newest_first(1000, 512),
+        cpu_machine(),
+        SMOLLM2,
+        load_config(None),
+        speed=Speed(200.0, "t"),
+        train_time=spent,
+    )
+    assert time_limit_s(plan) == pytest.approx(60.0, abs=0.2)
+    assert (
+        "leaves 0 s" in plan.decisions["train_seconds"].reason
+        and "outlasts its budget" in plan.decisions["train_seconds"].reason
+    )
+
+
+def test_a_resumed_run_plans_the_training_time_its_first_run_planned():
+    loaded, data, speed = load_config(None), newest_first(1000, 512), Speed(200.0, "a test")
+    first = make_plan(
+        data,
+        cpu_machine(),
+        SMOLLM2,
+        loaded,
+        speed=speed,
+        train_time=time_left(600.0, 77.7, Scores(None, None, seconds=31.3)),
+    )
+    manifest = {"training_parameters": first.to_manifest()}
+    again = make_plan(
+        data, cpu_machine(), SMOLLM2, loaded, speed=speed, train_time=resumed_train_time(manifest)
+    )
+    assert (again.train_seconds, again.train_sequences, again.total_steps) == (
+        first.train_seconds,
+        first.train_sequences,
+        first.total_steps,
+    )
+    assert (
+        resumed_train_time({"training_parameters": {"train_seconds": None}}) is None
+    )  # an earlier version's run
 
 
 def test_text_style_follows_the_chat_template_and_says_why():

@@ -181,7 +181,7 @@ def test_a_run_that_trained_faster_than_planned_says_why_it_left_budget_unused()
 
     from pipeline.train.trainer import budget_unused
 
-    plan = SimpleNamespace(time_budget_s=600.0, measured_tokens_per_s=123.0)  # 480 s train at 123 tokens/s
+    plan = SimpleNamespace(train_seconds=480.0, measured_tokens_per_s=123.0)  # 480 s train at 123 tokens/s
     faster = {"tokens_per_s": 177.0, "processed_tokens": 57_532}  # flask's default run: 468 s planned
     assert budget_unused(plan, 326.0, faster) == (
         "trained in 326 s of the 480 s the time budget gives training: this machine trained 177 tokens/s "
@@ -189,7 +189,7 @@ def test_a_run_that_trained_faster_than_planned_says_why_it_left_budget_unused()
     )
     assert budget_unused(plan, 326.0, {**faster, "tokens_per_s": 140.0}) is None  # within the noise
     assert budget_unused(plan, 100.0, {**faster, "processed_tokens": 17_700}) is None  # it all fitted
-    assert budget_unused(SimpleNamespace(time_budget_s=None, measured_tokens_per_s=None), 9.0, faster) is None
+    assert budget_unused(SimpleNamespace(train_seconds=None, measured_tokens_per_s=None), 9.0, faster) is None
 
 
 def test_advice_on_a_shared_cpu_says_what_took_it():

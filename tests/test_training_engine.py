@@ -186,6 +186,10 @@ def test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_wh
     assert f"token statistics: the newest {tokenized} of {total}" in slow.err
     assert manifest["training_parameters"]["train_sequences"] == 1
     assert dataset["left_out"]["sequences"] == total - 1 and "tokenize_rest_s" not in manifest["timings"]
+    # Training is planned for what the minute leaves once the run spent what came before it: less than 80%.
+    params = manifest["training_parameters"]
+    assert params["train_seconds"] < 0.8 * 60
+    assert "the 60 s budget leaves after" in params["decisions"]["train_seconds"]["reason"]
 
     monkeypatch.setattr(planner, "AHEAD_TOKENS_PER_S", 1)  # a shorter budget: the longer one's entry holds it
     shorter = run_at(1.0, tmp_path / "slow")[1]["dataset"]["cache"]  # again, as a user would

@@ -396,7 +396,14 @@ def evaluate_base(
         try:
             saved = orjson.loads(path.read_bytes())
             say(f"scoring the base model: read from {path} (the same model, questions and held-out blocks)")
-            return Scores(saved["loss"], saved["tasks"], saved["outputs"], 0.0, cached=True)
+            return Scores(
+                saved["loss"],
+                saved["tasks"],
+                saved["outputs"],
+                0.0,
+                cached=True,
+                scored_in_s=saved.get("seconds"),
+            )
         except (OSError, ValueError, KeyError):
             pass  # unreadable: evaluate again, and write it anew
     scores = evaluate(model, held_out, prompts, plan, prepared, config, "the base model")
@@ -412,7 +419,14 @@ def keep_base_scores(path: Path, scores: Scores) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging.write_bytes(
-            orjson.dumps({"loss": scores.loss, "tasks": scores.tasks, "outputs": scores.outputs})
+            orjson.dumps(
+                {
+                    "loss": scores.loss,
+                    "tasks": scores.tasks,
+                    "outputs": scores.outputs,
+                    "seconds": scores.seconds,
+                }
+            )
         )
         staging.replace(path)
     except OSError as err:

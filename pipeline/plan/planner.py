@@ -39,8 +39,10 @@ from pipeline.types import (
     Plan,
     Prepared,
     ProbeRow,
+    Scores,
     Speed,
     TextStyle,
+    TrainTime,
 )
 
 ONE_PROCESS = Launch()
@@ -66,7 +68,10 @@ CPU_EVAL_BLOCKS = (
     4  # held-out blocks per format scored for loss on a CPU (about 30 s for two formats without bf16)
 )
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
-BUDGET_TRAIN_SHARE = 0.8  # of a time budget, for training; the rest loads, evaluates and saves
+BUDGET_TRAIN_SHARE = 0.8  # of a budget, what training fills until the run knows what it spends outside it
+TRAINING_TIME_LIMIT = 0.9  # of it, where training then stops; after, training fills 8/9 of its deadline
+AFTER_TRAINING_S = 10.0  # the past's backtest and saving the adapter and manifest (2 to 5 s on 2 cores)
+UNMEASURED_AFTER_SHARE = 0.1  # of a budget: scoring the fine-tuned model, where no scoring was timed
 AHEAD_TOKENS_PER_S = 2000  # what a run tokenizes ahead of a budget assumes: 10× what 2 cores train (130-190)
 FORWARD_SPEEDUP = 3  # a forward pass alone runs about 3× a training step's tokens/s (no backward)
 EVAL_COST_RATIO = 20  # an evaluation inside training may cost at most 1/20 of the time between two
@@ -104,6 +109,8 @@ class Context:
     """Tokens of the validation commits (0: none)."""
     speed: Speed | None
     """The measured training throughput, which a time budget needs."""
+    train_time: TrainTime | None
+    """What the budget leaves training once the run knows what it spends before and after it."""
     p: Decisions
     gpu: GpuInfo | None = None
     """The smallest GPU, which every process must fit."""
@@ -132,11 +139,22 @@ def make_plan(
     oom_cap: int | None = None,
     valid_tokens: int = 0,
     speed: Speed | None = None,
+    train_time: TrainTime | None = None,
 ) -> Plan:
     """Every rule in order, each deciding its parameters from the context and what the rules before it
     decided: the same inputs give the same plan."""
     context = Context(
-        data, hardware, model, loaded, launch, probe, oom_cap, valid_tokens, speed, Decisions(loaded)
+        data,
+        hardware,
+        model,
+        loaded,
+        launch,
+        probe,
+        oom_cap,
+        valid_tokens,
+        speed,
+        train_time,
+        Decisions(loaded),
     )
     for rule in RULES:
         rule(context)
@@ -215,8 +233,9 @@ def _budget(c: Context) -> None:
     p = c.p
     c.epochs = p.from_config("epochs", lambda cfg: cfg.train.epochs)
     budget = _time_budget(p, c.device, c.speed)
-    if budget and c.speed:
-        fitted, epochs = _fit_budget(p, c.data, c.sequence_length, c.blocks, c.epochs, budget, c.speed)
+    seconds = _train_seconds(p, budget, c.train_time)
+    if seconds and c.speed:
+        fitted, epochs = _fit_budget(p, c.data, c.sequence_length, c.blocks, c.epochs, seconds, c.speed)
         if (fitted, epochs) != (c.blocks, c.epochs):
             c.micro, c.accumulation = _short_run_batch(p, fitted * epochs, c.micro, c.accumulation, c.world)
         c.blocks, c.epochs = fitted, epochs
@@ -370,9 +389,10 @@ def plan_for(
     probe: tuple[ProbeRow, ...] = (),
     oom_cap: int | None = None,
     speed: Speed | None = None,
+    train_time: TrainTime | None = None,
 ) -> Plan:
-    """The plan for this data and model on this machine (again after a probe, a speed measurement or an
-    out-of-memory: see `make_plan`)."""
+    """The plan for this data and model on this machine (again after a probe, a speed measurement, the
+    time spent before training or an out-of-memory: see `make_plan`)."""
     return make_plan(
         prepared.stats,
         machine.hardware,
@@ -383,6 +403,7 @@ def plan_for(
         oom_cap,
         prepared.counts["valid_tokens"],
         speed,
+        train_time,
     )
 
 
@@ -991,14 +1012,71 @@ def _time_budget(p: Decisions, device: str, speed: Speed | None) -> float | None
     return budget
 
 
+def _train_seconds(p: Decisions, budget: float | None, train_time: TrainTime | None) -> float | None:
+    """What training fills of a time budget at the measured speed: BUDGET_TRAIN_SHARE of it (stopping at
+    TRAINING_TIME_LIMIT) until the run knows what it spends before and after training, then as much of
+    the deadline that leaves (8/9 of it, stopping at the deadline itself)."""
+    if budget is None:
+        return p.planned("train_seconds", None, "no time budget")
+    if train_time is None:
+        return p.planned(
+            "train_seconds",
+            budget * BUDGET_TRAIN_SHARE,
+            f"{BUDGET_TRAIN_SHARE:.0%} of the {budget:.0f} s budget, until the run has spent what comes before "
+            "training (then the budget less that and what comes after)",
+        )
+    least = budget * (1 - TRAINING_TIME_LIMIT)
+    seconds = max(least, train_time.seconds) * BUDGET_TRAIN_SHARE / TRAINING_TIME_LIMIT
+    why = (
+        f"{BUDGET_TRAIN_SHARE / TRAINING_TIME_LIMIT:.0%} of the {train_time.seconds:.0f} s {train_time.why}"
+        if train_time.seconds >= least
+        else f"{train_time.why} leaves {max(0.0, train_time.seconds):.0f} s, so "
+        f"{BUDGET_TRAIN_SHARE / TRAINING_TIME_LIMIT:.0%} of {least:.0f} s, the least it trains (the run outlasts "
+        "its budget)"
+    )
+    return p.planned(
+        "train_seconds",
+        round(seconds, 1),
+        f"{why}; training stops at the deadline, and validates inside it",
+    )
+
+
+def time_left(budget_s: float, spent_s: float, before: Scores) -> TrainTime:
+    """What a time budget leaves training just before it starts: the budget less what the run spent
+    (scraping, tokenizing, loading, measuring, scoring the base model) and what comes after training:
+    scoring the fine-tuned model, as long as the base model's scoring took (now, or when its scores were
+    cached), and AFTER_TRAINING_S."""
+    scored = before.scored_in_s if before.cached else before.seconds
+    if scored is None:
+        scored = budget_s * UNMEASURED_AFTER_SHARE
+        how = (
+            f"{scored:.0f} s scoring the fine-tuned model ({UNMEASURED_AFTER_SHARE:.0%} of the budget: the base "
+            "model's cached scores do not say what scoring took)"
+        )
+    else:
+        when = " when cached" if before.cached else ""
+        how = f"{scored:.0f} s scoring the fine-tuned model, what the base model's scoring took{when}"
+    after = scored + AFTER_TRAINING_S
+    return TrainTime(
+        budget_s - spent_s - after,
+        f"the {budget_s:.0f} s budget leaves after {spent_s:.0f} s spent before training (scraping, tokenizing, "
+        f"loading, measuring, scoring the base model) and {after:.0f} s after it ({how}; {AFTER_TRAINING_S:.0f} s "
+        "the past's backtest and saving)",
+    )
+
+
+def time_limit_s(plan: Plan) -> float | None:
+    """Where training stops whatever its steps: the deadline its training seconds were fitted to."""
+    return plan.train_seconds * TRAINING_TIME_LIMIT / BUDGET_TRAIN_SHARE if plan.train_seconds else None
+
+
 def _fit_budget(
-    p: Decisions, data: DataStats, length: int, blocks: int, epochs: int, budget: float, speed: Speed
+    p: Decisions, data: DataStats, length: int, blocks: int, epochs: int, seconds: float, speed: Speed
 ) -> tuple[int, int]:
-    """Blocks and epochs that fit the budget's training share at the measured speed: every pass that
-    fits, else one pass over the newest sequences that fit (the rest are left out, and said so)."""
-    seconds = budget * BUDGET_TRAIN_SHARE
+    """Blocks and epochs that fit the training seconds at the measured speed: every pass that fits, else
+    one pass over the newest sequences that fit (the rest are left out, and said so)."""
     affordable = max(1, int(speed.tokens_per_s * seconds) // length)
-    at_speed = f"{seconds:.0f} s ({BUDGET_TRAIN_SHARE:.0%} of the budget) × {speed.tokens_per_s:.0f} tokens/s"
+    at_speed = f"{seconds:.0f} s × {speed.tokens_per_s:.0f} tokens/s"
     if affordable >= blocks * epochs:
         p.planned("train_sequences", data.sequences, f"all {data.sequences}: {epochs} passes fit {at_speed}")
         return blocks, epochs

@@ -29,7 +29,7 @@ from pipeline.hardware import GB
 from pipeline.manifest import provenance_hash, utc_now, write_json
 from pipeline.progress import say
 from pipeline.train.model import autocast
-from pipeline.types import Machine, PackedSplit, Plan, Prepared, ProbeRow, Speed, TrainOutcome
+from pipeline.types import Machine, PackedSplit, Plan, Prepared, ProbeRow, Speed, TrainOutcome, TrainTime
 
 MIN_STEPS_FOR_SPEED = 5  # a run this long measures its speed well enough for the next run's budget
 
@@ -258,6 +258,19 @@ def resumed_speed(earlier: dict[str, Any] | None) -> Speed | None:
     return Speed(measured, "the run being resumed, whose plan it keeps") if measured else None
 
 
+def resumed_train_time(earlier: dict[str, Any] | None) -> TrainTime | None:
+    """The training time the run being resumed was planned for (`earlier`: its manifest), so the plan
+    (and its data) match the checkpoint's; None where that run did not record one."""
+    from pipeline.plan.planner import BUDGET_TRAIN_SHARE, TRAINING_TIME_LIMIT
+
+    seconds = ((earlier or {}).get("training_parameters") or {}).get("train_seconds")
+    return (
+        TrainTime(seconds * TRAINING_TIME_LIMIT / BUDGET_TRAIN_SHARE, "the run being resumed planned")
+        if seconds
+        else None
+    )
+
+
 def remember_speed(outcome: TrainOutcome, machine: Machine, model_name: str) -> None:
     """Keep a finished run's training speed on this machine for the next run's time budget, with how much
     of the CPU other processes took meanwhile."""
@@ -343,11 +356,7 @@ def measure(
             )
             speed = replace(speed, how=speed.how + stale, cores_gflops=pace)
         plan = plan_for(prepared, machine, loaded, rows, speed=speed)
-        say(
-            f"training speed {speed.tokens_per_s:.0f} tokens/s, measured by {speed.how}: "
-            f"{plan.train_sequences} of {prepared.stats.sequences} sequences fit the "
-            f"{plan.time_budget_s:.0f} s budget"
-        )
+        say(f"training speed {speed.tokens_per_s:.0f} tokens/s, measured by {speed.how}")
     return replace(plan, probe_note=probe_note)
 
 

@@ -35,7 +35,7 @@ from pipeline.data.dataset import block_dataset
 from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.hardware import usable_cores
 from pipeline.manifest import MANIFEST_FILE, finite, write_json
-from pipeline.plan.planner import BUDGET_TRAIN_SHARE
+from pipeline.plan.planner import time_limit_s
 from pipeline.progress import clock, say
 from pipeline.train.distributed import Coordinator
 from pipeline.train.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
@@ -46,7 +46,6 @@ from pipeline.train.probe import SPEED_NOISE
 from pipeline.train.trackers import attach_trackers, tracker_failure
 from pipeline.types import PackedSplit, Plan, TrainOutcome
 
-TRAINING_TIME_LIMIT = 0.9  # of a time budget: training stops here even if the planned steps are not done
 FILLED_SHARE = 0.9  # of its training share, a plan that fills a time budget (`budget_unused`)
 
 
@@ -499,7 +498,7 @@ def train(job: Job) -> TrainOutcome:
     monitor = HardwareMonitor(
         job.monitor.collection_interval_seconds, import_nvml() if launch.local_rank == 0 else None
     )
-    time_limit = plan.time_budget_s * TRAINING_TIME_LIMIT if plan.time_budget_s else None
+    time_limit = time_limit_s(plan)
     progress = _Progress(job, monitor, time_limit)
     history = TrainingHistory(
         job.train.real_tokens, math.ceil(job.train.blocks / plan.world_size),  # this process's share
@@ -538,9 +537,10 @@ def budget_unused(plan: Plan, runtime_s: float | None, throughput: dict[str, Any
     machine then trained faster than the speed it was planned at (a shared host speeds up too: flask's
     default run planned 123 tokens/s, trained at 177 and used 326 s of 480); else None."""
     planned = plan.measured_tokens_per_s
-    if not (plan.time_budget_s and planned and runtime_s and throughput and throughput.get("tokens_per_s")):
+    share = plan.train_seconds
+    if not (share and planned and runtime_s and throughput and throughput.get("tokens_per_s")):
         return None
-    share, ran = plan.time_budget_s * BUDGET_TRAIN_SHARE, throughput["tokens_per_s"]
+    ran = throughput["tokens_per_s"]
     if throughput["processed_tokens"] / planned < FILLED_SHARE * share or ran < planned * (1 + SPEED_NOISE):
         return None
     return (
