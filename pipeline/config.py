@@ -110,8 +110,9 @@ class TrainConfig:
     epochs: int = field(default=3, metadata=POSITIVE)
     """Passes over the training blocks."""
     time_budget: str | int | float | None = "auto"
-    """Wall-clock bound on the training stage: `10m`, `90s`, `1h`, a number of seconds, or none; auto: 10m
-    on a CPU, none on a GPU. Within it the planner trains the newest commits that fit, at measured speed."""
+    """Wall-clock bound on the run: `10m`, `90s`, `1h`, a number of seconds, or none; auto: 10m on a CPU,
+    none on a GPU. Training gets what the rest of the run leaves of it: the planner trains the newest
+    commits that fit, at measured speed."""
     newest_sequences: int | None = field(default=None, metadata=POSITIVE_OR_NULL)
     """Train on this many of the newest training sequences alone (a commit gives one per format); null: all,
     or what a time budget fits. Every commit is still indexed, retrieved from and scored on, unlike

@@ -101,8 +101,8 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget",
         metavar="DURATION",
-        help="bound training to this wall-clock time, e.g. 10m, 90s, 1h, or none "
-        "(train.time_budget; default: 10m on a CPU, none on a GPU)",
+        help="bound the run to this wall-clock time (training gets what scraping, loading and scoring "
+        "leave), e.g. 10m, 90s, 1h, or none (train.time_budget; default: 10m on a CPU, none on a GPU)",
     )
 
 
