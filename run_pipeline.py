@@ -44,7 +44,8 @@ if TYPE_CHECKING:  # torch comes with it: loaded where training starts, not for 
 
 def run(args: argparse.Namespace) -> None:
     """Scrape → tokenize → plan → pack → load → measure → evaluate → plan for the time left → train →
-    evaluate → save, then print the manifest path. Under torchrun / accelerate launch, rank 0 prepares the data and every rank trains."""
+    evaluate → save, then print the manifest path. Under torchrun / accelerate launch, rank 0 prepares the
+    data and every rank trains."""
     from pipeline.record.card import model_card
     from pipeline.train.model import save_adapter
 
@@ -132,16 +133,16 @@ def fit_to_time_left(record: Record, loaded: LoadedConfig, data: Data, before: S
             if resume
             else time_left(plan.time_budget_s, record.elapsed_s, before)
         )
-    if train_time or (data.prepared.tokenized is not None and plan.train_sequences > data.prepared.tokenized):
-        data = planned_again(record, loaded, data, train_time)
+    data = planned_again(record, loaded, data, train_time)
     packed = record.step("pack", keep_newest, data.packed, data.prepared, data.plan)
     say(format_plan(data.plan))
     return replace(data, packed=packed)
 
 
 def planned_again(record: Record, loaded: LoadedConfig, data: Data, train_time: TrainTime | None) -> Data:
-    """The plan again at the measured speed, for `train_time`; where it trains more than the history
-    tokenized ahead of its budget (this machine is faster than that assumed), all of it tokenized first."""
+    """The plan again at the measured speed (the measured plan itself where there is no `train_time`);
+    where it trains more than the history tokenized ahead of its budget (this machine is faster than that
+    assumed), all of it tokenized first."""
     from pipeline.data.dataset import pack
     from pipeline.data.token_cache import prepare
     from pipeline.plan.planner import plan_for

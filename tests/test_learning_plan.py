@@ -12,7 +12,7 @@ from pipeline.config import budget_seconds, load_config
 from pipeline.data.examples import TextStyle, encode_batch
 from pipeline.errors import ConfigError
 from pipeline.evaluate.evaluation import score_outputs
-from pipeline.plan.planner import Footprint, evaluation_interval, make_plan, time_left, time_limit_s
+from pipeline.plan.planner import Footprint, deadline_s, evaluation_interval, make_plan, time_left
 from pipeline.train.loss import answer_logits, per_answer_loss, sequence_ids
 from pipeline.train.probe import resumed_train_time
 from pipeline.types import DataStats, ModelFacts, Scores, Speed, TaskPrompt
@@ -108,12 +108,16 @@ def test_the_budget_less_what_the_run_spent_and_what_comes_after_is_trained_and_
     assert left.seconds == pytest.approx(493.0)
     assert "64 s spent before training" in left.why and "33 s scoring the fine-tuned model" in left.why
     plan = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=speed, valid_tokens=4096, train_time=left)
-    assert plan.train_seconds == 438.2 and time_limit_s(plan) == pytest.approx(493.0, abs=0.2)
+    assert plan.train_seconds == 438.2 and deadline_s(plan.train_seconds) == pytest.approx(493.0, abs=0.2)
     assert plan.train_sequences == 171 and "438 s × 200 tokens/s" in plan.decisions["train_sequences"].reason
     assert "89% of the 493 s the 600 s budget leaves" in plan.decisions["train_seconds"].reason
     # Before the run knows what it spends, 80% of the budget, stopping at 90%, as before.
     share = make_plan(data, cpu_machine(), SMOLLM2, loaded, speed=speed, valid_tokens=4096)
-    assert (share.train_seconds, time_limit_s(share), share.train_sequences) == (480.0, 540.0, 187)
+    assert (share.train_seconds, deadline_s(share.train_seconds), share.train_sequences) == (
+        480.0,
+        540.0,
+        187,
+    )
 
 
 def test_what_scoring_the_fine_tuned_model_takes_is_what_the_base_model_took_now_or_when_cached():
@@ -134,7 +138,7 @@ def test_a_run_that_spent_its_budget_before_training_still_trains_a_tenth_of_it(
         speed=Speed(200.0, "t"),
         train_time=spent,
     )
-    assert time_limit_s(plan) == pytest.approx(60.0, abs=0.2)
+    assert deadline_s(plan.train_seconds) == pytest.approx(60.0, abs=0.2)
     assert (
         "leaves 0 s" in plan.decisions["train_seconds"].reason
         and "outlasts its budget" in plan.decisions["train_seconds"].reason

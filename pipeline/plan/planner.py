@@ -661,7 +661,7 @@ def _micro_limit(
 ) -> tuple[int, str]:
     """The largest micro-batch memory allows: what the probe fitted, else the tier's size scaled to the
     block length, shrunk where the memory estimate says it does not fit; and why."""
-    plan = p.loaded.config.plan
+    plan, length = p.loaded.config.plan, memory.sequence_length
     fitting = [row.batch_size for row in probe if row.fits]
     if fitting:
         limit = max(fitting)
@@ -670,7 +670,6 @@ def _micro_limit(
         # A CPU trains a larger micro-batch no faster per token, and slower where its activations outgrow
         # the caches: smollm2-135m on 2 bf16 cores (psf/requests, the same effective batch, 2 rounds each),
         # 1 × 1,024 tokens 604 and 611 tokens/s, 3 × 1,024 559 and 565; fp32 243 and 258 against 218 and 225.
-        length = memory.sequence_length
         limit = max(1, plan.batch_reference_tokens // length)
         reason = (
             f"cpu: about {plan.batch_reference_tokens} tokens a micro-batch ({limit} × {length}), the tier "
@@ -678,7 +677,6 @@ def _micro_limit(
             "tokens ran 8% (bf16) and 13% (fp32) faster than 3 × 1024 on 2 cores)"
         )
     else:
-        length = memory.sequence_length
         limit = max(1, tier * plan.batch_reference_tokens // length)
         reason = f"{tier_reason}: batch {tier}"
         if length != plan.batch_reference_tokens:
@@ -1025,14 +1023,13 @@ def _train_seconds(p: Decisions, budget: float | None, train_time: TrainTime | N
             f"{BUDGET_TRAIN_SHARE:.0%} of the {budget:.0f} s budget, until the run has spent what comes before "
             "training (then the budget less that and what comes after)",
         )
-    least = budget * (1 - TRAINING_TIME_LIMIT)
-    seconds = max(least, train_time.seconds) * BUDGET_TRAIN_SHARE / TRAINING_TIME_LIMIT
+    least, fill = budget * (1 - TRAINING_TIME_LIMIT), BUDGET_TRAIN_SHARE / TRAINING_TIME_LIMIT
+    seconds = max(least, train_time.seconds) * fill
     why = (
-        f"{BUDGET_TRAIN_SHARE / TRAINING_TIME_LIMIT:.0%} of the {train_time.seconds:.0f} s {train_time.why}"
+        f"{fill:.0%} of the {train_time.seconds:.0f} s {train_time.why}"
         if train_time.seconds >= least
-        else f"{train_time.why} leaves {max(0.0, train_time.seconds):.0f} s, so "
-        f"{BUDGET_TRAIN_SHARE / TRAINING_TIME_LIMIT:.0%} of {least:.0f} s, the least it trains (the run outlasts "
-        "its budget)"
+        else f"{train_time.why} leaves {max(0.0, train_time.seconds):.0f} s, so {fill:.0%} of {least:.0f} s, "
+        "the least it trains (the run outlasts its budget)"
     )
     return p.planned(
         "train_seconds",
@@ -1065,9 +1062,9 @@ def time_left(budget_s: float, spent_s: float, before: Scores) -> TrainTime:
     )
 
 
-def time_limit_s(plan: Plan) -> float | None:
-    """Where training stops whatever its steps: the deadline its training seconds were fitted to."""
-    return plan.train_seconds * TRAINING_TIME_LIMIT / BUDGET_TRAIN_SHARE if plan.train_seconds else None
+def deadline_s(train_seconds: float | None) -> float | None:
+    """Where training stops whatever its steps: the deadline `train_seconds` (a plan's) were fitted to."""
+    return train_seconds * TRAINING_TIME_LIMIT / BUDGET_TRAIN_SHARE if train_seconds else None
 
 
 def _fit_budget(

@@ -261,14 +261,10 @@ def resumed_speed(earlier: dict[str, Any] | None) -> Speed | None:
 def resumed_train_time(earlier: dict[str, Any] | None) -> TrainTime | None:
     """The training time the run being resumed was planned for (`earlier`: its manifest), so the plan
     (and its data) match the checkpoint's; None where that run did not record one."""
-    from pipeline.plan.planner import BUDGET_TRAIN_SHARE, TRAINING_TIME_LIMIT
+    from pipeline.plan.planner import deadline_s
 
-    seconds = ((earlier or {}).get("training_parameters") or {}).get("train_seconds")
-    return (
-        TrainTime(seconds * TRAINING_TIME_LIMIT / BUDGET_TRAIN_SHARE, "the run being resumed planned")
-        if seconds
-        else None
-    )
+    deadline = deadline_s(((earlier or {}).get("training_parameters") or {}).get("train_seconds"))
+    return TrainTime(deadline, "the run being resumed planned") if deadline else None
 
 
 def remember_speed(outcome: TrainOutcome, machine: Machine, model_name: str) -> None:

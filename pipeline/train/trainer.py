@@ -35,7 +35,7 @@ from pipeline.data.dataset import block_dataset
 from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.hardware import usable_cores
 from pipeline.manifest import MANIFEST_FILE, finite, write_json
-from pipeline.plan.planner import time_limit_s
+from pipeline.plan.planner import deadline_s
 from pipeline.progress import clock, say
 from pipeline.train.distributed import Coordinator
 from pipeline.train.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
@@ -498,7 +498,7 @@ def train(job: Job) -> TrainOutcome:
     monitor = HardwareMonitor(
         job.monitor.collection_interval_seconds, import_nvml() if launch.local_rank == 0 else None
     )
-    time_limit = time_limit_s(plan)
+    time_limit = deadline_s(plan.train_seconds)
     progress = _Progress(job, monitor, time_limit)
     history = TrainingHistory(
         job.train.real_tokens, math.ceil(job.train.blocks / plan.world_size),  # this process's share
