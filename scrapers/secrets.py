@@ -144,10 +144,11 @@ def _says_it_stands_in(lowered: str) -> bool:
 _CREDENTIAL_WORDS = frozenset(
     {"password", "passwd", "passphrase", "pwd", "pass", "secret", "token", "credential", "credentials",
      "auth", "apikey", "accesskey", "privatekey", "secretkey", "authkey", "authtoken", "accesstoken",
-     "requirepass", "masterauth", "psk"}
+     "requirepass", "masterauth", "psk", "pgpassword", "sshpass"}
 )  # fmt: skip
 """The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey, Redis's
-requirepass, wpa_supplicant's psk (and, in `credential_name`, a secret key's base and some salts)."""
+requirepass, wpa_supplicant's psk, the variables psql and sshpass read a password from (PGPASSWORD, SSHPASS)
+(and, in `credential_name`, a secret key's base and some salts)."""
 _KEY_PREFIXES = (
     "api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt", "subscription"
 )  # fmt: skip
@@ -1451,7 +1452,7 @@ def _redact_text(text: str, candidates: list[int]) -> tuple[str, Counter]:
         if number not in candidates and not (changed and view.holds(rule)):
             continue
         if rule.multiline:
-            redacted = rule.pattern.sub(partial(_replace, rule=rule, counts=counts), view.text)
+            redacted = substituted(rule, view.text, 0, len(view.text), counts) or view.text
         else:
             redacted = _redact_lines(view, rule, counts)
         if redacted != view.text:
@@ -1504,12 +1505,32 @@ def _redact_lines(view: _View, rule: Rule, counts: Counter) -> str:
     for start in starts:
         end = text.find("\n", start)
         end = len(text) if end < 0 else end
-        for match in rule.pattern.finditer(text, start, end):
-            replacement = _replace(match, rule, counts)
-            if replacement != match.group(0):
-                pieces += [text[done : match.start()], replacement]
-                done = match.end()
+        line = substituted(rule, text, start, end, counts)
+        if line is not None:
+            pieces += [text[done:start], line]
+            done = end
     return "".join([*pieces, text[done:]]) if pieces else text
+
+
+def substituted(rule: Rule, text: str, start: int, end: int, counts: Counter) -> str | None:
+    """`text[start:end]` with `rule`'s secrets replaced, None where it has none. Where the rule rejects a
+    match whose value assigns something itself, the search goes on from where that value begins, not
+    after the match as `finditer` would: the value may begin a secret of its own (`env =
+    "DB_PASSWORD=\\"hunter2\\""`, read with its quotes unescaped, is first a quoted value `DB_PASSWORD=`
+    of a name `env`). Any other rejected value is left whole: read from inside, its closing quote would
+    open a string (`type="password" size="30"` would give `password" size="30"`)."""
+    pieces, done, at = [], start, start
+    while at <= end and (match := rule.pattern.search(text, at, end)):
+        if rule.accept and not rule.accept(match):
+            inside = _ASSIGNS.search(match.group(rule.group))
+            at = max(match.start(rule.group) if inside else match.end(), match.start() + 1)
+            continue
+        pieces += [text[done : match.start()], _redacted(match, rule, counts)]
+        done, at = match.end(), max(match.end(), match.start() + 1)
+    return "".join([*pieces, text[done:end]]) if pieces else None
+
+
+_ASSIGNS = re.compile(r"[=:]")
 
 
 def _hint_line_starts(haystack: str, patterns: tuple[re.Pattern[str], ...]) -> list[int]:
@@ -1521,10 +1542,9 @@ def _hint_line_starts(haystack: str, patterns: tuple[re.Pattern[str], ...]) -> l
     return sorted(lines)
 
 
-def _replace(match: re.Match[str], rule: Rule, counts: Counter) -> str:
+def _redacted(match: re.Match[str], rule: Rule, counts: Counter) -> str:
+    """The match with its secret replaced by `<REDACTED:rule>` (the rule accepted it), counted."""
     secret = match.group(rule.group)
-    if rule.accept and not rule.accept(match):
-        return match.group(0)
     counts[rule.name] += 1
     whole = match.group(0)
     start = match.start(rule.group) - match.start(0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from functools import partial
 
 import pytest
 from hypothesis import given
@@ -17,12 +16,12 @@ from scrapers.secrets import (
     _hint_index,
     _literal_start,
     _marked,
-    _replace,
     _unescaped,
     line_syntaxes,
     looks_random,
     redact,
     redact_all,
+    substituted,
     syntax_of,
 )
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
@@ -217,6 +216,9 @@ def test_a_file_that_is_a_credential_by_its_name_is_redacted_whole():
         "Net::SMTP.start(host, 25, helo, user, ENV['SMTP_PASSWORD'], :plain)",
         'msg = "the password is \\"required\\""',  # escaped quotes around a word in a sentence in code
         'raise ValueError("password=\\"" + pw + "\\"")',
+        'pgpassword = os.environ["PGPASSWORD"]',
+        'help = "set it with \\"--password\\" or PGPASSWORD"',
+        'env = "DB_PASSWORD=\\"\\""',  # nothing between the quotes
     ],
 )
 def test_lookalikes_are_left_alone(line):
@@ -245,14 +247,17 @@ def _redact_without_hints(text: str) -> tuple[str, Counter]:
     """Every rule's regex on every line (the key block rule on the whole text): what redaction
     must give, since hints only choose which lines to skip."""
     counts: Counter = Counter()
+
+    def replace(rule, text):
+        return substituted(rule, text, 0, len(text), counts) or text
+
     for rule in RULES:
-        replace = partial(_replace, rule=rule, counts=counts)
         if rule.multiline:
-            text = rule.pattern.sub(replace, text)
+            text = replace(rule, text)
         else:
             lines = zip(text.split("\n"), line_syntaxes(text), strict=True)
             text = "\n".join(
-                rule.pattern.sub(replace, line) if syntax in rule.syntaxes else line for line, syntax in lines
+                replace(rule, line) if syntax in rule.syntaxes else line for line, syntax in lines
             )
     if _ESCAPED_QUOTE.search(text):
         plain, where = _unescaped(text)
@@ -282,6 +287,8 @@ _PIECES = [
     f'body = "{{\\"token\\": \\"{_VALUE}\\"}}"',
     'x = "{\\\\\\"password\\\\\\": \\\\\\"hunter2x\\\\\\"}"',
     '\\"',
+    'env = "DB_PASSWORD=\\"hunter2x\\""',
+    '<input type="password" name="password" size="30">',
     "İ",
     "ſ",
     "résumé",
@@ -539,6 +546,13 @@ CREDENTIALS = [
     ("test/api.test.js", "const body = '{\\'password\\': \\'swordfish\\'}';"),
     ("deploy.sh", 'ssh db "redis-cli -a \\"swordfish\\" ping"'),
     ("docker-compose.yml", '    command: sh -c "app --api-key=\\"swordfish\\""'),
+    # Inside a value a rule rejected: `env = "..."` is first read as a quoted value of a name `env`.
+    ("deploy.py", 'env = "DB_PASSWORD=\\"swordfish\\""'),
+    ("app/config.py", 'label = "password: \\"swordfish\\""'),
+    # The variables psql and sshpass read a password from.
+    ("backup.sh", "PGPASSWORD=swordfish pg_dump -U app app > dump.sql"),
+    ("deploy.py", "cmd = 'PGPASSWORD=\"swordfish\" psql -U app'"),
+    ("deploy.sh", "SSHPASS=swordfish sshpass -e ssh deploy@host"),
 ]
 
 
