@@ -182,14 +182,32 @@ def test_a_run_that_trained_faster_than_planned_says_why_it_left_budget_unused()
     from pipeline.train.trainer import budget_unused
 
     plan = SimpleNamespace(train_seconds=480.0, measured_tokens_per_s=123.0)  # 480 s train at 123 tokens/s
-    faster = {"tokens_per_s": 177.0, "processed_tokens": 57_532}  # flask's default run: 468 s planned
+    # flask's default run: 468 s planned. The steps' speed is the plan's kind: validations left out.
+    faster = {"tokens_per_s": 170.0, "step_tokens_per_s": 177.0, "processed_tokens": 57_532}
     assert budget_unused(plan, 326.0, faster) == (
         "trained in 326 s of the 480 s the time budget gives training: this machine trained 177 tokens/s "
         "where the plan rested on 123; the next run here plans with the speed it trained at"
     )
-    assert budget_unused(plan, 326.0, {**faster, "tokens_per_s": 140.0}) is None  # within the noise
+    assert budget_unused(plan, 326.0, {**faster, "step_tokens_per_s": 140.0}) is None  # within the noise
     assert budget_unused(plan, 100.0, {**faster, "processed_tokens": 17_700}) is None  # it all fitted
     assert budget_unused(SimpleNamespace(train_seconds=None, measured_tokens_per_s=None), 9.0, faster) is None
+
+
+def test_the_speed_a_run_leaves_the_next_is_its_steps_without_its_validations():
+    """The probe times passes and the plan fits validations beside them: a speed that counted a run's
+    validations would plan the next run short (one that validated every 12 steps: 546 tokens/s, where
+    its steps ran 763)."""
+    from pipeline.train.trainer import TrainingHistory
+
+    history = TrainingHistory(1000, 10, False, lambda: None)
+    history.train_runtime_s, history.step_time_s, history.data_wait_s = 10.0, [1.0] * 10, [0.0] * 10
+    history.blocks, history.validation_s = 8, 2.0
+    plan = make_plan(same_length(20, 100), cpu_machine(2), TINY, load_config(None, []))
+    report = throughput_report(history, plan, {}, 2, 1.0, 135_000_000)
+    processed = 8 * plan.sequence_length
+    assert report["processed_tokens"] == processed and report["validation_s"] == 2.0
+    assert report["tokens_per_s"] == round(processed / 10.0, 1)
+    assert report["step_tokens_per_s"] == round(processed / 8.0, 1)
 
 
 def test_advice_on_a_shared_cpu_says_what_took_it():

@@ -61,6 +61,10 @@ def test_held_out_loss_falls_and_samples_are_recorded(trained_run):
     best = min(history, key=lambda entry: entry["loss"])
     assert (kept["step"], kept["validation_loss"]) == (best["step"], best["loss"])
     assert kept["kept"] == ("last" if best["step"] == last else "best")
+    # Their time is counted apart: the speed the next run plans with is the steps' alone.
+    throughput = manifest["training_report"]["throughput"]
+    assert 0 < throughput["validation_s"] < manifest["timings"]["train_s"]
+    assert throughput["step_tokens_per_s"] > throughput["tokens_per_s"]
     samples = evaluation["samples"]
     # Three held-out commits (10% of 30), each asked its message from its diff and a line of its change.
     assert [sample["task"] for sample in samples["after"]] == ["message"] * 3 + ["code"] * 3

@@ -268,9 +268,10 @@ def resumed_train_time(earlier: dict[str, Any] | None) -> TrainTime | None:
 
 
 def remember_speed(outcome: TrainOutcome, machine: Machine, model_name: str) -> None:
-    """Keep a finished run's training speed on this machine for the next run's time budget, with how much
-    of the CPU other processes took meanwhile."""
-    tokens_per_s = (outcome.throughput or {}).get("tokens_per_s")
+    """Keep a finished run's training speed on this machine (its steps', validations left out, as the
+    probe measures) for the next run's time budget, with how much of the CPU other processes took
+    meanwhile."""
+    tokens_per_s = (outcome.throughput or {}).get("step_tokens_per_s")
     steps = outcome.history["training"]["global_step"] or 0
     busy = ((outcome.hardware or {}).get("summary") or {}).get("other_cores", {}).get("mean")
     pace = outcome.plan.speed.cores_gflops if outcome.plan.speed else None

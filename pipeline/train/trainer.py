@@ -82,6 +82,8 @@ class RepotuneTrainer(Trainer):
             self.args.per_device_eval_batch_size,
             self.precision,
         )
+        if self.is_in_train:  # inside the training time (not the final one after it)
+            self.history.validation_s += scored["seconds"]
         metrics = {f"{metric_key_prefix}_loss": scored["loss"]}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
@@ -119,6 +121,8 @@ class TrainingHistory(TrainerCallback):
     start_step: int = 0
     """The step training began at in this process (a resumed run's checkpoint step)."""
     train_runtime_s: float | None = None
+    validation_s: float = 0.0
+    """Seconds of `train_runtime_s` spent validating."""
     kept: dict[str, Any] | None = None
     """The step whose adapter weights were kept (the best on validation, or the last) and why training
     stopped where it did; None without validation during training."""
@@ -140,6 +144,7 @@ class TrainingHistory(TrainerCallback):
         ):
             getattr(self, name).clear()
         self.trained_tokens = self.blocks = 0
+        self.validation_s = 0.0
 
     def resume_from(self, log_history: list[dict[str, Any]]) -> None:
         """Take the history logged before a checkpoint (trainer_state.json) as this run's start."""
@@ -538,9 +543,9 @@ def budget_unused(plan: Plan, runtime_s: float | None, throughput: dict[str, Any
     default run planned 123 tokens/s, trained at 177 and used 326 s of 480); else None."""
     planned = plan.measured_tokens_per_s
     share = plan.train_seconds
-    if not (share and planned and runtime_s and throughput and throughput.get("tokens_per_s")):
+    if not (share and planned and runtime_s and throughput and throughput.get("step_tokens_per_s")):
         return None
-    ran = throughput["tokens_per_s"]
+    ran = throughput["step_tokens_per_s"]  # the steps', as the plan's speed is
     if throughput["processed_tokens"] / planned < FILLED_SHARE * share or ran < planned * (1 + SPEED_NOISE):
         return None
     return (
