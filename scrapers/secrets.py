@@ -1512,6 +1512,10 @@ def _redact_lines(view: _View, rule: Rule, counts: Counter) -> str:
     return "".join([*pieces, text[done:]]) if pieces else text
 
 
+_ASSIGNS = re.compile(r"[=:]")
+"""In a value a rule rejected: it assigns something itself, so a secret may begin inside it."""
+
+
 def substituted(rule: Rule, text: str, start: int, end: int, counts: Counter) -> str | None:
     """`text[start:end]` with `rule`'s secrets replaced, None where it has none. Where the rule rejects a
     match whose value assigns something itself, the search goes on from where that value begins, not
@@ -1528,9 +1532,6 @@ def substituted(rule: Rule, text: str, start: int, end: int, counts: Counter) ->
         pieces += [text[done : match.start()], _redacted(match, rule, counts)]
         done, at = match.end(), max(match.end(), match.start() + 1)
     return "".join([*pieces, text[done:end]]) if pieces else None
-
-
-_ASSIGNS = re.compile(r"[=:]")
 
 
 def _hint_line_starts(haystack: str, patterns: tuple[re.Pattern[str], ...]) -> list[int]:
