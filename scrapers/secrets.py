@@ -144,11 +144,11 @@ def _says_it_stands_in(lowered: str) -> bool:
 _CREDENTIAL_WORDS = frozenset(
     {"password", "passwd", "passphrase", "pwd", "pass", "secret", "token", "credential", "credentials",
      "auth", "apikey", "accesskey", "privatekey", "secretkey", "authkey", "authtoken", "accesstoken",
-     "requirepass", "masterauth", "psk", "pgpassword", "sshpass"}
+     "requirepass", "masterauth", "psk", "sshpass"}
 )  # fmt: skip
 """The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey, Redis's
-requirepass, wpa_supplicant's psk, the variables psql and sshpass read a password from (PGPASSWORD, SSHPASS)
-(and, in `credential_name`, a secret key's base and some salts)."""
+requirepass, wpa_supplicant's psk, the variable sshpass reads a password from (and, in `credential_name`,
+a word ending in a password, a secret key's base and some salts)."""
 _KEY_PREFIXES = (
     "api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt", "subscription"
 )  # fmt: skip
@@ -180,7 +180,12 @@ def credential_name(name: str) -> bool:
         return before in ("sonar", "dsonar")
     if last == "salt":  # WordPress's AUTH_SALT, LOGGED_IN_SALT, Drupal's hash_salt; not itsdangerous' `salt`
         return before in ("auth", "in", "nonce", "hash")
-    return last in _CREDENTIAL_WORDS or (last == "key" and before in _KEY_PREFIXES)
+    # A word run together as DBPASSWORD and PGPASSWORD (psql's) is read as DB_PASSWORD and dbPassword are.
+    return (
+        last in _CREDENTIAL_WORDS
+        or last.endswith(("password", "passwd"))
+        or (last == "key" and before in _KEY_PREFIXES)
+    )
 
 
 _PLAIN_SUFFIXES = frozenset({"", ".txt", ".pass", ".pwd", ".secret", ".secrets", ".token", ".cred", ".creds"})

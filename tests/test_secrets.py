@@ -219,6 +219,8 @@ def test_a_file_that_is_a_credential_by_its_name_is_redacted_whole():
         'pgpassword = os.environ["PGPASSWORD"]',
         'help = "set it with \\"--password\\" or PGPASSWORD"',
         'env = "DB_PASSWORD=\\"\\""',  # nothing between the quotes
+        'forgotpassword = "/forgot"',
+        "nopassword = True",
     ],
 )
 def test_lookalikes_are_left_alone(line):
@@ -553,6 +555,9 @@ CREDENTIALS = [
     ("backup.sh", "PGPASSWORD=swordfish pg_dump -U app app > dump.sql"),
     ("deploy.py", "cmd = 'PGPASSWORD=\"swordfish\" psql -U app'"),
     ("deploy.sh", "SSHPASS=swordfish sshpass -e ssh deploy@host"),
+    # A name run together, read as DB_PASSWORD is.
+    ("deploy.sh", "export DBPASSWORD=swordfish"),
+    ("app/settings.py", 'rootpassword = "swordfish"'),
 ]
 
 
