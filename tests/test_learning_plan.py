@@ -332,11 +332,12 @@ def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
         for blocks in (8, 16)
     )
     # 2,880 s of training at 50 tokens/s: 281 blocks of 512, effective batch 2, 141 steps of about 20 s. The
-    # validation loss on 8 blocks per format costs about 55 s: at most one evaluation per 54 steps.
-    assert (cheap.train_blocks, cheap.total_steps, cheap.eval_steps) == (281, 141, 54)
+    # validation loss on 8 blocks per format costs about 68 s: at most one evaluation per 67 steps, and not
+    # in the last half-interval (at 67, the second would come 7 steps before the end): every 71.
+    assert (cheap.train_blocks, cheap.total_steps, cheap.eval_steps) == (281, 141, 71)
     assert "costs at most 1/20 of the time between two" in cheap.decisions["eval_steps"].reason
     assert cheap.save_steps == 15  # about 10 checkpoints; each step is longer than a minute's share
-    # Twice the blocks: about 109 s, so one evaluation per 108 steps at most; the only one would land 33 steps
+    # Twice the blocks: about 137 s, so one evaluation per 134 steps at most; the only one would land 7 steps
     # before the end, where the evaluation after training follows soon. None in between.
     assert costly.eval_steps is None
     assert "not 20× its cost in between, so the last step is kept" in costly.decisions["eval_steps"].reason
