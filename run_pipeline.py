@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import LoadedConfig
 from pipeline.record.run import Record, open_run
-from pipeline.types import Data, Evaluation, Loaded, Machine, Plan, Prepared, Scores, TrainOutcome, TrainTime
+from pipeline.types import Data, Evaluation, Loaded, Machine, Prepared, Scores, TrainOutcome
 from pipeline.use.cli import (
     Command,
     as_text,
@@ -118,55 +118,36 @@ def fit_to_machine(
 
 
 def fit_to_time_left(record: Record, loaded: LoadedConfig, data: Data, before: Scores, resume: bool) -> Data:
-    """Plan training for what its time budget leaves now that the run has spent what comes before it (a
-    resumed run: what its first run planned), tokenize the rest of the history if that plan reaches past
-    what was tokenized ahead of it, keep the blocks it trains on, print it."""
-    from pipeline.data.dataset import keep_newest
-    from pipeline.plan.planner import format_plan, time_left
+    """Plan training again for what its time budget leaves now that the run has spent what comes before
+    it (a resumed run: what its first run planned); where that plan trains more than the history tokenized
+    ahead of its budget (this machine is faster than that assumed), tokenize all of it first; keep the
+    blocks the plan trains on, print it."""
+    from pipeline.data.dataset import keep_newest, pack
+    from pipeline.data.token_cache import prepare
+    from pipeline.plan.planner import format_plan, planned_again, time_left
     from pipeline.progress import say
     from pipeline.train.probe import resumed_train_time
 
-    plan, train_time = data.plan, None
-    if plan.time_budget_s and plan.speed:
+    measured, train_time = data.plan, None
+    if measured.time_budget_s and measured.speed:
         train_time = (
             resumed_train_time(record.previous)
             if resume
-            else time_left(plan.time_budget_s, record.elapsed_s, before)
+            else time_left(measured.time_budget_s, record.elapsed_s, before)
         )
-    data = planned_again(record, loaded, data, train_time)
-    packed = record.step("pack", keep_newest, data.packed, data.prepared, data.plan)
-    say(format_plan(data.plan))
-    return replace(data, packed=packed)
-
-
-def planned_again(record: Record, loaded: LoadedConfig, data: Data, train_time: TrainTime | None) -> Data:
-    """The plan again at the measured speed (the measured plan itself where there is no `train_time`);
-    where it trains more than the history tokenized ahead of its budget (this machine is faster than that
-    assumed), all of it tokenized first."""
-    from pipeline.data.dataset import pack
-    from pipeline.data.token_cache import prepare
-    from pipeline.plan.planner import plan_for
-    from pipeline.progress import say
-
-    measured = data.plan
-
-    def planned(prepared: Prepared) -> Plan:
-        again = plan_for(
-            prepared, data.machine, loaded, measured.probe, speed=measured.speed, train_time=train_time
-        )
-        return replace(again, probe_note=measured.probe_note)
-
-    plan = planned(data.prepared)
+    plan = planned_again(measured, data.prepared, data.machine, loaded, train_time=train_time)
     if data.prepared.tokenized is not None and plan.train_sequences > data.prepared.tokenized:
         say(
             f"the budget trains more than the newest {data.prepared.tokenized:,} sequences: tokenizing the rest"
         )
         cache_root = record.cache_root(loaded.config.output.cache_dir)
         prepared = record.step("tokenize_rest", prepare, data.scraped, loaded, cache_root)
-        plan = planned(prepared)
+        plan = planned_again(measured, prepared, data.machine, loaded, train_time=train_time)
         data = replace(data, prepared=prepared, packed=record.step("pack", pack, prepared, plan))
     record.add(plan)
-    return replace(data, plan=plan)
+    packed = record.step("pack", keep_newest, data.packed, data.prepared, plan)
+    say(format_plan(plan))
+    return replace(data, plan=plan, packed=packed)
 
 
 def train_and_evaluate(
@@ -268,7 +249,7 @@ def train_within_memory(job: Job, prepared: Prepared, machine: Machine, loaded: 
     the same effective batch) and train again from the adapter's initial weights."""
     from dataclasses import replace
 
-    from pipeline.plan.planner import plan_for
+    from pipeline.plan.planner import planned_again
     from pipeline.progress import say
     from pipeline.train.trainer import OutOfMemory, train
 
@@ -280,7 +261,7 @@ def train_within_memory(job: Job, prepared: Prepared, machine: Machine, loaded: 
             say(
                 f"CUDA out of memory at micro-batch {oom.retry['batch_size']}: planning again with at most {cap}"
             )
-            plan = plan_for(prepared, machine, loaded, job.plan.probe, cap, job.plan.speed)
+            plan = planned_again(job.plan, prepared, machine, loaded, oom_cap=cap)
             job = replace(job, plan=plan, oom_retries=(*job.oom_retries, oom.retry))
 
 

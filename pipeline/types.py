@@ -315,17 +315,23 @@ class Plan:
     probe: tuple[ProbeRow, ...] = ()
     speed: Speed | None = None
     """The measured training speed the plan was fitted to (a time budget)."""
+    train_time: TrainTime | None = None
+    """What the time budget left training when the plan was fitted to it (None: not yet known)."""
     probe_note: str | None = None
     """Why the batch probe did not run (None when it ran, or before measuring)."""
 
     @classmethod
     def from_decisions(
-        cls, decisions: dict[str, Decision], probe: tuple[ProbeRow, ...] = (), speed: Speed | None = None
+        cls,
+        decisions: dict[str, Decision],
+        probe: tuple[ProbeRow, ...] = (),
+        speed: Speed | None = None,
+        train_time: TrainTime | None = None,
     ) -> Plan:
         """A plan from the planner's decisions; a parameter that was not decided is an error here, not
         later in training."""
         values = {name: decision.value for name, decision in decisions.items()}
-        return cls(**values, decisions=dict(decisions), probe=probe, speed=speed)
+        return cls(**values, decisions=dict(decisions), probe=probe, speed=speed, train_time=train_time)
 
     def to_manifest(self) -> dict[str, Any]:
         """Flat values (the paths users' jq scripts read) plus every decision with its reason."""

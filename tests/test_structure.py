@@ -96,6 +96,7 @@ def test_every_decision_is_a_plan_attribute_and_none_is_missing():
         "decisions",
         "probe",
         "speed",
+        "train_time",
         "probe_note",
     }
     assert list(plan.decisions) and set(plan.decisions) == fields

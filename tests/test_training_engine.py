@@ -265,6 +265,8 @@ def test_cuda_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch
         read_json(out / "MANIFEST.json")["training_report"]["training"]["global_step"]
         == params["total_steps"]
     )
+    # Planned again with what the first plan was fitted to: the time the budget left training.
+    assert "the 600 s budget leaves after" in params["decisions"]["train_seconds"]["reason"]
 
 
 def test_out_of_memory_at_micro_batch_1_gives_up_clearly(cli, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline.config import LoadedConfig, budget_seconds
@@ -161,7 +161,7 @@ def make_plan(
     )
     for rule in RULES:
         rule(context)
-    return Plan.from_decisions(context.p.decisions, probe, speed)
+    return Plan.from_decisions(context.p.decisions, probe, speed, train_time)
 
 
 def tokenize_ahead(machine: Machine, loaded: LoadedConfig) -> int | None:
@@ -408,6 +408,23 @@ def plan_for(
         speed,
         train_time,
     )
+
+
+def planned_again(
+    plan: Plan,
+    prepared: Prepared,
+    machine: Machine,
+    loaded: LoadedConfig,
+    oom_cap: int | None = None,
+    train_time: TrainTime | None = None,
+) -> Plan:
+    """`plan` made again with what it was fitted to (its batch probe and the probe's note, the measured
+    speed, the time its budget left training), for `prepared` (its data tokenized further), after an
+    out-of-memory (`oom_cap`) or for the time now left (`train_time`)."""
+    again = plan_for(
+        prepared, machine, loaded, plan.probe, oom_cap, plan.speed, train_time or plan.train_time
+    )
+    return replace(again, probe_note=plan.probe_note)
 
 
 def _sequence_length(p: Decisions, data: DataStats, model: ModelFacts) -> int:
