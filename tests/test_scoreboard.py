@@ -36,9 +36,11 @@ from pipeline.evaluate.suggestion import (
     backtest,
     learn_past,
     nearest_and_recent,
+    selector_features,
     with_history,
 )
 from pipeline.evaluate.versions import anchors, moved
+from pipeline.evaluate.web_editor import defaults
 from pipeline.record.run import evaluation_seconds
 from pipeline.types import PastCommit, Scores, TextStyle
 from scrapers.config import ScrapeConfig
@@ -338,25 +340,94 @@ def test_the_selector_is_offered_the_diffs_own_changelog_entry_and_learns_when_t
     import numpy as np
 
     past.suggester.save(tmp_path / "adapter")
+    names = past.suggester.feature_names
+    assert names[-1] == "changelog"  # and no `web_default`: nobody here writes a web editor's messages
     graded = [grades for grades in past.suggester.graded.values() if grades is not None]
-    legacy = lightgbm.train(
-        {"objective": "lambdarank", "verbosity": -1, "min_data_in_leaf": 5},
-        lightgbm.Dataset(
-            np.asarray([row[:-1] for rows, _ in graded for row in rows]),
-            np.asarray([grade for _, grades in graded for grade in grades]),
-            group=[len(grades) for _, grades in graded],
-        ),
-        num_boost_round=5,
-    )
-    legacy.save_model(str(tmp_path / "adapter" / "retrieval" / "selector.txt"))
-    system = tmp_path / "adapter" / "retrieval" / "system.json"
-    facts = orjson.loads(system.read_bytes())
-    system.write_bytes(orjson.dumps({**facts, "features": list(FEATURES[:-1])}))
+
+    def saved_selector(features: list[str], columns: slice) -> None:
+        legacy = lightgbm.train(
+            {"objective": "lambdarank", "verbosity": -1, "min_data_in_leaf": 5},
+            lightgbm.Dataset(
+                np.asarray([row[columns] for rows, _ in graded for row in rows]),
+                np.asarray([grade for _, grades in graded for grade in grades]),
+                group=[len(grades) for _, grades in graded],
+                feature_name=features,
+            ),
+            num_boost_round=5,
+        )
+        legacy.save_model(str(tmp_path / "adapter" / "retrieval" / "selector.txt"))
+
+    saved_selector(list(names[:-1]), slice(0, -1))
     old = Suggester.load(tmp_path / "adapter")
+    assert old.feature_names == names[:-1]
     assert all(old.select(c.diff) != entry(c.diff) for c in held_out)
-    system.write_bytes(orjson.dumps({**facts, "features": [*FEATURES, "stars"]}))
+    saved_selector([*names[:-1], "stars"], slice(None))
     with pytest.raises(ModelLoadError, match="stars"):
         Suggester.load(tmp_path / "adapter")
+
+
+def test_a_web_editors_messages_are_the_ones_it_writes_for_a_change_to_one_file(tmp_path):
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit(
+        "Start the guide and the app", {"docs/guide.rst": "Guide\n\nHow to start.\n", "src/app.py": "x = 1\n"}
+    )
+    repo.commit("Explain the second step", {"docs/guide.rst": "Guide\n\nHow to start.\nThen go on.\n"})
+    repo.commit("Say how to report a vulnerability", {"SECURITY.md": "# Security\n\nMail us.\n"})
+    repo.commit("Drop the app module", {"src/app.py": None})
+    repo.git("mv", "docs/guide.rst", "docs/manual.rst")
+    repo.commit("Call the guide a manual", {})
+    repo.git("mv", "docs/manual.rst", "manual.rst")
+    repo.commit("Move the manual up", {})
+    written = {
+        c.message: defaults(c.diff) for c in scraped(repo, tmp_path / "out", eval_commits=0, valid_commits=0)
+    }
+    assert written == {
+        "Start the guide and the app": [],  # two files: no editor writes one message for them
+        "Explain the second step": [("name", "Update guide.rst"), ("path", "Update docs/guide.rst")],
+        "Say how to report a vulnerability": [("name", "Create SECURITY.md")],
+        "Drop the app module": [("name", "Delete app.py"), ("path", "Delete src/app.py")],
+        "Call the guide a manual": [
+            ("name", "Rename guide.rst to manual.rst"),
+            ("path", "Rename docs/guide.rst to docs/manual.rst"),
+        ],
+        "Move the manual up": [("path", "Rename docs/manual.rst to manual.rst")],
+    }
+
+
+def web_edited_repo(path: Path, commits: int) -> GitRepo:
+    """A history where every other commit is one page of the docs edited on the web ("Update
+    page_7.rst", each page once: no earlier message names it), the others changes to code."""
+    repo = GitRepo(path)
+    repo.commit("Write the docs", {f"docs/page_{n}.rst": f"Page {n}\n" for n in range(commits)})
+    for n in range(commits):
+        if n % 2:
+            repo.commit(
+                f"Teach the parser about frame {n}",
+                {f"parser/frame_{n}.py": module_source(n), "parser/all.py": f"# {n}\n"},
+            )
+        else:
+            repo.commit(f"Update page_{n}.rst", {f"docs/page_{n}.rst": f"Page {n}\n\nWhat page {n} says.\n"})
+    return repo
+
+
+def test_the_selector_is_offered_the_web_editors_message_where_the_repository_writes_them(tmp_path):
+    web_edited_repo(tmp_path / "repo", commits=120)
+    scraped(GitRepo(tmp_path / "repo"), tmp_path / "out", eval_commits=6, valid_commits=6)
+    past = learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(k=5), 0)
+    assert past.facts["selector"]["features"] == list(FEATURES)
+    edited = [c for c in past.split("eval") if c.message.startswith("Update ")]
+    assert len(edited) == 3
+    # No past message names these pages: the lookup offers another page's, the selector the editor's.
+    assert all(past.suggester.lookup(c.diff) != c.message for c in edited)
+    assert [past.suggester.select(c.diff) for c in edited] == [c.message for c in edited]
+    past.suggester.save(tmp_path / "adapter")  # and so does the one a run leaves for new diffs
+    assert [Suggester.load(tmp_path / "adapter").select(c.diff) for c in edited] == [
+        c.message for c in edited
+    ]
+    # Where a repository does not write them, they are not offered (`web_default` is not read).
+    code = [c for c in past.split("train") if not c.message.startswith("Update ")]
+    assert selector_features(code) == FEATURES[:-1]
+    assert selector_features(past.split("train")) == FEATURES
 
 
 def test_retrieval_leaves_jax_alone(tmp_path, monkeypatch):

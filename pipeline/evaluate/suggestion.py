@@ -3,12 +3,14 @@ own past.
 
 The lookup (`Suggester.lookup`) offers the message of the most similar earlier commit. The selector
 offers the best of the `k` most similar ones, of the newest commits to the diff's files (how that
-part of the repository is described now) and of the entry the diff adds to a changelog
-(`pipeline.evaluate.changelog`: the one candidate that knows the change, where the past cannot). Each
-candidate (a past message, its subject line alone when it has a body, the entry) is described by
-what retrieval knows (its BM25 score, rank and margin, its age, the files both commits touch, its
-length, how much the other candidates agree with it, how many of its words the new diff contains,
-whether it is the entry) and a gradient-boosted ranker (LightGBM's lambdarank) orders a diff's
+part of the repository is described now), of the entry the diff adds to a changelog
+(`pipeline.evaluate.changelog`: the one candidate that knows the change, where the past cannot) and,
+where the repository writes them, of a web editor's messages for a change to one file
+(`pipeline.evaluate.web_editor`: "Update models.py"). Each candidate (a past message, its subject
+line alone when it has a body, the entry, the editor's message) is described by what retrieval knows
+(its BM25 score, rank and margin, its age, the files both commits touch, its length, how much the
+other candidates agree with it, how many of its words the new diff contains, whether it is the entry
+or the editor's message) and a gradient-boosted ranker (LightGBM's lambdarank) orders a diff's
 candidates by how close each is to the message that was really written. It learns on the
 repository's own older commits, each answered only from commits older than itself, so it never sees a
 validation or held-out commit. A past message it offers has its version numbers moved to the new
@@ -46,6 +48,7 @@ from pipeline.evaluate.retrieval import (
     past_commits,
 )
 from pipeline.evaluate.versions import moved
+from pipeline.evaluate.web_editor import WEB_EDITOR_SHARE, by_web_editor, defaults
 from pipeline.progress import say
 from pipeline.types import Past, PastCommit
 from scrapers.config import ScrapeConfig
@@ -58,36 +61,51 @@ _WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
 FEATURES = (
     "bm25_score", "rank", "score_share_of_top", "top_margin", "age_commits_log", "shared_paths",
     "chars", "lines", "agreement", "query_terms_log", "query_files", "subject_only",
-    "words_in_diff_share", "words_in_diff", "words", "changelog",
+    "words_in_diff_share", "words_in_diff", "words", "changelog", "web_default",
 )  # fmt: skip
+_WEB_DEFAULT = {"name": 1.0, "path": 2.0}  # the `web_default` feature of each form (0: not one)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A message offered for a diff, with what retrieval knows about it: a past message, or the diff's
-    own changelog entry (which carries the nearest commit's retrieval facts, marked `changelog`)."""
+    """A message offered for a diff, with what retrieval knows about it: a past message, or one made from
+    the diff itself (its changelog entry, a web editor's default), which carries the nearest commit's
+    retrieval facts."""
 
     message: str
     neighbour: Neighbour
     rank: int
     subject_only: bool
-    changelog: bool = False
+    made: str = ""
+    """What made it from the diff: `changelog`, or a web editor's default by its form (`name`, `path`);
+    empty for a past message."""
 
 
-def candidates(neighbours: Sequence[Neighbour], diff: str) -> list[Candidate]:
+def candidates(
+    neighbours: Sequence[Neighbour], diff: str, feature_names: Sequence[str] = FEATURES
+) -> list[Candidate]:
     """Each neighbour's message, and its subject line alone when it has a body (a body written for
     another change is often what a suggestion should leave out); then the entry `diff` adds to a
-    changelog, where it adds one (`pipeline.evaluate.changelog`)."""
+    changelog, where it adds one (`pipeline.evaluate.changelog`), and a web editor's messages for it,
+    where it changes one file (`pipeline.evaluate.web_editor`). Each only where the selector reads its
+    feature (`feature_names`): not where the repository writes no editor's messages
+    (`selector_features`), nor to a selector saved before it was offered."""
     found = []
     for rank, neighbour in enumerate(neighbours):
         found.append(Candidate(neighbour.message, neighbour, rank, False))
         subject = neighbour.message.split("\n", 1)[0].strip()
         if subject != neighbour.message:
             found.append(Candidate(subject, neighbour, rank, True))
-    written = entry(diff) if found else None
+    if not found:
+        return found
+    # Made from the diff: ranked after every past commit, one line as a subject alone is (the form the
+    # changelog entry was measured in).
+    written = entry(diff) if "changelog" in feature_names else None
     if written:
-        # Ranked after every past commit, one line as a subject alone is (the form it was measured in).
-        found.append(Candidate(written, neighbours[0], len(neighbours), True, changelog=True))
+        found.append(Candidate(written, neighbours[0], len(neighbours), True, "changelog"))
+    if "web_default" in feature_names:
+        for form, message in defaults(diff):
+            found.append(Candidate(message, neighbours[0], len(neighbours), True, form))
     return found
 
 
@@ -149,7 +167,8 @@ def features(
                 in_diff / len(words) if words else 0.0,
                 in_diff,
                 len(words),
-                float(candidate.changelog),
+                float(candidate.made == "changelog"),
+                _WEB_DEFAULT.get(candidate.made, 0.0),
             ]
         )
     return rows
@@ -178,6 +197,8 @@ class SelectorConfig:
     history: int
     """The newest training commits the selector learns from."""
     seed: int
+    features: tuple[str, ...] = FEATURES
+    """What it reads, and so which candidates made from a diff it is offered (`candidates`)."""
 
 
 Grades = tuple[list[list[float]], list[int]]
@@ -186,17 +207,25 @@ Graded = dict[int, Grades | None]
 """Grades by index position (None where fewer than two candidates were found)."""
 
 
-def _grade(index: Index, commit: PastCommit, position: int, k: int) -> Grades | None:
-    """The candidates for `commit`, answered from the commits older than itself: their rows, and how close
-    each is to the message written, in grades of CLOSENESS_GRADE points."""
+def _grade(index: Index, commit: PastCommit, position: int, k: int, names: Sequence[str]) -> Grades | None:
+    """The candidates for `commit`, answered from the commits older than itself: their rows of `names`,
+    and how close each is to the message written, in grades of CLOSENESS_GRADE points."""
     query, paths = identifiers(commit.diff), changed_paths(commit.diff)
-    found = candidates(nearest_and_recent(index, query, paths, k, position), commit.diff)
+    found = candidates(nearest_and_recent(index, query, paths, k, position), commit.diff, names)
     if len(found) < 2:
         return None
     grades = [
         int(close // CLOSENESS_GRADE) for close in closeness([c.message for c in found], commit.message)
     ]
-    return features(index, query, paths, position, found), grades
+    return _columns(features(index, query, paths, position, found), names), grades
+
+
+def _columns(rows: list[list[float]], names: Sequence[str]) -> list[list[float]]:
+    """FEATURES rows cut to `names`, in their order."""
+    if tuple(names) == FEATURES:
+        return rows
+    kept = [FEATURES.index(name) for name in names]
+    return [[row[i] for i in kept] for row in rows]
 
 
 def fit_selector(
@@ -223,7 +252,7 @@ def fit_selector(
         if commit.split != "train" or position < start:
             continue
         if position not in graded:
-            graded[position] = _grade(index, commit, position, config.k)
+            graded[position] = _grade(index, commit, position, config.k, config.features)
         entry = graded[position]
         if entry is None:
             continue
@@ -255,7 +284,10 @@ def fit_selector(
         "verbosity": -1,
     }
     data = lightgbm.Dataset(
-        np.asarray(rows, dtype=np.float64), np.asarray(labels), group=groups, feature_name=list(FEATURES)
+        np.asarray(rows, dtype=np.float64),
+        np.asarray(labels),
+        group=groups,
+        feature_name=list(config.features),
     )
     return lightgbm.train(parameters, data, num_boost_round=200), learned
 
@@ -282,7 +314,6 @@ class Suggester:
         k: int,
         system: str = "selector",
         graded: Graded | None = None,
-        feature_names: Sequence[str] = FEATURES,
         files: dict[str, Any] | None = None,
     ):
         self.index, self.selector, self.k, self.system = index, selector, k, system
@@ -291,9 +322,10 @@ class Suggester:
         diff is read the same way (`as_trained`)."""
         self.graded: Graded = {} if graded is None else graded
         """What the selector learned from, kept for the backtest's selectors (not saved)."""
-        self.feature_names = tuple(feature_names)
-        """What the selector reads: FEATURES, or the fewer an earlier version's selector learned on
-        (one saved before the changelog entry was offered is never offered it)."""
+        self.feature_names: tuple[str, ...] = FEATURES if selector is None else tuple(selector.feature_name())
+        """What the selector reads (the names it learned them by): FEATURES, or fewer (`selector_features`,
+        or an earlier version's selector: one saved before the changelog entry was offered is never
+        offered it)."""
 
     def lookup(self, diff: str, older_than: int = -1) -> str:
         found = self.index.nearest(diff, 1, older_than)
@@ -311,11 +343,11 @@ class Suggester:
 
         query, paths = identifiers(diff), changed_paths(diff)
         neighbours = nearest_and_recent(self.index, query, paths, self.k, older_than)
-        found = candidates(neighbours, diff if "changelog" in self.feature_names else "")
+        found = candidates(neighbours, diff, self.feature_names)
         order = list(range(len(found)))
         if self.selector is not None and found:
-            rows = np.asarray(features(self.index, query, paths, older_than, found), dtype=np.float64)
-            read = rows[:, [FEATURES.index(name) for name in self.feature_names]]
+            rows = features(self.index, query, paths, older_than, found)
+            read = np.asarray(_columns(rows, self.feature_names), dtype=np.float64)
             order = np.argsort(
                 -self.selector.predict(read), kind="stable"
             ).tolist()  # ties: the first, as argmax
@@ -323,8 +355,8 @@ class Suggester:
         for position in order:
             candidate = found[position]
             message = (
-                candidate.message  # an entry's numbers are the diff's own
-                if candidate.changelog
+                candidate.message  # what the diff made has its numbers and names
+                if candidate.made
                 else moved(candidate.message, self.index.anchors[candidate.neighbour.position], diff)
             )
             if message not in chosen:
@@ -359,7 +391,6 @@ class Suggester:
         facts = {
             "system": self.system,
             "k": self.k,
-            "features": list(self.feature_names),
             "files": self.files,
         }
         (directory / INDEX_DIR / SYSTEM_FILE).write_bytes(orjson.dumps(facts, option=orjson.OPT_INDENT_2))
@@ -375,7 +406,7 @@ class Suggester:
             if (where / SELECTOR_FILE).exists()
             else None
         )
-        unknown = sorted(set(facts["features"]) - set(FEATURES))
+        unknown = sorted(set(selector.feature_name() if selector else ()) - set(FEATURES))
         if unknown:
             raise ModelLoadError(
                 f"{where}: its selector reads {', '.join(unknown)}, which this version of repotune does "
@@ -383,8 +414,7 @@ class Suggester:
             )
         # A past saved before its file filters were (an adapter of an earlier version): the shipped ones.
         return cls(
-            Index.load(where), selector, facts["k"], facts["system"], feature_names=facts["features"],
-            files=facts.get("files"),
+            Index.load(where), selector, facts["k"], facts["system"], files=facts.get("files"),
         )  # fmt: skip
 
 
@@ -409,8 +439,9 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history
     started = time.perf_counter()
     graded: Graded = {}
     known = [commit for commit in commits if commit.split != "eval"]
+    names = selector_features([c for c in known if c.split == "train"][: config.selector_history])
     selector, learned = (
-        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed), graded)
+        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed, names), graded)
         if config.selector_history
         else (None, 0)
     )
@@ -423,7 +454,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history
         "recent": RECENT_CANDIDATES,
         "selector": None
         if selector is None
-        else {"commits": learned, "seconds": seconds, "features": list(FEATURES)},
+        else {"commits": learned, "seconds": seconds, "features": list(names)},
     }
     learning = f", the selector learned on the newest {learned:,} ({seconds:.0f} s)" if selector else ""
     say(
@@ -431,6 +462,16 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history
         f"{len(whole):,} for new diffs ({whole.build_seconds:.0f} s){learning}"
     )
     return Past(commits, Suggester(index, selector, config.k, graded=graded), facts, whole)
+
+
+def selector_features(commits: Sequence[PastCommit]) -> tuple[str, ...]:
+    """What a selector learned on `commits` reads: FEATURES, less `web_default` (and so without the web
+    editor's candidates) where fewer than WEB_EDITOR_SHARE of them were written by a web editor: a
+    candidate the repository does not write only moves the ranker's other choices."""
+    written = sum(by_web_editor(commit.diff, commit.message) for commit in commits)
+    if commits and written / len(commits) >= WEB_EDITOR_SHARE:
+        return FEATURES
+    return tuple(name for name in FEATURES if name != "web_default")
 
 
 def _indexes(commits: Sequence[PastCommit]) -> tuple[Index, Index]:
@@ -491,7 +532,9 @@ def backtest(past: Past, config: RetrievalConfig, seed: int) -> list[dict[str, A
             break
         selector = suggester.selector
         if block:  # the run's selector learned on these commits: learn one on older ones only
-            history = SelectorConfig(config.k, min(config.selector_history, BACKTEST_HISTORY), seed)
+            history = SelectorConfig(
+                config.k, min(config.selector_history, BACKTEST_HISTORY), seed, suggester.feature_names
+            )
             selector, _ = (
                 fit_selector(suggester.index, known, history, suggester.graded, start=high)
                 if config.selector_history
