@@ -265,12 +265,23 @@ def fit_selector(
             break
     if learned < MIN_SELECTOR_COMMITS:
         return None, learned
-    # Ranking, not regression: only the order of one diff's candidates decides what is suggested, and a
-    # regressor spends itself predicting how hard each commit is (measured on the 400 commits older than
-    # the validation ones, each block answered by a selector learned on commits older than it: +1.5
-    # [+0.9, +2.2] chrF on psf/requests and +0.8 [+0.0, +1.5] on pallets/flask, where it was chosen, +1.4
-    # [+0.5, +2.3] on encode/httpx and +0.7 [+0.1, +1.2] on pallets/click; edit similarity within ±0.3).
-    parameters = {
+    data = lightgbm.Dataset(
+        np.asarray(rows, dtype=np.float64),
+        np.asarray(labels),
+        group=groups,
+        feature_name=list(config.features),
+    )
+    return lightgbm.train(_ranking(config), data, num_boost_round=200), learned
+
+
+def _ranking(config: SelectorConfig) -> dict[str, Any]:
+    """The selector's LightGBM parameters. Ranking, not regression: only the order of one diff's
+    candidates decides what is suggested, and a regressor spends itself predicting how hard each commit
+    is (measured on the 400 commits older than the validation ones, each block answered by a selector
+    learned on commits older than it: +1.5 [+0.9, +2.2] chrF on psf/requests and +0.8 [+0.0, +1.5] on
+    pallets/flask, where it was chosen, +1.4 [+0.5, +2.3] on encode/httpx and +0.7 [+0.1, +1.2] on
+    pallets/click; edit similarity within ±0.3)."""
+    return {
         "objective": "lambdarank",
         "label_gain": list(range(100 // CLOSENESS_GRADE + 1)),  # a grade's gain is the grade
         "lambdarank_truncation_level": config.k,
@@ -283,13 +294,6 @@ def fit_selector(
         "seed": config.seed,
         "verbosity": -1,
     }
-    data = lightgbm.Dataset(
-        np.asarray(rows, dtype=np.float64),
-        np.asarray(labels),
-        group=groups,
-        feature_name=list(config.features),
-    )
-    return lightgbm.train(parameters, data, num_boost_round=200), learned
 
 
 # Newest commits to a diff's files offered beside its k nearest (`nearest_and_recent`). Measured against none
