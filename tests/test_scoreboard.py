@@ -394,6 +394,23 @@ def test_a_web_editors_messages_are_the_ones_it_writes_for_a_change_to_one_file(
     }
 
 
+def test_a_web_editors_message_reads_a_users_git_diff_as_a_scraped_one(tmp_path):
+    """`generate` and the hook are given a user's `git diff`: a path git quotes (not ASCII) or one with
+    spaces, and `index` lines, read as the scrape reads them."""
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("Start the notes", {"docs/café.md": "a\n", "my notes.md": "a\n"})
+    for path, expected in (
+        ("docs/café.md", [("name", "Update café.md"), ("path", "Update docs/café.md")]),
+        ("my notes.md", [("name", "Update my notes.md")]),
+    ):
+        (repo.path / path).write_text("b\n")
+        repo.git("add", "--", path)
+        staged = repo.git("-c", "core.quotePath=true", "diff", "--cached", "--no-ext-diff")
+        assert staged.startswith(('diff --git "a/docs/caf\\303', "diff --git a/my notes.md"))
+        assert defaults(staged + "\n") == expected
+        repo.git("commit", "--quiet", "-m", f"Edit {path}")
+
+
 def web_edited_repo(path: Path, commits: int) -> GitRepo:
     """A history where every other commit is one page of the docs edited on the web ("Update
     page_7.rst", each page once: no earlier message names it), the others changes to code."""

@@ -18,36 +18,33 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from pipeline.evaluate.retrieval import changed_paths
+from scrapers.parse import parse_diff
 
 # The share of the commits a selector learns from whose message is their web editor's default, from which
 # it is offered the web editor's messages (`suggestion.selector_features`).
 WEB_EDITOR_SHARE = 0.05
+_VERBS = {"A": "Create", "C": "Create", "D": "Delete"}  # by the change's status; any other: Update
 
 
 def defaults(diff: str) -> list[tuple[str, str]]:
     """The web editor's messages for `diff` when it changes one file, each with its form: `name` (the
     file's name, as the editor writes it) and, where the file is in a folder, `path` (as an accepted
-    review suggestion writes it); none for a diff of several files or of none."""
-    if len(changed_paths(diff)) != 1:
+    review suggestion writes it); none for a diff of several files or of none. The diff is read as the
+    scrape reads one (quoted paths, renames, prefixes), so a user's `git diff` reads as a scraped one."""
+    data = diff.encode()
+    changes = parse_diff(data, max_file_bytes=len(data))
+    if len(changes) != 1:
         return []
-    lines = diff.splitlines()
-    start = next(at for at, line in enumerate(lines) if line.startswith("diff --git "))
-    old, new = lines[start].removeprefix("diff --git a/").split(" b/", 1)
-    head = lines[start + 1 : start + 5]  # a file's mode and rename lines, then the `---`/`+++` pair
-    if "rename from " + old in head:
-        names = PurePosixPath(old).name, PurePosixPath(new).name
-        forms = [("name", "Rename {} to {}".format(*names)), ("path", f"Rename {old} to {new}")]
+    change = changes[0]
+    path, old = change.path, change.old_path
+    if change.status == "R" and old:
+        names = PurePosixPath(old).name, PurePosixPath(path).name
+        forms = [("name", "Rename {} to {}".format(*names)), ("path", f"Rename {old} to {path}")]
         if names[0] == names[1]:  # moved to another folder: only its paths say what happened
             return forms[1:]
     else:
-        if any(line.startswith("new file mode ") for line in head) or "--- /dev/null" in head:
-            verb = "Create"
-        elif any(line.startswith("deleted file mode ") for line in head) or "+++ /dev/null" in head:
-            verb = "Delete"
-        else:
-            verb = "Update"
-        forms = [("name", f"{verb} {PurePosixPath(new).name}"), ("path", f"{verb} {new}")]
+        verb = _VERBS.get(change.status, "Update")
+        forms = [("name", f"{verb} {PurePosixPath(path).name}"), ("path", f"{verb} {path}")]
     return forms if forms[0][1] != forms[1][1] else forms[:1]
 
 
