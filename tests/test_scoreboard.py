@@ -437,6 +437,13 @@ def test_the_selector_is_offered_the_web_editors_message_where_the_repository_wr
     # No past message names these pages: the lookup offers another page's, the selector the editor's.
     assert all(past.suggester.lookup(c.diff) != c.message for c in edited)
     assert [past.suggester.select(c.diff) for c in edited] == [c.message for c in edited]
+    # The hook's alternatives never repeat the editor's message in its other form: here, without a
+    # selector, every candidate in its own order, the editor's forms last.
+    unranked = Suggester(past.suggester.index, None, 5)
+    for commit in edited:
+        shown = unranked.suggestions(commit.diff, 100, "selector", read=True)
+        forms = [commit.message, commit.message.replace("Update ", "Update docs/")]
+        assert [message for message in shown if message in forms] == forms[:1]
     past.suggester.save(tmp_path / "adapter")  # and so does the one a run leaves for new diffs
     assert [Suggester.load(tmp_path / "adapter").select(c.diff) for c in edited] == [
         c.message for c in edited

@@ -341,8 +341,9 @@ class Suggester:
         return next(iter(self.ranked(diff, 1, older_than)), "")
 
     def ranked(self, diff: str, count: int, older_than: int = -1) -> list[str]:
-        """The `count` candidates the selector ranks closest, best first (distinct messages; the
-        candidates' own order without a selector), version numbers moved to `diff`'s."""
+        """The `count` candidates the selector ranks closest, best first (distinct messages, and one form
+        of the web editor's message at most: the other would only repeat it; the candidates' own order
+        without a selector), version numbers moved to `diff`'s."""
         import numpy as np
 
         query, paths = identifiers(diff), changed_paths(diff)
@@ -356,8 +357,13 @@ class Suggester:
                 -self.selector.predict(read), kind="stable"
             ).tolist()  # ties: the first, as argmax
         chosen: list[str] = []
+        editor = False  # a form of the web editor's message was chosen
         for position in order:
             candidate = found[position]
+            if candidate.made in _WEB_DEFAULT:
+                if editor:
+                    continue
+                editor = True
             message = (
                 candidate.message  # what the diff made has its numbers and names
                 if candidate.made
