@@ -81,9 +81,7 @@ class Candidate:
     empty for a past message."""
 
 
-def candidates(
-    neighbours: Sequence[Neighbour], diff: str, feature_names: Sequence[str] = FEATURES
-) -> list[Candidate]:
+def candidates(neighbours: Sequence[Neighbour], diff: str, feature_names: Sequence[str]) -> list[Candidate]:
     """Each neighbour's message, and its subject line alone when it has a body (a body written for
     another change is often what a suggestion should leave out); then the entry `diff` adds to a
     changelog, where it adds one (`pipeline.evaluate.changelog`), and a web editor's messages for it,
@@ -197,7 +195,7 @@ class SelectorConfig:
     history: int
     """The newest training commits the selector learns from."""
     seed: int
-    features: tuple[str, ...] = FEATURES
+    features: tuple[str, ...]
     """What it reads, and so which candidates made from a diff it is offered (`candidates`)."""
 
 
