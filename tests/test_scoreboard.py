@@ -309,13 +309,17 @@ def test_the_changelog_entry_is_the_first_sentence_a_diff_adds_to_a_changelog(di
 
 def changelog_repo(path: Path, commits: int) -> GitRepo:
     """A history whose every commit also says what it did in CHANGES.rst, capitalised and with its
-    pull request: the past's messages are about other changes, the entry about this one."""
+    pull request: the past's messages are about other changes (another frame, with another name), the
+    entry about this one."""
     repo, entries = GitRepo(path), []
     for n in range(commits):
         verb, noun = ["Teach", "Stop", "Let"][n % 3], ["parser", "cache", "router", "codec"][n % 4]
-        entries.insert(0, f"-   {verb} the {noun} about frame {n}. :pr:`{1000 + n}`")
+        name = chr(ord("a") + n // 26) + "".join(
+            chr(ord("a") + (n * step) % 26) for step in (3, 5, 7, 11, 13)
+        )
+        entries.insert(0, f"-   {verb} the {noun} about frame {n}, {name}. :pr:`{1000 + n}`")
         repo.commit(
-            f"{verb.lower()} the {noun} about frame {n}",
+            f"{verb.lower()} the {noun} about frame {n}, {name}",
             {
                 f"{noun}/frame_{n}.py": module_source(n),
                 "CHANGES.rst": "Unreleased\n\n" + "\n".join(entries) + "\n",
@@ -658,6 +662,20 @@ def test_the_selector_learns_from_older_commits_and_is_chosen_on_validation(tmp_
         ".txt",
         ".jsonl",
     }
+
+
+def test_the_selector_does_not_depend_on_the_seed(tmp_path):
+    """Two runs that differ in `train.seed` alone train different models and learn the same selector (it
+    samples neither commits nor features), so what `diff` shows between them is what the seed changed."""
+    topic_repo(tmp_path / "repo", commits=120)
+    scraped(GitRepo(tmp_path / "repo"), tmp_path / "out", eval_commits=10, valid_commits=10)
+    one, other = (
+        learn_past(tmp_path / "out" / "sequences.jsonl", RetrievalConfig(k=5), seed) for seed in (0, 7)
+    )
+    assert (
+        one.suggester.selector.dump_model()["tree_info"] == other.suggester.selector.dump_model()["tree_info"]
+    )
+    assert backtest(one, RetrievalConfig(k=5), 0) == backtest(other, RetrievalConfig(k=5), 7)
 
 
 def test_an_update_answers_from_the_whole_history_and_chooses_on_as_many_commits_as_a_full_run():
