@@ -133,7 +133,7 @@ def fit_to_time_left(record: Record, loaded: LoadedConfig, data: Data, before: S
         train_time = (
             resumed_train_time(record.previous)
             if resume
-            else time_left(measured.time_budget_s, record.elapsed_s, before)
+            else time_left(measured.time_budget_s, record.elapsed_s, before, measured.validate_model)
         )
     plan = planned_again(measured, data.prepared, data.machine, loaded, train_time=train_time)
     if data.prepared.tokenized is not None and plan.train_sequences > data.prepared.tokenized:

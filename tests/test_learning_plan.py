@@ -128,6 +128,16 @@ def test_what_scoring_the_fine_tuned_model_takes_is_what_the_base_model_took_now
     assert "the base model's cached scores do not say" in time_left(600.0, 30.0, unrecorded).why
 
 
+def test_where_the_model_answers_the_validation_commits_too_the_budget_keeps_time_for_it():
+    # Set on a CPU with a budget (eval.validate_model=true), the answers come after training and take half
+    # as long as scoring the fine-tuned model: a plan that kept no time for them could outlast its budget.
+    scored = Scores(None, None, seconds=28.0)
+    validates = time_left(600.0, 30.0, scored, validates=True)
+    assert validates.seconds == 600 - 30 - (28 + 14 + 10)
+    assert "14 s its answers to the validation commits" in validates.why
+    assert time_left(600.0, 30.0, scored).seconds == 600 - 30 - (28 + 10)
+
+
 def test_a_run_that_spent_its_budget_before_training_still_trains_a_tenth_of_it():
     spent = time_left(600.0, 590.0, Scores(None, None, seconds=40.0))
     plan = make_plan(
