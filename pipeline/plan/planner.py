@@ -1079,9 +1079,10 @@ def time_left(budget_s: float, spent_s: float, before: Scores, validates: bool =
     else:
         when = " when cached" if before.cached else ""
         how = f"{scored:.0f} s scoring the fine-tuned model, what the base model's scoring took{when}"
+    validation = scored * VALIDATION_SHARE if validates else 0.0
     if validates:
-        how += f"; {scored * VALIDATION_SHARE:.0f} s its answers to the validation commits"
-    after = scored * (1 + VALIDATION_SHARE * validates) + AFTER_TRAINING_S
+        how += f"; {validation:.0f} s its answers to the validation commits"
+    after = scored + validation + AFTER_TRAINING_S
     return TrainTime(
         budget_s - spent_s - after,
         f"the {budget_s:.0f} s budget leaves after {spent_s:.0f} s spent before training (scraping, tokenizing, "
