@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from scrapers.safe_git import run_safe_git
+
 MANIFEST_FILE = "MANIFEST.json"
 TENSORBOARD_DIR = "tensorboard"  # train.report_to=[tensorboard]: event files beside MANIFEST.json
 SCHEMA_PATH = Path(__file__).resolve().parent / "manifest.schema.json"
@@ -129,8 +131,8 @@ def _tool_git_sha() -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        result = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
+        result = run_safe_git(
+            ["-C", str(root), "rev-parse", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,

@@ -48,19 +48,37 @@ class KeptCommit:
     """Context lines git printed around each change."""
 
 
+_QUOTED = re.compile(r'[\x00-\x1f"\\\x7f]')
+"""What makes git quote a path (with `core.quotePath=false`, as the scrape reads them): a control
+character, a double quote or a backslash."""
+_ESCAPES = {"\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f", "\r": "r", '"': '"', "\\": "\\"}
+
+
+def quote_path(path: str) -> str:
+    """A path (its `a/` or `b/` prefix included) as git writes it in a diff: C-quoted where it holds what
+    `_QUOTED` names, so that a file named with a newline cannot forge a line of the diff."""
+    if not _QUOTED.search(path):
+        return path
+    escaped = (
+        f"\\{_ESCAPES[char]}" if char in _ESCAPES else f"\\{ord(char):03o}" if _QUOTED.match(char) else char
+        for char in path
+    )
+    return f'"{"".join(escaped)}"'
+
+
 def render_file(change: FileChange, context: int | None = None) -> str:
     """One file's change as `git diff` prints it, minus the `index` line (its hashes teach nothing)."""
     old = change.old_path or change.path
-    lines = [f"diff --git a/{old} b/{change.path}"]
+    lines = [f"diff --git {quote_path(f'a/{old}')} {quote_path(f'b/{change.path}')}"]
     if change.status in ("A", "D") and change.mode:
         lines.append(f"{'new' if change.status == 'A' else 'deleted'} file mode {change.mode}")
     elif change.status in ("R", "C"):
         verb = "rename" if change.status == "R" else "copy"
-        lines += [f"{verb} from {old}", f"{verb} to {change.path}"]
+        lines += [f"{verb} from {quote_path(old)}", f"{verb} to {quote_path(change.path)}"]
     hunks = change.hunks if context is None else trim_context(change.hunks, context)
     if hunks:
-        lines.append("--- /dev/null" if change.status == "A" else f"--- a/{old}")
-        lines.append("+++ /dev/null" if change.status == "D" else f"+++ b/{change.path}")
+        lines.append("--- /dev/null" if change.status == "A" else f"--- {quote_path(f'a/{old}')}")
+        lines.append("+++ /dev/null" if change.status == "D" else f"+++ {quote_path(f'b/{change.path}')}")
     return "\n".join(lines) + "\n" + hunks
 
 
@@ -82,7 +100,8 @@ def format_rich(commit: KeptCommit) -> str:
     deleted = sum(change.deleted for change in commit.files)
     header = [f"Date: {commit.date}", f"Files changed: {len(commit.files)} (+{added} -{deleted})"]
     for change in commit.files:
-        name = f"{change.old_path} -> {change.path}" if change.old_path else change.path
+        name = quote_path(change.path)
+        name = f"{quote_path(change.old_path)} -> {name}" if change.old_path else name
         header.append(f"  {change.status} {name} (+{change.added} -{change.deleted})")
     return "\n".join(header) + f"\n\n{commit.message}\n\n{render_diff(commit, commit.git_context)}"
 

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import urlsplit, urlunsplit
 
 import git
 
@@ -102,9 +101,10 @@ def open_repository(path: str | Path) -> Repository:
     runner = git.Git(str(start))
     runner.update_environment(**SAFE_GIT_ENV, **({"GIT_WORK_TREE": str(work_tree)} if work_tree else {}))
     try:
+        # One per line, the answer to the second last: the path may hold spaces and newlines.
         git_dir, bare = runner.execute(
-            ["git", "rev-parse", "--absolute-git-dir", "--is-bare-repository"]
-        ).splitlines()  # one per line: a path may hold spaces
+            ["git", "rev-parse", "--absolute-git-dir", "--is-bare-repository"], strip_newline_in_stdout=False
+        )[:-1].rsplit("\n", 1)
     except git.GitCommandError as err:
         failure = git_failure(err.stderr)
         if "not a git repository" in failure:
@@ -191,18 +191,36 @@ def strip_credentials(url: str) -> str:
     password or token), no query string, no fragment; host, port and path kept.
 
     `scheme://[user[:password]@]host[:port]/path[?query][#fragment]` (https, ssh, git, file, ...);
-    scp-like `[user[:password]@]host:path`; a local path is left as it is.
+    scp-like `[user[:password]@]host:path`; a local path is left as it is. A password pasted unencoded
+    may hold `@`, `/`, `?` or `#`: the user info runs to the last `@` before a host.
     """
     if "://" in url:
-        parts = urlsplit(url)
-        return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, "", ""))
-    head, slash, rest = url.partition("/")
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://{re.split(r'[?#]', _after_user_info(rest, '/'), maxsplit=1)[0]}"
+    head, _, _ = url.partition("/")
     if ":" not in head:  # a local path (no host before a colon)
         return url
-    # scp-like: user info ends at the last `@` before the path; git passes no query or fragment here,
-    # but a token appended to the path as one must not be recorded either.
-    bare = head.rsplit("@", 1)[-1] + slash + rest
-    return re.split(r"[?#]", bare, maxsplit=1)[0]
+    # scp-like: git passes no query or fragment here, but a token appended to the path as one must not be
+    # recorded either.
+    return re.split(r"[?#]", _after_user_info(url, ":"), maxsplit=1)[0]
+
+
+def _after_user_info(rest: str, host_end: str) -> str:
+    """`rest` (a URL after its scheme, or an scp-like one) from its host on: where there is user info, from
+    after the last `@` that a host follows (then `host_end`, or the end), so that no part of a password
+    holding `@`, `/`, `?` or `#` is kept."""
+    first = rest.find("@")
+    if first < 0:
+        return rest
+    # An `@` after the path began is the path's (`host/npm/@scope/pkg`), unless a colon before that `/`
+    # says a password began (`user:pa/ss@host`); a port's digits say nothing of the kind.
+    ahead, slash, _ = rest[:first].partition("/")
+    if slash and re.fullmatch(r"[^:]*(?::\d*)?", ahead):
+        return rest
+    port = ":" if host_end == "/" else ""
+    host = re.compile(rf"[\w.\-\[\]{port}]+(?:[{re.escape(host_end)}?#]|$)")
+    ats = [at for at, char in enumerate(rest) if char == "@"]
+    return rest[next((at for at in reversed(ats) if host.match(rest, at + 1)), ats[-1]) + 1 :]
 
 
 def run_git(repo: Repository, *args: str) -> str:
@@ -279,9 +297,7 @@ def missing_blobs(repo: Repository, revisions: list[str]) -> frozenset[str]:
     """The file contents a partial clone (`git clone --filter=blob:limit=…` or `blob:none`) lacks among
     what `revisions` reach; none for a full clone, found without reading its history (a partial clone's
     packs carry a .promisor mark)."""
-    # git names the object directory (a linked work tree shares its main one's) relative to where it ran
-    packs = (repo.work_tree or repo.git_dir) / run_git(repo, "rev-parse", "--git-path", "objects/pack")
-    if not revisions or not any(packs.glob("*.promisor")):
+    if not revisions or not _may_lack_objects(repo):
         return frozenset()
     with _stdin_with(revisions) as stdin:
         listed = _execute(
@@ -290,10 +306,28 @@ def missing_blobs(repo: Repository, revisions: list[str]) -> frozenset[str]:
     return frozenset(line[1:] for line in listed.splitlines() if line.startswith("?"))
 
 
+def _may_lack_objects(repo: Repository) -> bool:
+    """Whether git would take a missing object for one a remote promised, and ask for it: a partial clone's
+    packs carry a .promisor mark, and a config can say so alone (`extensions.partialClone`,
+    `remote.<name>.promisor`: a hostile repository that deletes an object and names a remote of its own).
+    Otherwise a missing object is damage, and git says so without asking anyone."""
+    # git names the object directory (a linked work tree shares its main one's) relative to where it ran
+    packs = (repo.work_tree or repo.git_dir) / run_git(repo, "rev-parse", "--git-path", "objects/pack")
+    if any(packs.glob("*.promisor")):
+        return True
+    try:  # the config as git reads it, includes and all
+        repo.git.execute(
+            ["git", "config", "--get-regexp", r"^(extensions\.partialclone|remote\..*\.promisor)$"]
+        )
+    except git.GitCommandError:  # exit 1: neither is set
+        return False
+    return True
+
+
 def lacking_content(repo: Repository, shas: list[str], merge_diffs: bool) -> frozenset[str]:
     """The commits among `shas` whose diff needs a file's content that a partial clone does not hold
     (`missing_blobs`). `git log -p` would stop at the first of them ("unable to read"), and the scrape
-    never lets it fetch (protocol.allow=never)."""
+    never lets it fetch (GIT_ALLOW_PROTOCOL)."""
     missing = missing_blobs(repo, shas)
     if not missing:
         return frozenset()

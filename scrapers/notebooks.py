@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 
 from scrapers.commit import FileChange
-from scrapers.safe_git import SAFE_GIT_ENV
+from scrapers.safe_git import run_safe_git
 
 SUFFIX = ".ipynb"
 MAX_BYTES = 64 << 20
@@ -125,10 +124,9 @@ def contents_here(blobs: Sequence[str]) -> dict[str, bytes]:
     if not blobs:
         return {}
     try:
-        output = subprocess.run(
-            ["git", "cat-file", "--batch"], input="\n".join(blobs).encode() + b"\n", capture_output=True,
-            env={**os.environ, **SAFE_GIT_ENV}, timeout=10,
-        ).stdout  # fmt: skip
+        output = run_safe_git(
+            ["cat-file", "--batch"], input="\n".join(blobs).encode() + b"\n", capture_output=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     return parse_batch(blobs, output)

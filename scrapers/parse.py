@@ -148,7 +148,8 @@ def _decode(data: bytes, encoding: str) -> str:
     if encoding:
         try:
             return data.decode(encoding, "replace")
-        except LookupError:
+        # A name that is no text encoding (`rot13`, `base64`), or one that takes no "replace" (`idna`).
+        except (LookupError, UnicodeError):
             pass
     return data.decode("utf-8", "replace")
 

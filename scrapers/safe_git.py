@@ -7,13 +7,14 @@ import os
 import re
 import shutil
 import subprocess
+from typing import Any
 
 SAFE_GIT_CONFIG = {
     "core.fsmonitor": "false",  # `core.fsmonitor=<program>` runs on every work-tree scan
     "core.hooksPath": os.devnull,  # no hooks from the repository
     "core.pager": "cat",
     "log.showSignature": "false",  # signature checks would run gpg.program
-    "protocol.allow": "never",  # no transport at all: a partial clone must not lazily fetch
+    "protocol.allow": "never",  # no transport (GIT_ALLOW_PROTOCOL below makes sure of it)
     "diff.noprefix": "false",  # the parser relies on a/ and b/ prefixes
     "diff.mnemonicPrefix": "false",
     "diff.srcPrefix": "a/",  # git 2.45 and later read these two; earlier ones ignore them
@@ -33,6 +34,12 @@ SAFE_GIT_CONFIG = {
     "diff.orderFile": os.devnull,  # an order file would move which files come first, and so survive a cut
     "log.showRoot": "true",  # false would read the first commit without its diff
     "core.attributesFile": os.devnull,
+    # Transports are closed by GIT_ALLOW_PROTOCOL below; these are the programs one would run, closed too in
+    # case a git process ever opens one: a repository's own ssh command, password prompt and credential
+    # helpers (an empty helper value empties git's list of them).
+    "core.sshCommand": "false",
+    "core.askPass": "",
+    "credential.helper": "",
 }
 SAFE_GIT_ENV = {
     "GIT_CONFIG_COUNT": str(len(SAFE_GIT_CONFIG)),
@@ -42,6 +49,12 @@ SAFE_GIT_ENV = {
     "GIT_TERMINAL_PROMPT": "0",
     "GIT_OPTIONAL_LOCKS": "0",  # reading must not take locks or refresh the user's index
     "GIT_EXTERNAL_DIFF": "",
+    # No transport at all, whatever any config says: `protocol.allow=never` above loses to a repository's own
+    # `protocol.<name>.allow=always`, so a partial clone missing an object would fetch it through the remote
+    # it names (`ext::<command>`, a local path with `remote.<name>.uploadpack=<program>`, ssh with
+    # `core.sshCommand`) and run that program. An allow-list naming no protocol outranks every config.
+    "GIT_ALLOW_PROTOCOL": "",
+    "GIT_NO_LAZY_FETCH": "1",  # git 2.44 and later: a missing object is not even asked for
     # Fully buffered output even into a pipe: by default git flushes after every commit it lists
     # or logs, and each flush wakes the reader (rev-list over 6,500 commits: 40 ms instead of 27).
     "GIT_FLUSH": "0",
@@ -56,6 +69,17 @@ LOCAL_GIT_ENV = (
     "GIT_INDEX_FILE", "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE", "GIT_PREFIX",
     "GIT_INTERNAL_SUPER_PREFIX", "GIT_SHALLOW_FILE", "GIT_COMMON_DIR",
 )  # fmt: skip
+
+
+def safe_env() -> dict[str, str]:
+    """This process's environment with SAFE_GIT_ENV over it: for any git process started without GitPython."""
+    return {**os.environ, **SAFE_GIT_ENV}
+
+
+def run_safe_git(args: list[str], **options: Any) -> subprocess.CompletedProcess:
+    """`git ARGS` with SAFE_GIT_ENV (and `subprocess.run`'s `options`): how every git process the project
+    starts outside `scrapers.git` runs, whichever repository it is in (the hook's is the user's own)."""
+    return subprocess.run(["git", *args], env=safe_env(), **options)
 
 
 def forget_inherited_repository() -> None:
@@ -78,7 +102,7 @@ def git_problem() -> str | None:
             "git is not installed, or not on PATH: repotune reads the repository through it "
             "(install git, e.g. `apt install git`, then run this again)"
         )
-    said = subprocess.run(["git", "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    said = run_safe_git(["--version"], capture_output=True, text=True, check=False).stdout.strip()
     found = re.search(r"(\d+)\.(\d+)", said)
     if found and (int(found[1]), int(found[2])) < OLDEST_GIT:
         oldest = ".".join(map(str, OLDEST_GIT))

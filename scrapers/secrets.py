@@ -474,7 +474,10 @@ def syntax_of(path: str) -> Syntax:
     return Syntax.CODE if suffix in _CODE_SUFFIXES else Syntax.PROSE
 
 
-_SECTION = re.compile(rf"^(?:diff --git a/.* b/(.*)|{re.escape(MESSAGE_HEADING)})$", re.MULTILINE)
+_SECTION = re.compile(
+    rf'^(?:diff --git (?:a/.* b/(.*)|"a/.*" "b/(.*)")|{re.escape(MESSAGE_HEADING)})$', re.MULTILINE
+)
+"""A file's header (a path git quotes: `"b/..."`), or the `message` format's heading."""
 
 
 def sections(text: str) -> list[tuple[int, Syntax]]:
@@ -482,7 +485,8 @@ def sections(text: str) -> list[tuple[int, Syntax]]:
     each file's lines follow their `diff --git` header, and the `message` format's message its heading."""
     found = [(0, Syntax.PROSE)]
     for match in _SECTION.finditer(text):
-        found.append((match.start(), syntax_of(match.group(1)) if match.group(1) else Syntax.PROSE))
+        path = match.group(1) or match.group(2)
+        found.append((match.start(), syntax_of(path) if path else Syntax.PROSE))
     return found
 
 
@@ -1566,8 +1570,9 @@ def redaction_origins(diff_text: str) -> Counter:
     origins: Counter = Counter()
     where = MESSAGE_ORIGIN
     for line in diff_text.splitlines():
-        if line.startswith("diff --git a/"):
-            where = line[len("diff --git a/") :].rsplit(" b/", 1)[0]
+        if line.startswith(("diff --git a/", 'diff --git "a/')):
+            where = line.removeprefix("diff --git ").removeprefix('"').removeprefix("a/")
+            where = where.rsplit(' "b/' if line.endswith('"') else " b/", 1)[0].removesuffix('"')
         elif "<REDACTED:" in line:
             origins[where] += line.count("<REDACTED:")
     return origins

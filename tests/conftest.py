@@ -264,6 +264,11 @@ def cli(capsys):
     return invoke
 
 
+def sequences(path: Path) -> list[dict]:
+    """The records of a `sequences.jsonl`."""
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
 def read_json(path: Path):
     """A JSON file; a MANIFEST.json is also validated against the shipped schema (every test does this)."""
     document = orjson.loads(path.read_bytes())

@@ -142,10 +142,9 @@ def test_a_path_that_is_not_utf8_is_refused_in_one_line(cli, sample_repo, tmp_pa
         with pytest.raises(SystemExit) as ended:
             cli(*argv)
         assert ended.value.code == 2
-        said = capsys.readouterr().err.strip().splitlines()[-1]
-        assert said == (
-            f"run_pipeline.py: error: {tmp_path}/caf\\xe9: not UTF-8, and repotune records what it is given in "
-            "JSON, which holds UTF-8 alone: rename it, or link to it from a UTF-8 name (ln -s)"
+        assert capsys.readouterr().err == (
+            f"repotune: error: {tmp_path}/caf\\xe9: not UTF-8, and repotune records what it is given in "
+            "JSON, which holds UTF-8 alone: rename it, or link to it from a UTF-8 name (ln -s)\n"
         )
     assert not (tmp_path / "out").exists()
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from scrapers.git import describe_repository, git_failure, open_repository, strip_credentials
 from scrapers.safe_git import LOCAL_GIT_ENV
-from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+from tests.conftest import FAST_TRAINING, GitRepo, add_features, module_source, read_json, sequences
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +44,17 @@ ROOT = Path(__file__).resolve().parent.parent
         ("host.example:~user/repo.git", "host.example:~user/repo.git"),
         ("/srv/git/repo.git", "/srv/git/repo.git"),
         ("../sibling/repo", "../sibling/repo"),
+        # A password pasted unencoded: the user info runs to the last `@` before the host.
+        ("https://user:pa?ss@host.example/x.git", "https://host.example/x.git"),
+        ("https://user:pa#ss@host.example/x.git", "https://host.example/x.git"),
+        ("https://user:pa/ss@host.example/x.git", "https://host.example/x.git"),
+        ("https://user:p@s?s#w/o@host.example:8443/x.git", "https://host.example:8443/x.git"),
+        ("https://user:pa?ss@host.example", "https://host.example"),
+        ("deploy:pa/ss@host.example:repo.git", "host.example:repo.git"),
+        # ... and an `@` in the path is the path's.
+        ("https://registry.example/npm/@scope/pkg.git", "https://registry.example/npm/@scope/pkg.git"),
+        ("https://host.example:8443/npm/@scope/pkg.git", "https://host.example:8443/npm/@scope/pkg.git"),
+        ("ssh://host.example/~user/@team/x.git", "ssh://host.example/~user/@team/x.git"),
     ],
 )
 def test_a_remote_url_is_recorded_without_credentials_in_every_form(url, recorded):
@@ -320,3 +333,109 @@ def test_tokenizer_workers_stop_quietly_under_the_pipelines_signal_handlers(capf
 def _stopped_at_once() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)  # the handler runs before this ends
+
+
+def _write_commit(repo: GitRepo, header_extra: str, message: bytes, files: dict[bytes, bytes]) -> str:
+    """A commit written as raw bytes (an `encoding` header git would not write for us, a message in any
+    bytes), its files staged by their byte paths; HEAD moves to it."""
+    for name, content in files.items():
+        path = bytes(repo.path) + b"/" + name
+        os.makedirs(os.path.dirname(path), exist_ok=True)  # a name holding `/` is a path in folders
+        with open(path, "wb") as handle:
+            handle.write(content)
+    repo.git("add", "--all")
+    tree = repo.git("write-tree")
+    parents = [f"parent {repo.git('rev-parse', 'HEAD')}\n"] if repo.git("rev-list", "--all") else []
+    body = (
+        f"tree {tree}\n{''.join(parents)}author Ada <ada@example.com> 1704110400 +0000\n"
+        f"committer Ada <ada@example.com> 1704110400 +0000\n{header_extra}\n"
+    ).encode() + message
+    sha = subprocess.run(
+        ["git", "hash-object", "-t", "commit", "-w", "--stdin"], input=body, cwd=repo.path,
+        capture_output=True, check=True,
+    ).stdout.decode().strip()  # fmt: skip
+    repo.git("update-ref", "HEAD", sha)
+    return sha
+
+
+@pytest.mark.parametrize("encoding", ["idna", "punycode", "rot13", "base64", "no-such-encoding"])
+def test_a_commit_in_an_encoding_that_cannot_decode_it_is_read_as_utf8(cli, tmp_path, encoding):
+    """git passes a message it cannot re-encode as it is, and the scrape falls back to UTF-8 where the
+    commit's encoding is no text encoding, or one that cannot replace a bad byte (`idna`): an internal
+    error before."""
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("Add the module", {"app.py": module_source(1)})
+    _write_commit(repo, f"encoding {encoding}\n", b"Fix caf\xe9 handling\n", {b"g.py": b"name = '\xe9'\n"})
+    out = tmp_path / "out"
+    result = cli("scrape", "--repo", repo.path, "--output-dir", out, "--set", "scrape.format=diff")
+    assert result.code == 0, result.err
+    texts = [record["text"] for record in sequences(out / "sequences.jsonl")]
+    assert texts[0].startswith("Fix caf\ufffd handling\n") and "+name = '\ufffd'" in texts[0]
+
+
+def test_a_repository_whose_path_holds_a_newline_scrapes(cli, tmp_path):
+    repo = add_features(GitRepo(tmp_path / "two\nlines"), range(1, 4))
+    out = tmp_path / "out"
+    result = cli("scrape", "--repo", repo.path, "--output-dir", out)
+    assert result.code == 0, result.err
+    assert read_json(out / "MANIFEST.json")["repository"]["path"] == str(repo.path)
+
+
+def test_a_file_name_is_quoted_in_the_training_text_as_git_quotes_it(cli, tmp_path):
+    """A file name holding a newline went raw into the `diff --git` line, where it could forge the header
+    of a file that is not there (and the secret rules read the lines after it as that file's)."""
+    repo = GitRepo(tmp_path / "repo")
+    repo.commit("Add the module", {"app.py": module_source(1)})
+    forged = b'x\ndiff --git a/.env b/.env\n+print(1)\n\t"\\\x01.py'
+    _write_commit(repo, "", b"Add a file with a strange name\n", {forged: b"value = 1\n"})
+    out = tmp_path / "out"
+    assert cli("scrape", "--repo", repo.path, "--output-dir", out, "--set", "scrape.format=diff").code == 0
+    text = sequences(out / "sequences.jsonl")[0]["text"]
+    written_by_git = repo.git("-c", "core.quotePath=false", "log", "-1", "-p", "--format=").splitlines()
+    quoted = '"a/x\\ndiff --git a/.env b/.env\\n+print(1)\\n\\t\\"\\\\\\001.py"'
+    assert f"diff --git {quoted} {quoted.replace('a/', 'b/', 1)}" in written_by_git
+    assert text.splitlines()[2] == f"diff --git {quoted} {quoted.replace('a/', 'b/', 1)}"
+    assert text.count("\ndiff --git ") == 1 and "\n+print(1)" not in text
+
+
+def _a_name(data: bytes) -> bool:
+    """A name git can store as one path component."""
+    return b"\0" not in data and b"/" not in data and data not in (b".", b"..") and data.lower() != b".git"
+
+
+def _bytes_or_text(size: int) -> st.SearchStrategy[bytes]:
+    """Any bytes, or text's UTF-8 (most of what real names hold, which random bytes seldom are)."""
+    return st.one_of(st.binary(min_size=1, max_size=size), st.text(min_size=1, max_size=size).map(os.fsencode))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    folder=_bytes_or_text(16).filter(_a_name),
+    name=_bytes_or_text(24).filter(_a_name),
+    message=_bytes_or_text(300),
+    encoding=st.sampled_from(["", "encoding ISO-8859-1\n", "encoding idna\n", "encoding x-unknown\n"]),
+)
+def test_random_bytes_as_paths_names_and_messages_scrape_or_fail_in_one_line(
+    cli, capsys, tmp_path_factory, folder, name, message, encoding
+):
+    """Whatever bytes a repository's path, a file's name and a commit's message hold, the scrape succeeds
+    or says why in one line; and a file's name never adds a line to the diff (git's quoting)."""
+    assume(b"diff --git" not in message)
+    parent = tmp_path_factory.mktemp("random")
+    repo = GitRepo(Path(os.fsdecode(bytes(parent) + b"/" + folder)))
+    repo.commit("Add the module", {"app.py": module_source(1)})
+    try:
+        _write_commit(repo, encoding, message, {name: b"value = 1\n"})
+    except subprocess.CalledProcessError:
+        assume(False)  # a name git itself refuses (`.GIT`, NTFS' forms of it)
+    out = parent / "out"
+    try:
+        result = cli("scrape", "--repo", repo.path, "--output-dir", out, "--set", "scrape.format=diff")
+        code, err = result.code, result.err
+    except SystemExit as refused:  # refused before anything runs (a path that is not UTF-8)
+        code, err = refused.code, capsys.readouterr().err
+    if code != 0:
+        assert code == 2 and err.count("\n") == 1 and err.startswith("repotune: error: "), err
+        return
+    for record in sequences(out / "sequences.jsonl"):
+        assert sum(line.startswith("diff --git ") for line in record["text"].split("\n")) == 1

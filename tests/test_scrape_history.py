@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import subprocess
 
-import orjson
 import pytest
 
 from pipeline.config import ScrapeConfig
 from scrapers.git import describe_repository, open_repository
 from scrapers.parse import log_format, parse_log
 from scrapers.scrape import SPLITS, holdout_counts, scrape
-from tests.conftest import GitRepo, module_source, read_json
-
-
-def sequences(path):
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+from tests.conftest import GitRepo, module_source, read_json, sequences
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
 from pipeline.errors import USER_ERRORS, PipelineError
@@ -316,10 +316,25 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
     if hasattr(args, "repos"):
         args.repos = [*args.repos, *_repos_from_file(args.repos_file)] if args.repos_file else args.repos
         if not args.repos and commands[args.command].needs_repo:
-            parser.error("give --repo PATH (repeatable) or --repos-file FILE")
+            refuse("give --repo PATH (repeatable) or --repos-file FILE")
     if problem := _not_utf8(args):
-        parser.error(problem)
+        refuse(problem)
     return args
+
+
+def refuse(problem: str) -> NoReturn:
+    """Stop before any work, as an error a run meets is said: one line, exit 2."""
+    print(f"repotune: error: {one_line(problem)}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(message: str) -> str:
+    """An error message as one line, whatever the paths and names in it hold (a folder named with a
+    newline): control characters written as Python writes them in a string."""
+    return _CONTROL.sub(lambda found: repr(found.group(0))[1:-1], message)
 
 
 def as_text(given: str) -> str:
@@ -353,8 +368,7 @@ def _repos_from_file(path: Path) -> list[str]:
         # A path that is not UTF-8 is read as the command line reads one, and refused as one (`_not_utf8`).
         lines = path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
     except OSError as err:
-        print(f"repotune: error: --repos-file {path}: {err.strerror or err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(f"--repos-file {path}: {err.strerror or err}")
     entries = (re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip() for line in lines)
     return [str(path.expanduser().parent / Path(entry).expanduser()) for entry in entries if entry]
 
@@ -397,7 +411,7 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
         return 0
     except USER_ERRORS as err:
         if speaks:
-            print(f"repotune: error: {err}", file=sys.stderr)
+            print(f"repotune: error: {one_line(str(err))}", file=sys.stderr)
         else:  # torchrun stops every rank once one fails: let rank 0 say why before this one does
             time.sleep(SILENT_RANK_GRACE_S)
         return err.exit_code
@@ -410,7 +424,8 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
             traceback.print_exc()
         if speaks:
             print(
-                f"repotune: internal error: {type(err).__name__}: {err} (a bug; REPOTUNE_DEBUG=1 shows the traceback)",
+                f"repotune: internal error: {type(err).__name__}: {one_line(str(err))} (a bug; REPOTUNE_DEBUG=1 "
+                "shows the traceback)",
                 file=sys.stderr,
             )
         return 1

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import orjson
 
-from scrapers.safe_git import SAFE_GIT_ENV
+from scrapers.safe_git import run_safe_git
 
 HOOK = "prepare-commit-msg"
 PREVIOUS = f"{HOOK}.repotune-previous"
@@ -257,8 +257,8 @@ def hook_folders(repo: str | Path) -> tuple[Path, Path, bool]:
 
     path = Path(repo).expanduser()
     try:
-        common, run_from, bare = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--path-format=absolute", "--git-common-dir",
+        common, run_from, bare = run_safe_git(
+            ["-C", str(path), "rev-parse", "--path-format=absolute", "--git-common-dir",
              "--git-path", "hooks", "--is-bare-repository"],
             capture_output=True, text=True, check=True, timeout=30,
         ).stdout.splitlines()  # fmt: skip
@@ -322,7 +322,7 @@ def comment_prefix(original: str) -> str | None:
     comments by default only where an editor opens)."""
 
     def config(key: str) -> str | None:
-        found = subprocess.run(["git", "config", "--get", key], capture_output=True, text=True, timeout=10)
+        found = run_safe_git(["config", "--get", key], capture_output=True, text=True, timeout=10)
         return found.stdout.rstrip("\n") if found.returncode == 0 else None
 
     if (config("commit.cleanup") or "default") not in ("default", "strip"):
@@ -378,7 +378,7 @@ def _git_catalog() -> gettext.NullTranslations:
     (English) where there is none."""
     folder = os.environ.get("GIT_TEXTDOMAINDIR")
     if not folder:
-        programs = subprocess.run(["git", "--exec-path"], capture_output=True, text=True, timeout=10).stdout
+        programs = run_safe_git(["--exec-path"], capture_output=True, text=True, timeout=10).stdout
         found = (above / "share" / "locale" for above in Path(programs.strip()).parents)
         folder = str(next((locale for locale in found if locale.is_dir()), ""))
     return gettext.translation("git", folder or None, fallback=True)
@@ -407,10 +407,7 @@ def staged_diff() -> str:
     """The staged change as git prints it to the scraper (DIFF_OPTIONS and the scraper's SAFE_GIT_ENV), at
     most MAX_DIFF_BYTES of it; the suggestion reads it as training read commits
     (`scrapers.filters.as_trained`)."""
-    output = subprocess.run(
-        ["git", "diff", "--cached", *DIFF_OPTIONS], env={**os.environ, **SAFE_GIT_ENV}, capture_output=True,
-        check=True,
-    ).stdout  # fmt: skip
+    output = run_safe_git(["diff", "--cached", *DIFF_OPTIONS], capture_output=True, check=True).stdout
     return output[:MAX_DIFF_BYTES].decode("utf-8", errors="replace")
 
 
