@@ -36,6 +36,7 @@ of an Aho-Corasick automaton, and only the texts that hold one go further.
 
 from __future__ import annotations
 
+import binascii
 import functools
 import math
 import re
@@ -49,6 +50,7 @@ from itertools import accumulate
 from typing import Any
 
 from scrapers.formats import MESSAGE_HEADING
+from scrapers.providers import PROVIDER_TOKENS
 
 
 class Syntax(Enum):
@@ -78,8 +80,8 @@ class Rule:
     rule's at once); every match of `pattern` holds a match of one (in the lowered text when the
     rule ignores case). Texts and lines without one never meet `pattern`: the more precise the
     hints, the less it runs."""
-    group: int = 0
-    """The part of the match that is the secret (0: all of it)."""
+    group: int | str = 0
+    """The part of the match that is the secret (0: all of it), by number or name."""
     accept: Callable[[re.Match[str]], bool] | None = None
     """Extra check on the match; it is left alone when this returns False."""
     syntaxes: frozenset[Syntax] = EVERY_SYNTAX
@@ -150,10 +152,11 @@ _CREDENTIAL_WORDS = frozenset(
 requirepass, wpa_supplicant's psk, the variable sshpass reads a password from (and, in `credential_name`,
 a word ending in a password, a secret key's base and some salts)."""
 _KEY_PREFIXES = (
-    "api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt", "subscription"
+    "api", "access", "auth", "private", "secret", "signing", "encryption", "master", "jwt", "subscription",
+    "preshared",
 )  # fmt: skip
 """Words before `key` that make it a secret: API_KEY, SECRET_KEY, signing-key, JWT_KEY, Azure's
-Ocp-Apim-Subscription-Key (not `key`, `cache_key`)."""
+Ocp-Apim-Subscription-Key, WireGuard's PresharedKey (not `key`, `cache_key`)."""
 _NOT_CREDENTIAL_TOKENS = frozenset(
     {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "special", "image", "audio",
      "video", "placeholder", "next", "prev", "previous", "page", "continuation", "cursor", "sync", "max", "min",
@@ -196,19 +199,64 @@ _PLAIN_SUFFIXES = frozenset({"", ".txt", ".pass", ".pwd", ".secret", ".secrets",
 _CREDENTIAL_FILES = frozenset({".pgpass", ".htpasswd", ".git-credentials"})
 """Files whose every line holds a password or its hash by their format (`host:port:db:user:password`,
 `user:$apr1$...`, `https://user:password@host`)."""
+_KEY_FILES = frozenset({"id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk"})
+_KEY_SUFFIXES = (".key", ".pem", ".ppk", ".p8", ".pk8")
+"""Files that hold key material by their name: ssh's keys, a server's `.key`, Rails' `master.key`, PuTTY's
+`.ppk`, PKCS #8; a `.pem` or `.key` that shows only a certificate or a public key is not one."""
+_FILE_WORD = r"(?:pass|pwd|secret|token|key|auth|cred|id_[a-z0-9]+|\.pem|\.ppk|\.p8|\.pk8)"
+"""A word of a credential file's name, for a rule's hints (lowered): its own check is `credential_file`."""
+
+
+def key_file(path: str) -> bool:
+    """Whether a file holds key material by its name (`_KEY_FILES`, `_KEY_SUFFIXES`)."""
+    name = path.rsplit("/", 1)[-1].lower()
+    return name in _KEY_FILES or name.endswith(_KEY_SUFFIXES)
+
+
+CREDENTIAL_LINES = 3
+"""A file named for a credential holds one, where it holds at most this many lines and no program's."""
 
 
 def credential_file(path: str) -> bool:
     """Whether a file is, by its name, a credential alone: `deploy/db_password.txt`, `.vault_pass`,
-    `GITHUB_TOKEN`, `.pgpass`. Its every line is one; nothing around it says so (`hunter2`, a line to
-    itself)."""
+    `GITHUB_TOKEN`, `.pgpass`, `id_rsa`, `config/master.key`. Nothing around its lines says so
+    (`hunter2`, a line to itself): what it holds decides the rest (`_credential_content`)."""
     name = path.rsplit("/", 1)[-1]
-    if name.lower() in _CREDENTIAL_FILES:
+    if name.lower() in _CREDENTIAL_FILES or key_file(path):
         return True
     name = name.lstrip(".")
     dot = name.find(".")
     stem, suffix = (name[:dot], name[dot:].lower()) if dot > 0 else (name, "")
     return suffix in _PLAIN_SUFFIXES and credential_name(stem)
+
+
+def _credential_file_match(match: re.Match[str], keys: bool) -> bool:
+    """A file's header (group 1: its path) and lines (group 2) that are a credential file's, of key
+    material where `keys` says so, and of any other credential where it does not."""
+    path = match.group(1)
+    return credential_file(path) and key_file(path) == keys and _credential_content(path, match.group(2))
+
+
+def _credential_content(path: str, body: str) -> bool:
+    """Whether a credential file's diff (`body`, after its `diff --git` line) holds what its name says: a
+    key file anything but a certificate or a public key alone; a file whose format is credentials
+    (`.pgpass`) anything; any other a few lines that are no program (an example named `password` is
+    one: `#!/usr/bin/env node` ...)."""
+    name = path.rsplit("/", 1)[-1].lower()
+    if name in _CREDENTIAL_FILES:
+        return True
+    if key_file(path):
+        return "PRIVATE" in body or not ("CERTIFICATE" in body or "PUBLIC KEY" in body)
+    shown = [
+        line
+        for line in body.split("\n")
+        if line[:1] in ("+", "-", " ") and not line.startswith(("+++ ", "--- "))
+    ]
+    new = [line[1:] for line in shown if line[0] != "-" and line[1:].strip()]
+    old = [line[1:] for line in shown if line[0] != "+" and line[1:].strip()]
+    return max(len(new), len(old)) <= CREDENTIAL_LINES and not any(
+        line.startswith("#!") for line in new + old
+    )
 
 
 _NOT_LITERALS = frozenset(
@@ -240,23 +288,86 @@ def is_literal(value: str, name: str = "") -> bool:
             value.startswith(
                 ("$", "%", "{", "<", "(", "[", "!", "&", "*", "|", ">", "@", "~", "\\", "`", "/", "./")
             )
-            # ... but bytes written as escapes are (`app.secret_key = b'\x8f\x12...'`, os.urandom's output)
+            # ... but bytes written as escapes are (`app.secret_key = b'\x8f\x12...'`, os.urandom's output),
+            # and base64 that begins with `/` or `+` (WireGuard's `PresharedKey = /Uwc...=`)
             and not re.match(r"(?:\\x[0-9a-fA-F]{2}){4}", value)
+            and not _base64_key(value)
         )
         or "(" in value
+        or value.startswith((",", ";", ")", "]", "}", "+", "=", "|", "?", ":"))  # code after a string ends
         or "}}" in value  # the end of a template's placeholder: `{{user%password}}`'s last part
         or _TEMPLATE.search(value) is not None
         or lowered in _NOT_LITERALS
         or lowered == name.lower()
         or lowered == (_WORD.findall(name) or [""])[-1].lower()
         or _says_it_stands_in(lowered)
+        or (is_phrase(value) and "passphrase" not in name.lower())
     )
+
+
+def _base64_key(value: str) -> bool:
+    """Base64 of a key rather than a path: padded, or long and mixed as generated bytes are."""
+    return re.fullmatch(r"[A-Za-z0-9+/]{16,}={1,2}|[A-Za-z0-9+/]{40,}", value) is not None and (
+        value.endswith("=")
+        or (len(value) % 4 == 0 and not value.islower() and any(c.isdigit() for c in value))
+    )
+
+
+def is_phrase(value: str) -> bool:
+    """Words of a sentence, not a password: a label, a translation, a help text (`Mot de passe`, `Passwort
+    vergessen?`, `password for user, default to ""`). People's passphrases are phrases too, and are kept
+    under a `passphrase` name alone: a limit of reading without a dictionary."""
+    words = value.split()
+    if len(words) < 2 or re.fullmatch(r"[a-z]{4}(?: [a-z]{4}){3}", value):  # Google's app password
+        return False
+    alphabetic = [word for word in words if re.fullmatch(r"[^\W\d_]+(?:['’-][^\W\d_]+)*[.,:;!?…]?", word)]
+    return len(alphabetic) * 4 >= len(words) * 3 and any(len(word) >= 3 for word in alphabetic)
 
 
 def _named_literal(match: re.Match[str], name_group: int = 1, value_group: int = 2) -> bool:
-    return credential_name(match.group(name_group)) and is_literal(
-        match.group(value_group), match.group(name_group)
+    name, value = match.group(name_group), match.group(value_group)
+    return credential_name(name) and is_literal(value, name) and not _a_word_for_a_token(match, name, value)
+
+
+_CREDENTIAL_TOKENS = frozenset(
+    {"api", "auth", "access", "refresh", "bearer", "session", "secret", "private", "personal", "oauth",
+     "client", "service", "bot", "app", "user", "admin", "deploy", "csrf", "xsrf", "jwt", "id", "github",
+     "gitlab", "npm", "pypi", "slack", "discord", "telegram", "registry", "ci", "hub"}
+)  # fmt: skip
+"""Words before `token` that make it a credential's whatever its value (`API_TOKEN`, `authToken`)."""
+
+
+def _a_word_for_a_token(match: re.Match[str], name: str, value: str) -> bool:
+    """A word given to a `token` in code, where a token is a unit of text: a lexer's `token = "while"`, an
+    NLP fixture's `{"token": "running"}`, a migration tool's `upgrade_token = "upgrades"`. A credential
+    token is generated, not a word; in configuration (`token: swordfish`), and after a word that makes
+    it a credential's (`apiToken`), a word is taken for one all the same."""
+    words = [word.lower() for word in _WORD.findall(name)]
+    return (
+        words[-1:] == ["token"]
+        and (len(words) < 2 or words[-2] not in _CREDENTIAL_TOKENS)
+        and re.fullmatch(r"[A-Za-z]{1,16}|[a-z]+(?:_[a-z]+)+", value.strip()) is not None
+        and _syntax_at(match.string, match.start()) in (Syntax.CODE, Syntax.PROSE)
     )
+
+
+@functools.lru_cache(maxsize=8)  # the text being redacted, for its few matches that ask
+def _section_starts(text: str) -> tuple[list[int], list[Syntax]]:
+    where = sections(text)
+    return [offset for offset, _ in where], [syntax for _, syntax in where]
+
+
+def _syntax_at(text: str, offset: int) -> Syntax:
+    """The syntax of the file (or message) `text[offset]` is in."""
+    offsets, syntaxes = _section_starts(text)
+    return syntaxes[bisect_right(offsets, offset) - 1]
+
+
+def _in_a_string(match: re.Match[str]) -> bool:
+    """Whether a match stands inside a string literal of its line: an odd number of one kind of quote
+    before it."""
+    line = match.string[match.string.rfind("\n", 0, match.start()) + 1 : match.start()]
+    return any(line.count(quote) % 2 == 1 for quote in ('"', "'", "`"))
 
 
 def _named_word(match: re.Match[str]) -> bool:
@@ -458,20 +569,79 @@ _CONFIG_NAMES = frozenset(
 _NETRC_NAMES = frozenset({".netrc", "_netrc", "netrc"})
 
 
+_WRAPPERS = frozenset(
+    {".bak", ".orig", ".old", ".save", ".backup", ".dist", ".example", ".sample", ".template", ".tmpl", ".tpl",
+     ".j2", ".jinja", ".jinja2", ".erb", ".in", ".default", ".defaults", ".local", ".dev", ".prod",
+     ".production", ".staging", ".development"}
+)  # fmt: skip
+"""Suffixes that keep a file in its syntax: a backup (`values.yml.bak`), a template (`app.conf.j2`,
+`database.yml.erb`, `config.yml.dist`), an environment's copy (`settings.toml.prod`)."""
+_CONFIG_FOLDERS = ("group_vars/", "host_vars/")
+"""Folders whose files are configuration whatever their name: Ansible's variables (`group_vars/all`)."""
+_DOCUMENTS = frozenset(
+    {".md", ".markdown", ".mdx", ".rst", ".adoc", ".asciidoc", ".org", ".tex", ".rdoc", ".textile", ".pod",
+     ".wiki", ".1", ".man"}
+)  # fmt: skip
+_DOCUMENT_NAMES = frozenset(
+    {"readme", "changes", "changelog", "news", "history", "authors", "contributors", "license", "copying",
+     "notice", "todo", "contributing", "install", "thanks", "credits"}
+)  # fmt: skip
+"""Prose by their name, never read for a syntax from what they hold (`_content_syntax`)."""
+
+
 @functools.lru_cache(maxsize=4096)  # a history touches the same files again and again
 def syntax_of(path: str) -> Syntax:
-    """How a file assigns values, from its name: `.env.local` and `settings.yaml` are configuration,
-    `Dockerfile.dev` a Dockerfile, `app.py` code, `README.md` and unknown files prose."""
+    """How a file assigns values, from its name: `.env.local` and `settings.yaml` are configuration, so
+    are `values.yml.bak`, `app.conf.j2` and Ansible's `group_vars/all`; `Dockerfile.dev` a Dockerfile,
+    `app.py` code, `README.md` and unknown files prose (an unknown one may read as configuration by
+    what it holds: `sections`)."""
     name = path.rsplit("/", 1)[-1].lower()
+    while (dot := name.rfind(".")) > 0 and name[dot:] in _WRAPPERS:
+        name = name[:dot]
     dot = name.rfind(".")
     suffix = name[dot:] if dot > 0 else ""  # `.env` is a name, not a suffix
     if name in _NETRC_NAMES:
         return Syntax.NETRC
     if name in ("dockerfile", "containerfile") or name.startswith("dockerfile.") or suffix == ".dockerfile":
         return Syntax.DOCKERFILE
-    if name.startswith(".env") or name in _CONFIG_NAMES or suffix in _CONFIG_SUFFIXES:
+    if (
+        name.startswith(".env")
+        or name in _CONFIG_NAMES
+        or suffix in _CONFIG_SUFFIXES
+        or any(folder in f"/{path.lower()}" for folder in _CONFIG_FOLDERS)
+    ):
         return Syntax.CONFIG
     return Syntax.CODE if suffix in _CODE_SUFFIXES else Syntax.PROSE
+
+
+@functools.lru_cache(maxsize=4096)
+def _unknown_kind(path: str) -> bool:
+    """A file whose name says neither its syntax nor that it is a document: what it holds may."""
+    name = path.rsplit("/", 1)[-1].lower()
+    dot = name.rfind(".")
+    stem, suffix = (name[:dot], name[dot:]) if dot > 0 else (name, "")
+    return syntax_of(path) is Syntax.PROSE and suffix not in _DOCUMENTS and stem not in _DOCUMENT_NAMES
+
+
+_SETTING = re.compile(
+    r"""[ \t]*(?:-[ \t]+)?["']?[A-Za-z_][\w.\-]*["']?[ \t]*(?::(?:[ \t]|$)|[:?]?=)|[ \t]*\[[^\]\n]+\][ \t]*$|---$"""
+)
+"""A line of configuration: `key: value`, `- key: value`, `key = value`, `KEY=value`, an INI section, a YAML
+document's start."""
+CONFIG_SHARE = 0.6
+"""A file of unknown kind is configuration where two of its lines and this share of them (those shown, not
+blank, not a comment) are settings: one is as often a script's line (`token = arguments[0]`)."""
+
+
+def _content_syntax(lines: list[str]) -> Syntax:
+    """A file's syntax from its lines as a diff shows them (each after its marker): configuration where
+    most are settings (`_SETTING`), prose otherwise."""
+    shown = [
+        line[1:] for line in lines if line[:1] in ("+", "-", " ") and not line.startswith(("+++ ", "--- "))
+    ]
+    counted = [line for line in shown if line.strip() and not line.lstrip().startswith(("#", ";", "//"))]
+    settings = sum(_SETTING.match(line) is not None for line in counted)
+    return Syntax.CONFIG if settings >= 2 and settings >= CONFIG_SHARE * len(counted) else Syntax.PROSE
 
 
 _SECTION = re.compile(
@@ -484,9 +654,14 @@ def sections(text: str) -> list[tuple[int, Syntax]]:
     """Where each kind of text begins in a rendered commit: the message (and `rich`'s header) is prose,
     each file's lines follow their `diff --git` header, and the `message` format's message its heading."""
     found = [(0, Syntax.PROSE)]
-    for match in _SECTION.finditer(text):
+    matches = list(_SECTION.finditer(text))
+    for number, match in enumerate(matches):
         path = match.group(1) or match.group(2)
-        found.append((match.start(), syntax_of(path) if path else Syntax.PROSE))
+        syntax = syntax_of(path) if path else Syntax.PROSE
+        if path and _unknown_kind(path):
+            end = matches[number + 1].start() if number + 1 < len(matches) else len(text)
+            syntax = _content_syntax(text[match.end() : end].split("\n"))
+        found.append((match.start(), syntax))
     return found
 
 
@@ -551,41 +726,248 @@ def _authorization(separator: str, syntaxes: frozenset[Syntax] = EVERY_SYNTAX) -
 
 def _on_command_line(commands: str, flag: str, hints: tuple[str, ...]) -> Rule:
     """A password given by `flag` (a regex whose group 2 is the password) on the command line of one of
-    `commands` (a regex), which must begin a command, the flag its own word after it."""
+    `commands` (a regex), which must begin a command, the flag its own word after it. The flag is looked
+    for up to the next of `commands`, not beyond: a long line that names one again and again is read once
+    (to its end from each, it took seconds)."""
     return _typed(
         "command_line_password",
-        re.compile(rf"{_COMMAND}(?:{commands})[ \t][^\n|;&]*?(?<=[ \t]){flag}"),
+        re.compile(rf"{_COMMAND}(?:{commands})[ \t](?:(?!(?:{commands})[ \t])[^\n|;&])*?(?<=[ \t]){flag}"),
         hints,
         group=2,
     )
 
 
+_KEY_KIND = r"(?:PRIVATE KEY(?: BLOCK)?|OpenVPN [\w \-]*?[Kk]ey(?: V\d+)?)"
+_KEY_BEGIN = rf"-{{4,5}} ?BEGIN[A-Z0-9 ]*{_KEY_KIND} ?-{{4,5}}"
+_KEY_END = rf"-{{4,5}} ?END[A-Z0-9 ]*{_KEY_KIND} ?-{{4,5}}"
+"""A key block's first and last lines: PEM's and OpenSSH's `-----BEGIN ... PRIVATE KEY-----`, PGP's `PRIVATE
+KEY BLOCK`, ssh.com's `---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----`, OpenVPN's `OpenVPN Static key V1`."""
+_KEY_HINTS = ("PRIVATE KEY", "OpenVPN ")
+_KEY_LINE = r"[+\- ]?[A-Za-z0-9+/=]{16,}"
+"""A line of key material as a diff shows it: base64 (or hex), after the line's marker."""
+
+
+def _base64_decoded(value: str) -> bytes:
+    """What base64 `value` holds (padded as needed); nothing where it is no base64."""
+    try:
+        return binascii.a2b_base64(value + "=" * (-len(value) % 4))
+    except binascii.Error:
+        return b""
+
+
+def _encodes_a_secret(value: str) -> bool:
+    """Whether a Kubernetes Secret's value is one: base64 of text (a password, a config) or of a private key
+    or a registry's auths; not of a certificate, and not a word that only happens to be base64's letters
+    (a Secret's `name: backend1` decodes to no text)."""
+    if len(value) % 4:
+        return False
+    raw = _base64_decoded(value)
+    if b"PRIVATE KEY" in raw or b'"auths"' in raw:
+        return True
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return (
+        bool(text.strip())
+        and text.replace("\n", "").replace("\t", "").replace("\r", "").isprintable()
+        and ("CERTIFICATE" not in text and "PUBLIC KEY" not in text)
+    )
+
+
+def _alternatives(form: str) -> list[str]:
+    """A regex's alternatives at its top level (none inside a group or a class)."""
+    parts, depth, start, at, in_class = [], 0, 0, 0, False
+    while at < len(form):
+        char = form[at]
+        if char == "\\":
+            at += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif char == "|" and depth == 0:
+            parts.append(form[start:at])
+            start = at + 1
+        at += 1
+    return [*parts, form[start:]]
+
+
+def _provider_rule(name: str, form: str, hints: tuple[str, ...] | None = None) -> Rule:
+    """A token known by its form (`scrapers.providers`), between word boundaries; each alternative of the
+    form is a hint of its own unless the row names others."""
+    return Rule(
+        name, re.compile(rf"(?<![A-Za-z0-9_])(?:{form})(?![A-Za-z0-9_])"), hints or tuple(_alternatives(form))
+    )
+
+
+_ARGUMENT = r"""(?:'[^'\n]*'|"[^"\n]*"|[$\w.]+(?:\([^()\n]*\))?|[^,\n()'"]+)"""
+"""A call's argument as the positional rules step over it: a string (commas and all), a name or a call of
+one, or any other expression without a comma."""
+_PASSWORD_ARGUMENTS = (
+    (
+        r"(?:smtp\.)?PlainAuth|set_password|FTP(?:_TLS)?|(?:pymysql|MySQLdb|pymssql)\.connect|mysqli_connect"
+        r"|mysql_connect|mysqli|PDO|ftp_login|ldap_bind|Sequelize",
+        3,
+        (
+            "PlainAuth",
+            "set_password",
+            "FTP",
+            r"\.connect\(",
+            "mysqli",
+            "PDO",
+            "ftp_login",
+            "ldap_bind",
+            "Sequelize",
+        ),
+    ),
+    (r"(?:cx_Oracle|oracledb)\.connect", 2, (r"cx_Oracle\.connect", r"oracledb\.connect")),
+    (r"SMTP\.start", 5, (r"SMTP\.start\(",)),
+)
+"""Calls that take a password by its place (counted from 1): (the call as a regex, its place, its hints)."""
+
+
+_VALUE = r"""(?P<quote>['"`]?)(?P<value>[^\s'"`()]+?)(?P=quote)"""
+_SENTENCE_END = r"(?=[\s,;)]|[.!?](?:\s|$)|$)"
+_STRONG = r"(?:password|passphrase|passwd|api[ _-]?key|token|secret)"
+"""Words that name a credential in a sentence; `pass`, `pw`, `pwd` and `creds` only where a colon or `is`
+follows them (`pass to`, `pw of` are no disclosure)."""
+_SENTENCES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (  # the password [for staging] is / was / to / : / = VALUE
+        rf"(?i)(?<![A-Za-z0-9_]){_STRONG}(?:[ \t]+(?:for|of|on|in|at)[ \t]+(?:[\w.\-]+[ \t]+){{0,3}}?[\w.\-]+)?"
+        rf"(?:[ \t]+(?P<verb>is|was|are|to|will[ \t]+be|has[ \t]+been)|[ \t]*[=:])[ \t]+(?:now[ \t]+|still[ \t]+)?{_VALUE}"
+        + _SENTENCE_END,
+        ("password", "passphrase", "passwd", r"api[ _-]?key", "token", "secret"),
+    ),
+    (  # pw is VALUE, pass: VALUE
+        rf"(?i)(?<![A-Za-z0-9_])(?:pw|pwd|pass|creds)(?:[ \t]+(?:is|was)|[ \t]*[=:])[ \t]+{_VALUE}{_SENTENCE_END}",
+        (r"pw[ \t]", r"pw:", "pwd", r"pass[ \t]", r"pass[:=]", "creds"),
+    ),
+    (  # creds: admin:VALUE, login with admin / VALUE, user admin, password VALUE
+        r"(?i)(?<![A-Za-z0-9_])(?:creds|credentials|login|log[ \t]+in|sign[ \t]+in|user(?:name)?)"
+        r"(?:[ \t]+(?:with|as|is))?[ \t]*:?[ \t]*[\w.@\-]+"
+        rf"(?:[ \t]*:|[ \t]*/[ \t]*|,?[ \t]+(?:and[ \t]+)?(?:password|pass|pw)[ \t]*:?)[ \t]*{_VALUE}{_SENTENCE_END}",
+        ("creds", "credentials", "login", "log in", "sign in", "user"),
+    ),
+    (  # use VALUE as the [admin] password
+        rf"(?i)(?<![A-Za-z0-9_])use[ \t]+{_VALUE}[ \t]+as[ \t]+(?:the[ \t]+|a[ \t]+|your[ \t]+)?(?:[\w\-]+[ \t]+)?{_STRONG}\b",
+        ("use ",),
+    ),
+    (  # VALUE is the [admin] password
+        rf"(?i)(?<![A-Za-z0-9_]){_VALUE}[ \t]+(?:is|was)[ \t]+(?:the|our|my|your)[ \t]+(?:[\w\-]+[ \t]+){{0,2}}(?:password|passphrase)\b",
+        ("password", "passphrase"),
+    ),
+)
+"""The sentences that give a credential, each a regex (`value` the credential, `verb` what gives it where it
+says) and its hints."""
+_RENAMING = re.compile(
+    r"(?i)\b(?:renam|mov|migrat|convert|bump|upgrad|downgrad|port|switch)(?:e|es|ed|ing|s)?\b"
+)
+
+
+def _given_in_a_sentence(match: re.Match[str]) -> bool:
+    """A sentence's value that is a credential: quoted or mixing letters and digits, not a version
+    (`v1beta1`) or a name holding the credential's own word (`token_v2`); after `to`, the end of its clause
+    ("set the password to bcrypt12 hashing" names a scheme) and no renaming or moving before it ("rename
+    the token to token_v2")."""
+    value = match.group("value")
+    if not (_chosen(value) and (match.group("quote") or _mixes_letters_and_digits(value))):
+        return False
+    if re.fullmatch(r"(?i)v?\d+(?:\.\d+)*(?:[a-z]+\d*)?|v\d+(?:alpha|beta|rc)\d*", value) or re.search(
+        r"(?i)pass|pwd|token|secret|key", value
+    ):
+        return False
+    if (match.groupdict().get("verb") or "").lower() != "to":
+        return True
+    line_start = match.string.rfind("\n", 0, match.start()) + 1
+    clause = re.split(r"[.!?;]\s", match.string[line_start : match.start()])[-1]
+    after = match.string[match.end() : match.end() + 2]
+    return not _RENAMING.search(clause) and not re.match(r"[ \t]+\w", after)
+
+
 RULES: tuple[Rule, ...] = (
     # A file that is a credential by its name (`db_password.txt`, `.vault_pass`): its lines, whatever
     # they hold, up to the next file's header.
-    Rule(
-        "credential_file",
-        re.compile(
-            rf"(?im)^diff --git a/([^\n]*?{_CREDENTIAL_WORD}[^/\n]*) b/[^\n]*\n"
-            r"((?!diff --git )[^\n]*(?:\n(?!diff --git |\Z)[^\n]*)*)"
-        ),
-        # The header of such a file, not every header: this rule reads whole texts.
-        (rf"diff --git a/[^\n]*?{_CREDENTIAL_WORD}[^/\n]* b/",),
-        group=2,
-        accept=lambda match: credential_file(match.group(1)),
-        multiline=True,
+    # A file that is a credential by its name (`db_password.txt`, `.vault_pass`) or key material (`id_rsa`,
+    # `master.key`): its lines, whatever they hold, up to the next file's header.
+    *(
+        Rule(
+            name,
+            re.compile(
+                rf"(?im)^diff --git a/([^\n]*?{_FILE_WORD}[^/\n]*) b/[^\n]*\n"
+                r"((?!diff --git )[^\n]*(?:\n(?!diff --git |\Z)[^\n]*)*)"
+            ),
+            # The header of such a file, not every header: this rule reads whole texts. (Up to the next
+            # header alone: a line that repeats `diff --git a/` is read once, not once from each.)
+            (rf"diff --git a/(?:(?!diff --git )[^\n])*?{_FILE_WORD}[^/\n]* b/",),
+            group=2,
+            accept=partial(_credential_file_match, keys=keys),
+            multiline=True,
+        )
+        for name, keys in (("credential_file", False), ("private_key", True))
     ),
+    # A key block (PEM, OpenSSH, PGP, ssh.com's SSH2, OpenVPN's static key), whole, however long: to its END
+    # line, or, where the diff cuts that off, through the lines of key material and its headers.
     Rule(
         "private_key",
         re.compile(
-            r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-            # Until the END line, or, when the diff cuts it off, through the lines of key material.
-            r"(?:[\s\S]{0,20000}?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-            r"|(?:\n[+\- ]?(?:[A-Za-z0-9+/=]+|Proc-Type:[^\n]*|DEK-Info:[^\n]*)?(?=\n|\Z))*)"
+            rf"{_KEY_BEGIN}(?:(?:(?!-{{4,5}} ?(?:BEGIN|END))[\s\S])*{_KEY_END}"
+            r"|(?:\n[+\- ]?(?:[A-Za-z0-9+/=]+|[A-Za-z][A-Za-z0-9\-]*:[^\n]*)?(?=\n|\Z))*)"
         ),
-        ("PRIVATE KEY",),
+        _KEY_HINTS,
         multiline=True,
     ),
+    # ... and where the diff cuts off its BEGIN line: the lines of key material just above its END (a later
+    # change beside a committed key shows them as context).
+    Rule(
+        "private_key",
+        re.compile(rf"(?m)^(?!{_KEY_LINE}\n)[^\n]*\n((?:{_KEY_LINE}\n)*{_KEY_LINE})\n(?=[+\- ]?{_KEY_END})"),
+        _KEY_HINTS,
+        group=1,
+        multiline=True,
+    ),
+    # PuTTY's key file: its private part, `Private-Lines: N` and the lines of base64 after it.
+    Rule(
+        "private_key",
+        re.compile(
+            r"(?m)^[+\- ]?Private-Lines:[ \t]*\d+[ \t]*\n((?:[+\- ]?[A-Za-z0-9+/=]+\n)*[+\- ]?[A-Za-z0-9+/=]+)"
+        ),
+        ("Private-Lines:",),
+        group=1,
+        multiline=True,
+    ),
+    # A PEM private key encoded again in base64 (a Kubernetes Secret's `tls.key`, kubeconfig's key data).
+    Rule(
+        "private_key",
+        re.compile(r"(?<![A-Za-z0-9+/])LS0tLS1CRUdJTi[A-Za-z0-9+/]{16,}={0,2}"),
+        ("LS0tLS1CRUdJTi",),
+        accept=lambda match: b"PRIVATE KEY" in _base64_decoded(match.group(0)),
+    ),
+    # A JSON Web Key's private members (RSA's `d`, `p`, `q`, `dp`, `dq`, `qi`; a symmetric key's `k`).
+    Rule(
+        "private_key",
+        re.compile(r'"(?:d|p|q|dp|dq|qi|k)"[ \t]*:[ \t]*"([A-Za-z0-9_\-]{16,}={0,2})"'),
+        ('"kty"',),
+        group=1,
+        multiline=True,  # the hint need not be on the member's line: the text holds a JWK
+    ),
+    # A Kubernetes Secret's data: every value, base64 of what it keeps (a password, a key, a registry's
+    # `.dockerconfigjson`), where it decodes to text or a key, in YAML or JSON.
+    Rule(
+        "kubernetes_secret",
+        re.compile(
+            r"""(?m)^[+\- ]?[ \t]+["']?[\w.\-]+["']?:[ \t]+["']?([A-Za-z0-9+/]{8,}={0,2})["']?[ \t]*,?[ \t]*$"""
+        ),
+        ("kind: Secret", 'kind: "Secret"', "kind: 'Secret'", '"kind": "Secret"'),
+        group=1,
+        accept=lambda match: _encodes_a_secret(match.group(1)),
+        multiline=True,
+    ),
+    # An Azure shared access signature's `sig=`: whoever holds the URL holds the access.
+    Rule("azure_sas_signature", re.compile(r"[?&;]sig=([A-Za-z0-9%+/=]{20,})"), ("sig=",), group=1),
     Rule(
         "aws_access_key_id",
         # Access key ids (AKIA long-term, ASIA temporary); other AWS id prefixes name users and roles, not keys.
@@ -698,10 +1080,14 @@ RULES: tuple[Rule, ...] = (
         re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
         ("eyJ",),
     ),
+    *(_provider_rule(*row) for row in PROVIDER_TOKENS),
     Rule(
         "url_password",
-        # The user may be empty: Redis's `redis://:PASSWORD@host` has none.
-        re.compile(r"(?i)[a-z][a-z0-9+.-]*://[^/\s:@'\"<>]*:([^/\s@'\"<>]+)@"),
+        # The user may be empty: Redis's `redis://:PASSWORD@host` has none. A password pasted unencoded may
+        # hold `@`: it runs to the last `@` before the host.
+        re.compile(
+            r"(?i)[a-z][a-z0-9+.-]*://[^/\s:@'\"<>]*:([^/\s'\"<>]+)@(?=[^/\s@'\"<>]*(?:[/\s'\"<>?#]|$))"
+        ),
         # The pattern without its scheme: only lines with a password in a URL.
         (r"://[^/\s:@'\"<>]*:[^/\s@'\"<>]+@",),
         group=1,
@@ -729,9 +1115,49 @@ RULES: tuple[Rule, ...] = (
     ),
     _keyed(
         "connection_string_password",
-        # ADO.NET / ODBC / JDBC-style `Server=db;User Id=app;Password=hunter2;`, in code strings too.
+        # ADO.NET / ODBC / JDBC-style `Server=db;User Id=app;Password=hunter2;`, in code strings too; last in
+        # the string, its `;` may be left out (`...;Password=hunter2"`).
         r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]*[^;'\"\s])[ \t]*;",
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
+    ),
+    _keyed(
+        "connection_string_password",
+        r"(?i)(?<=;)[ \t]*(password|pwd)[ \t]*=[ \t]*([^;'\"\n]*[^;'\"\s])[ \t]*(?=['\"]|$)",
+        hints=(r"pass(?:wd|word|phrase)", "pwd"),
+    ),
+    # libpq's `"host=db user=app password=..."`, in a string of any language: a password after another of
+    # its keywords.
+    _keyed(
+        "connection_string_password",
+        r"(?i)(?<![A-Za-z0-9_.\-])(password)=([^\s'\"`;]+)",
+        hints=("password=",),
+        accept=lambda match: (
+            _named_literal(match)
+            and re.search(
+                r"(?i)(?:^|[\s'\"])(?:host|hostaddr|dbname|user|port|sslmode)=\S+[ \t]+(?:\w+=\S+[ \t]+)*$",
+                match.string[max(0, match.start() - 300) : match.start()],
+            )
+            is not None
+        ),
+    ),
+    # A credential-named variable set for a command inside a string of code: `"docker run -e
+    # POSTGRES_PASSWORD=..."`, `os.system("PGPASSWORD=... pg_dump")`, `` `MYSQL_PWD=... mysql` ``.
+    _keyed(
+        "unquoted_secret",
+        r"""(?<![\w$.\-])([A-Z][A-Z0-9_]*)=([^\s'"`;&|()\[\]{}<>]+)(?=[\s'"`;&|)]|$)""",
+        hints=(
+            "PASS",
+            "PWD",
+            "SECRET",
+            "TOKEN",
+            "KEY",
+            "AUTH",
+            "CRED",
+            "SALT",
+            "PSK",
+        ),  # a variable's capitals
+        accept=lambda match: _named_word(match) and _in_a_string(match),
+        syntaxes=frozenset({Syntax.CODE}),
     ),
     _keyed("url_query_secret", r"(?i)[?&]([A-Za-z_][A-Za-z0-9_.\-]*)=([^&\s'\"#<>]+)"),
     # ... and a bare `key` there, as many APIs name theirs (`?q=x&key=...`), where its value looks generated.
@@ -779,6 +1205,25 @@ RULES: tuple[Rule, ...] = (
     ),
     # An element named for a credential: Maven's <password>...</password>.
     _keyed("xml_secret", r"(?i)<([A-Za-z_][A-Za-z0-9_.\-]*)>([^<>\n]+)</\1>"),
+    # ... or an element whose `name` (or `key`) attribute names one: Hibernate's `<property
+    # name="hibernate.connection.password">...</property>`, `<entry key="password">...</entry>`.
+    _keyed(
+        "xml_secret",
+        r"""(?i)<([A-Za-z_][\w.:\-]*)[ \t][^<>\n]*?(?<=[ \t])(?:name|key)[ \t]*=[ \t]*(["'])([^"'\n]+)\2[^<>\n]*>([^<>\n]+)</\1>""",
+        accept=lambda match: _named_literal(match, name_group=3, value_group=4),
+        value_group=4,
+    ),
+    # A JSON object named for a credential, its `value` member the credential: Terraform state's outputs
+    # (`"db_password": {"value": "...", "sensitive": true}`), Heroku's app.json (`"SECRET_TOKEN":
+    # {"description": "...", "value": "..."}`), over lines as they are written.
+    Rule(
+        "named_value",
+        re.compile(r'"([A-Za-z_][\w.\-]*)"[ \t]*:[ \t]*\{[^{}]{0,600}?"value"[ \t]*:[ \t]*"([^"\n]+)"'),
+        ('"value"',),
+        group=2,
+        accept=_named_literal,
+        multiline=True,
+    ),
     # A credential named by a call's first argument and given by the next: PHP's `define('DB_PASSWORD',
     # '...')`, Java's `setProperty("mail.smtp.password", "...")`, `os.environ.setdefault("SECRET_KEY",
     # "...")`, a settings tuple. One word: a label after the name (`field("password", "Your password")`)
@@ -819,24 +1264,20 @@ RULES: tuple[Rule, ...] = (
         ),
         group=3,
     ),
-    # ... or third: Go's `smtp.PlainAuth("", user, "...", host)`, `keyring.set_password(service, user,
-    # "...")`, Python's `FTP(host, user, "...")`.
-    _typed(
-        "auth_argument",
-        re.compile(
-            r"""(?<![A-Za-z0-9_])(?:PlainAuth|set_password|FTP|FTP_TLS|(?:pymysql|MySQLdb)\.connect)\([^,\n()]*,[^,\n()]*,[ \t]*(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
-        ),
-        ("PlainAuth", "set_password", "FTP", r"pymysql\.connect", r"MySQLdb\.connect"),
-        group=2,
-    ),
-    # ... or fifth: Ruby's `Net::SMTP.start(address, port, helo, user, "...", :plain)`.
-    _typed(
-        "auth_argument",
-        re.compile(
-            r"""(?<![A-Za-z0-9_])SMTP\.start\((?:[^,\n()]*,){4}[ \t]*(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
-        ),
-        (r"SMTP\.start\(",),
-        group=2,
+    # ... or at the place the call gives it (`_PASSWORD_ARGUMENTS`): Go's `smtp.PlainAuth("", user, "...",
+    # host)`, PHP's `mysqli_connect(host, user, "...")` and `new PDO($dsn, user, "...")`, `cx_Oracle.connect(user,
+    # "...", dsn)`, Ruby's `Net::SMTP.start(address, port, helo, user, "...", :plain)`.
+    *(
+        _typed(
+            "auth_argument",
+            re.compile(
+                rf"""(?<![A-Za-z0-9_$])(?:new[ \t]+)?(?:{calls})\([ \t]*(?:{_ARGUMENT}[ \t]*,[ \t]*){{{place - 1}}}"""
+                r"""(['"])([^'"\s]+)\1(?=[ \t]*[,)])"""
+            ),
+            hints,
+            group=2,
+        )
+        for calls, place, hints in _PASSWORD_ARGUMENTS
     ),
     # A signing key given as a call's argument: `jwt.encode(payload, "...")`, `jwt.sign(payload, '...')`,
     # `Fernet(b"...")`, `hmac.new(b"...", msg)`.
@@ -1220,21 +1661,21 @@ RULES: tuple[Rule, ...] = (
         syntaxes=frozenset({Syntax.PROSE}),
         accept=_named_word,
     ),
-    # ... and a sentence that gives one: "the staging password is hunter22", "set the token to `x9...`". A
-    # word is a password there when it is quoted or mixes letters and digits ("the password is required",
-    # "the token is 32 bytes" are sentences).
-    Rule(
-        "prose_password",
-        re.compile(
-            r"""(?i)(?<![A-Za-z0-9_])(?:password|passphrase|passwd|api[ _-]?key|token|secret)"""
-            r"""(?:[ \t]+(?:is|was|to)|[ \t]*[=:])[ \t]+(?:now[ \t]+)?(['"`]?)([^\s'"`]+?)\1(?=[\s,;)]|[.!?](?:\s|$)|$)"""
-        ),
-        ("password", "passphrase", "passwd", r"api[ _-]?key", "token", "secret"),
-        group=2,
-        accept=lambda match: (
-            _chosen(match.group(2)) and (bool(match.group(1)) or _mixes_letters_and_digits(match.group(2)))
-        ),
-        syntaxes=frozenset({Syntax.PROSE}),
+    # ... and a sentence that gives one (`_SENTENCES`): "the staging password is hunter22", "the password for
+    # staging is ...", "pw is ...", "creds: admin:...", "login with admin / ...", "use ... as the password",
+    # "... is the admin password". A word is a password there when it is quoted or mixes letters and digits
+    # ("the password is required", "the token is 32 bytes" are sentences), and is no name or version
+    # ("rename the token to token_v2", "migrate Secret to v1beta1").
+    *(
+        Rule(
+            "prose_password",
+            re.compile(sentence),
+            hints,
+            group="value",
+            accept=_given_in_a_sentence,
+            syntaxes=frozenset({Syntax.PROSE}),
+        )
+        for sentence, hints in _SENTENCES
     ),
 )
 
@@ -1276,28 +1717,45 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
         _redact_text(text, candidates[index]) if candidates[index] else (text, Counter())
         for index, text in enumerate(texts)
     ]
-    return _redact_escaped_quotes(redacted)
+    return _redact_readings(redacted)
 
 
 _ESCAPED_QUOTE = re.compile(r"\\(['\"])")
-"""A quote inside a quoted string (`"--password=\\"...\\""`, `'{\\"api_key\\": \\"...\\"}'`): the rules read
-it as the quote it stands for, a second time (`_redact_escaped_quotes`)."""
+"""A quote inside a quoted string (`"--password=\\"...\\""`, `'{\\"api_key\\": \\"...\\"}'`)."""
+_READINGS: tuple[tuple[re.Pattern[str], str | int], ...] = (
+    # A line ending in CR LF is read as one ending in LF: the rules' values end where a line does.
+    (re.compile(r"\r(?=\n)"), ""),
+    # A line continued with a backslash is read as one with the line it continues (`curl ... \` then
+    # `-u user:...`), whatever the diff's marker and the indentation of the next.
+    (re.compile(r"\\\n[+\- ]?[ \t]*"), " "),
+    # Adjacent string literals are read as the one they make (`"ghp_..." + "..."`, Python's and C's
+    # `"..." "..."`, PHP's `.`, Lua's `..`, SQL's `||`, across a line as a diff shows it).
+    (
+        re.compile(
+            r"""(["'])(?<=[^\s\\'"=:(,\[{]["'])[ \t]*(?:\+|\.\.?|\|\|)?[ \t]*(?:\n[+ ][ \t]*)?\1(?=[^\s,;)\]}'"])"""
+        ),
+        "",
+    ),
+    # An escaped quote is read as the quote it stands for: a command or a JSON body written inside a string
+    # (`curl -d "{\\"password\\": \\"...\\"}"`, `sh -c "mysql --password=\\"...\\""`).
+    (_ESCAPED_QUOTE, 1),
+)
+"""How the rules read a text a second time, each a pattern and what replaces it (a group of it, or text)."""
 
 
-def _redact_escaped_quotes(redacted: list[tuple[str, Counter]]) -> list[tuple[str, Counter]]:
-    """What the rules find where an escaped quote is read as a quote, redacted in the texts as written.
+def _redact_readings(redacted: list[tuple[str, Counter]]) -> list[tuple[str, Counter]]:
+    """What the rules find in each text's second reading (`_READINGS`), redacted in the text as written.
 
-    A command or a JSON body written inside a string escapes its quotes (`curl -d "{\\"password\\":
-    \\"...\\"}"`, `sh -c "mysql --password=\\"...\\""`), which no rule reads as quotes. Each text that
-    holds one is read again with them unescaped (by `redact_all`, so a quote escaped twice is read a
-    third time); each secret found there is replaced where it stands in the text as written.
+    Each text that a reading changes is read again so (by `redact_all`, so a quote escaped twice is read a
+    third time); each secret found there is replaced where it stands in the text as written, its line
+    endings, continuations and quotes kept.
     """
-    escaped = [index for index, (text, _) in enumerate(redacted) if _ESCAPED_QUOTE.search(text)]
-    if not escaped:
+    readings = [(index, _reading(text)) for index, (text, _) in enumerate(redacted)]
+    changed = [(index, reading) for index, reading in readings if reading is not None]
+    if not changed:
         return redacted
-    plain = [_unescaped(redacted[index][0]) for index in escaped]
-    read_again = redact_all([text for text, _ in plain])
-    for index, (text, where), (read, found) in zip(escaped, plain, read_again, strict=True):
+    read_again = redact_all([text for _, (text, _) in changed])
+    for (index, (text, where)), (read, found) in zip(changed, read_again, strict=True):
         if found:
             written, counts = redacted[index]
             redacted[index] = _marked(written, text, where, read), counts + found
@@ -1305,22 +1763,34 @@ def _redact_escaped_quotes(redacted: list[tuple[str, Counter]]) -> list[tuple[st
 
 
 def _marked(written: str, plain: str, where: list[int], read: str) -> str:
-    """`written` with what `read` (the redaction of `plain`, its reading with escaped quotes unescaped,
-    whose characters stand in it `where`) replaced, replaced where it stands in `written`."""
+    """`written` with what `read` (the redaction of `plain`, a reading of it whose characters stand in it
+    `where`) replaced, replaced where it stands in `written`."""
     for start, end, mark in reversed(_replaced(plain, read)):
         written = written[: where[start]] + mark + written[where[end - 1] + 1 :]
     return written
 
 
-def _unescaped(text: str) -> tuple[str, list[int]]:
-    """`text` with each escaped quote unescaped, and where each of its characters is in `text`."""
-    where: list[int] = []
-    done = 0
-    for match in _ESCAPED_QUOTE.finditer(text):
-        where += range(done, match.start())
-        done = match.start() + 1  # the backslash goes, its quote stays
-    where += range(done, len(text))
-    return _ESCAPED_QUOTE.sub(r"\1", text), where
+def _reading(text: str) -> tuple[str, list[int]] | None:
+    """`text` as `_READINGS` read it, and where each of its characters is in `text`; None where they read
+    it as it is."""
+    where: list[int] | None = None
+    for pattern, replacement in _READINGS:
+        if not pattern.search(text):
+            continue
+        where = where or list(range(len(text)))
+        pieces, mapped, done = [], [], 0
+        for match in pattern.finditer(text):
+            pieces.append(text[done : match.start()])
+            mapped += where[done : match.start()]
+            if isinstance(replacement, int):  # a group of the match, which stands where it stood
+                pieces.append(match.group(replacement))
+                mapped += where[match.start(replacement) : match.end(replacement)]
+            else:  # text, which stands where the match began
+                pieces.append(replacement)
+                mapped += [where[match.start()]] * len(replacement)
+            done = match.end()
+        text, where = "".join([*pieces, text[done:]]), mapped + where[done:]
+    return None if where is None else (text, where)
 
 
 def _replaced(text: str, read: str) -> list[tuple[int, int, str]]:

@@ -405,7 +405,9 @@ def _a_name(data: bytes) -> bool:
 
 def _bytes_or_text(size: int) -> st.SearchStrategy[bytes]:
     """Any bytes, or text's UTF-8 (most of what real names hold, which random bytes seldom are)."""
-    return st.one_of(st.binary(min_size=1, max_size=size), st.text(min_size=1, max_size=size).map(os.fsencode))
+    return st.one_of(
+        st.binary(min_size=1, max_size=size), st.text(min_size=1, max_size=size).map(os.fsencode)
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

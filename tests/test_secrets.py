@@ -10,13 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scrapers.secrets import (
-    _ESCAPED_QUOTE,
     RULES,
     Syntax,
     _hint_index,
     _literal_start,
     _marked,
-    _unescaped,
+    _reading,
     line_syntaxes,
     looks_random,
     redact,
@@ -256,13 +255,16 @@ def _redact_without_hints(text: str) -> tuple[str, Counter]:
     for rule in RULES:
         if rule.multiline:
             text = replace(rule, text)
-        else:
-            lines = zip(text.split("\n"), line_syntaxes(text), strict=True)
-            text = "\n".join(
-                replace(rule, line) if syntax in rule.syntaxes else line for line, syntax in lines
-            )
-    if _ESCAPED_QUOTE.search(text):
-        plain, where = _unescaped(text)
+            continue
+        pieces, start = [], 0  # each line read where it stands in the text (a rule may ask its syntax)
+        for line, syntax in zip(text.split("\n"), line_syntaxes(text), strict=True):
+            end = start + len(line)
+            found = substituted(rule, text, start, end, counts) if syntax in rule.syntaxes else None
+            pieces.append(line if found is None else found)
+            start = end + 1
+        text = "\n".join(pieces)
+    if reading := _reading(text):
+        plain, where = reading
         read, found = _redact_without_hints(plain)
         text, counts = _marked(text, plain, where, read), counts + found
     return text, counts
