@@ -41,10 +41,19 @@ SAFE_GIT_CONFIG = {
     "core.askPass": "",
     "credential.helper": "",
 }
+
+
+def _as_environment(config: dict[str, str]) -> dict[str, str]:
+    """Command-line-level config (`git -c`) as the environment passes it to every git process."""
+    return {
+        "GIT_CONFIG_COUNT": str(len(config)),
+        **{f"GIT_CONFIG_KEY_{i}": key for i, key in enumerate(config)},
+        **{f"GIT_CONFIG_VALUE_{i}": value for i, value in enumerate(config.values())},
+    }
+
+
 SAFE_GIT_ENV = {
-    "GIT_CONFIG_COUNT": str(len(SAFE_GIT_CONFIG)),
-    **{f"GIT_CONFIG_KEY_{i}": key for i, key in enumerate(SAFE_GIT_CONFIG)},
-    **{f"GIT_CONFIG_VALUE_{i}": value for i, value in enumerate(SAFE_GIT_CONFIG.values())},
+    **_as_environment(SAFE_GIT_CONFIG),
     "GIT_PAGER": "cat",
     "GIT_TERMINAL_PROMPT": "0",
     "GIT_OPTIONAL_LOCKS": "0",  # reading must not take locks or refresh the user's index
@@ -71,15 +80,20 @@ LOCAL_GIT_ENV = (
 )  # fmt: skip
 
 
-def safe_env() -> dict[str, str]:
-    """This process's environment with SAFE_GIT_ENV over it: for any git process started without GitPython."""
-    return {**os.environ, **SAFE_GIT_ENV}
+def safe_env(reading: tuple[str, ...] = ()) -> dict[str, str]:
+    """This process's environment with SAFE_GIT_ENV over it: for any git process started without GitPython.
+    `reading`: settings of SAFE_GIT_CONFIG the process reads as the repository has them, to say where (the
+    hook's installer asks where `core.hooksPath` points); a process that runs what one names never gets it."""
+    kept = {key: value for key, value in SAFE_GIT_CONFIG.items() if key not in reading}
+    return {**os.environ, **SAFE_GIT_ENV, **_as_environment(kept)}
 
 
-def run_safe_git(args: list[str], **options: Any) -> subprocess.CompletedProcess:
+def run_safe_git(
+    args: list[str], reading: tuple[str, ...] = (), **options: Any
+) -> subprocess.CompletedProcess:
     """`git ARGS` with SAFE_GIT_ENV (and `subprocess.run`'s `options`): how every git process the project
     starts outside `scrapers.git` runs, whichever repository it is in (the hook's is the user's own)."""
-    return subprocess.run(["git", *args], env=safe_env(), **options)
+    return subprocess.run(["git", *args], env=safe_env(reading), **options)
 
 
 def forget_inherited_repository() -> None:

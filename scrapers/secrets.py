@@ -298,10 +298,19 @@ def is_literal(value: str, name: str = "") -> bool:
         or "}}" in value  # the end of a template's placeholder: `{{user%password}}`'s last part
         or _TEMPLATE.search(value) is not None
         or lowered in _NOT_LITERALS
-        or lowered == name.lower()
+        or lowered in (name.lower(), name.lower().rsplit(".", 1)[-1])  # `app.secret_key = "secret_key"`
+        or _named_placeholder(value)
         or lowered == (_WORD.findall(name) or [""])[-1].lower()
         or _says_it_stands_in(lowered)
         or (is_phrase(value) and "passphrase" not in name.lower())
+    )
+
+
+def _named_placeholder(value: str) -> bool:
+    """A constant's name written where the value goes: `oauth_token = 'USER_OAUTH_TOKEN'`, `API_KEY_HERE`."""
+    return (
+        re.fullmatch(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+", value) is not None
+        and re.search(r"PASS|PWD|SECRET|TOKEN|KEY|AUTH|CRED", value) is not None
     )
 
 
@@ -313,12 +322,18 @@ def _base64_key(value: str) -> bool:
     )
 
 
+PHRASE_CHARACTERS = 300
+"""A label or a help text is shorter than this; a longer value is read as whatever else it is."""
+
+
 def is_phrase(value: str) -> bool:
     """Words of a sentence, not a password: a label, a translation, a help text (`Mot de passe`, `Passwort
     vergessen?`, `password for user, default to ""`). People's passphrases are phrases too, and are kept
     under a `passphrase` name alone: a limit of reading without a dictionary."""
+    if len(value) > PHRASE_CHARACTERS or " " not in value.strip():
+        return False
     words = value.split()
-    if len(words) < 2 or re.fullmatch(r"[a-z]{4}(?: [a-z]{4}){3}", value):  # Google's app password
+    if re.fullmatch(r"[a-z]{4}(?: [a-z]{4}){3}", value):  # Google's app password
         return False
     alphabetic = [word for word in words if re.fullmatch(r"[^\W\d_]+(?:['’-][^\W\d_]+)*[.,:;!?…]?", word)]
     return len(alphabetic) * 4 >= len(words) * 3 and any(len(word) >= 3 for word in alphabetic)
@@ -329,6 +344,12 @@ def _named_literal(match: re.Match[str], name_group: int = 1, value_group: int =
     return credential_name(name) and is_literal(value, name) and not _a_word_for_a_token(match, name, value)
 
 
+_DESCRIBING = frozenset(
+    {"type", "types", "url", "uri", "endpoint", "name", "names", "path", "file", "length", "len", "expiry",
+     "expires", "ttl", "lifetime", "count", "size", "format", "header", "prefix", "field", "kind", "mode",
+     "method", "policy", "hash", "id", "ids"}
+)  # fmt: skip
+"""A name's last word that makes it describe a secret rather than hold one: `token_type`, `password_hash`."""
 _CREDENTIAL_TOKENS = frozenset(
     {"api", "auth", "access", "refresh", "bearer", "session", "secret", "private", "personal", "oauth",
      "client", "service", "bot", "app", "user", "admin", "deploy", "csrf", "xsrf", "jwt", "id", "github",
@@ -346,7 +367,7 @@ def _a_word_for_a_token(match: re.Match[str], name: str, value: str) -> bool:
     return (
         words[-1:] == ["token"]
         and (len(words) < 2 or words[-2] not in _CREDENTIAL_TOKENS)
-        and re.fullmatch(r"[A-Za-z]{1,16}|[a-z]+(?:_[a-z]+)+", value.strip()) is not None
+        and re.fullmatch(r"[A-Za-z]{1,16}|[A-Za-z]+(?:_[A-Za-z]+)+", value.strip()) is not None
         and _syntax_at(match.string, match.start()) in (Syntax.CODE, Syntax.PROSE)
     )
 
@@ -361,6 +382,20 @@ def _syntax_at(text: str, offset: int) -> Syntax:
     """The syntax of the file (or message) `text[offset]` is in."""
     offsets, syntaxes = _section_starts(text)
     return syntaxes[bisect_right(offsets, offset) - 1]
+
+
+_LIBPQ_KEYWORD = re.compile(
+    r"""(?i)(?:^|[\s'"])(?:host|hostaddr|dbname|user|port|sslmode)=[^\s'"]++[^'"\n]*+$"""
+)
+LIBPQ_REACH = 300
+"""How far before a `password=` a connection string's other keyword is looked for, in characters."""
+
+
+def _after_a_libpq_keyword(match: re.Match[str]) -> bool:
+    """Whether libpq's keywords come before a `password=` in its string: `"host=db user=app password=..."`."""
+    line_start = match.string.rfind("\n", 0, match.start()) + 1
+    before = match.string[max(line_start, match.start() - LIBPQ_REACH) : match.start()]
+    return _LIBPQ_KEYWORD.search(before) is not None
 
 
 def _in_a_string(match: re.Match[str]) -> bool:
@@ -571,7 +606,7 @@ _NETRC_NAMES = frozenset({".netrc", "_netrc", "netrc"})
 
 _WRAPPERS = frozenset(
     {".bak", ".orig", ".old", ".save", ".backup", ".dist", ".example", ".sample", ".template", ".tmpl", ".tpl",
-     ".j2", ".jinja", ".jinja2", ".erb", ".in", ".default", ".defaults", ".local", ".dev", ".prod",
+     ".j2", ".jinja", ".jinja2", ".erb", ".mako", ".in", ".default", ".defaults", ".local", ".dev", ".prod",
      ".production", ".staging", ".development"}
 )  # fmt: skip
 """Suffixes that keep a file in its syntax: a backup (`values.yml.bak`), a template (`app.conf.j2`,
@@ -743,8 +778,9 @@ _KEY_END = rf"-{{4,5}} ?END[A-Z0-9 ]*{_KEY_KIND} ?-{{4,5}}"
 """A key block's first and last lines: PEM's and OpenSSH's `-----BEGIN ... PRIVATE KEY-----`, PGP's `PRIVATE
 KEY BLOCK`, ssh.com's `---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----`, OpenVPN's `OpenVPN Static key V1`."""
 _KEY_HINTS = ("PRIVATE KEY", "OpenVPN ")
-_KEY_LINE = r"[+\- ]?[A-Za-z0-9+/=]{16,}"
-"""A line of key material as a diff shows it: base64 (or hex), after the line's marker."""
+_KEY_LINE = r"[+\- ]?+[A-Za-z0-9+/=]{16,}+"
+"""A line of key material as a diff shows it: base64 (or hex), after the line's marker. Possessive: a `+`
+could be the marker or the key's, and a run of lines read both ways each would be read 2ⁿ times."""
 
 
 def _base64_decoded(value: str) -> bytes:
@@ -847,9 +883,11 @@ _SENTENCES: tuple[tuple[str, tuple[str, ...]], ...] = (
         (r"pw[ \t]", r"pw:", "pwd", r"pass[ \t]", r"pass[:=]", "creds"),
     ),
     (  # creds: admin:VALUE, login with admin / VALUE, user admin, password VALUE
-        r"(?i)(?<![A-Za-z0-9_])(?:creds|credentials|login|log[ \t]+in|sign[ \t]+in|user(?:name)?)"
+        # Not in a URL or a path (`driver://user:pass@host/db`); a slash between the user and the password
+        # with spaces around it.
+        r"(?i)(?<![A-Za-z0-9_/:.@])(?:creds|credentials|login|log[ \t]+in|sign[ \t]+in|user(?:name)?)"
         r"(?:[ \t]+(?:with|as|is))?[ \t]*:?[ \t]*[\w.@\-]+"
-        rf"(?:[ \t]*:|[ \t]*/[ \t]*|,?[ \t]+(?:and[ \t]+)?(?:password|pass|pw)[ \t]*:?)[ \t]*{_VALUE}{_SENTENCE_END}",
+        rf"(?:[ \t]*:|[ \t]+/[ \t]+|,?[ \t]+(?:and[ \t]+)?(?:password|pass|pw)[ \t]*:?)[ \t]*{_VALUE}{_SENTENCE_END}",
         ("creds", "credentials", "login", "log in", "sign in", "user"),
     ),
     (  # use VALUE as the [admin] password
@@ -933,7 +971,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "private_key",
         re.compile(
-            r"(?m)^[+\- ]?Private-Lines:[ \t]*\d+[ \t]*\n((?:[+\- ]?[A-Za-z0-9+/=]+\n)*[+\- ]?[A-Za-z0-9+/=]+)"
+            r"(?m)^[+\- ]?Private-Lines:[ \t]*\d+[ \t]*\n((?:[+\- ]?+[A-Za-z0-9+/=]++\n)*[+\- ]?+[A-Za-z0-9+/=]++)"
         ),
         ("Private-Lines:",),
         group=1,
@@ -1097,32 +1135,37 @@ RULES: tuple[Rule, ...] = (
             not (
                 match.group(1).startswith(("$", "{", "<", "%"))
                 or _TEMPLATE.match(match.group(1))
-                or match.group(1) in ("password", "pass", "****")
+                or match.group(1) in ("password", "pass")
+                or _says_it_stands_in(match.group(1).lower())  # `u:p@host`, a log's `scott:***@host`
             )
         ),
     ),
     Rule(
         "secret_assignment",
         re.compile(
-            rf"(?i)(?:{_KEY_NAMES})[A-Za-z0-9_.-]*['\"]?\s*(?::=|=>|[:=])\s*[rbuf]?['\"]?([A-Za-z0-9+/=_\-.~!@#$%^&*]{{12,}})"
+            rf"(?i)((?:{_KEY_NAMES})[A-Za-z0-9_.-]*)['\"]?\s*(?::=|=>|[:=])\s*[rbuf]?['\"]?([A-Za-z0-9+/=_\-.~!@#$%^&*]{{12,}})"
         ),
         _KEY_NAME_HINTS,
-        group=1,
-        # Not a call: `password_mgr = urllib2.HTTPPasswordMgrWithDefaultRealm()`.
+        group=2,
+        # Not a call (`password_mgr = urllib2.HTTPPasswordMgrWithDefaultRealm()`), nor a name that says what
+        # describes a secret (`token_type=example&expires_in=3600`).
         accept=lambda match: (
-            looks_random(match.group(1)) and match.string[match.end() : match.end() + 1] != "("
+            looks_random(match.group(2))
+            and match.string[match.end() : match.end() + 1] != "("
+            and _WORD.findall(match.group(1))[-1].lower() not in _DESCRIBING
         ),
     ),
     _keyed(
         "connection_string_password",
         # ADO.NET / ODBC / JDBC-style `Server=db;User Id=app;Password=hunter2;`, in code strings too; last in
         # the string, its `;` may be left out (`...;Password=hunter2"`).
-        r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]*[^;'\"\s])[ \t]*;",
+        # (A value of 200 characters at most: each `password=` of a long line would be read to its end.)
+        r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]{0,200}?[^;'\"\s])[ \t]*;",
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
     ),
     _keyed(
         "connection_string_password",
-        r"(?i)(?<=;)[ \t]*(password|pwd)[ \t]*=[ \t]*([^;'\"\n]*[^;'\"\s])[ \t]*(?=['\"]|$)",
+        r"(?i)(?<=;)[ \t]*(password|pwd)[ \t]*=[ \t]*([^;'\"\n]{0,200}?[^;'\"\s])[ \t]*(?=['\"]|$)",
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
     ),
     # libpq's `"host=db user=app password=..."`, in a string of any language: a password after another of
@@ -1131,14 +1174,7 @@ RULES: tuple[Rule, ...] = (
         "connection_string_password",
         r"(?i)(?<![A-Za-z0-9_.\-])(password)=([^\s'\"`;]+)",
         hints=("password=",),
-        accept=lambda match: (
-            _named_literal(match)
-            and re.search(
-                r"(?i)(?:^|[\s'\"])(?:host|hostaddr|dbname|user|port|sslmode)=\S+[ \t]+(?:\w+=\S+[ \t]+)*$",
-                match.string[max(0, match.start() - 300) : match.start()],
-            )
-            is not None
-        ),
+        accept=lambda match: _named_literal(match) and _after_a_libpq_keyword(match),
     ),
     # A credential-named variable set for a command inside a string of code: `"docker run -e
     # POSTGRES_PASSWORD=..."`, `os.system("PGPASSWORD=... pg_dump")`, `` `MYSQL_PWD=... mysql` ``.
@@ -1185,7 +1221,8 @@ RULES: tuple[Rule, ...] = (
     # `const apiKey string = "..."`.
     _keyed(
         "quoted_secret",
-        rf"""(?i){_NAME}(?:[ \t]*:[ \t]*|[ \t]+){_TYPE}[ \t]*=[ \t]*[rbuf]?(['"])((?:\\.|(?!\2)[^\n\\])+)\2""",
+        # A declared name is no string: `type="password" size="30"` is no `password: size = "30"`.
+        rf"""(?i)(?<!["'])(?<![A-Za-z0-9_])[$@:]?([A-Za-z_][A-Za-z0-9_.\-]*)(?:[ \t]*:[ \t]*|[ \t]+){_TYPE}[ \t]*=[ \t]*[rbuf]?(['"])((?:\\.|(?!\2)[^\n\\])+)\2""",
         value_group=3,
     ),
     # ... or with nothing between but a space, in code: Gradle's `storePassword "..."`, C's `#define
@@ -1631,7 +1668,8 @@ RULES: tuple[Rule, ...] = (
     ),
     _keyed(
         "netrc_password",
-        r"(?i)(?<![A-Za-z0-9_])machine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+(password)[ \t]+(\S+)",
+        # The password ends where its string does, written in one (`f.write("machine ... password x\\n")`).
+        r"""(?i)(?<![A-Za-z0-9_])machine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+(password)[ \t]+([^\s\\'"]+)""",
         hints=("password",),
     ),
     _keyed(
@@ -1995,17 +2033,24 @@ _ASSIGNS = re.compile(r"[=:]")
 """In a value a rule rejected: it assigns something itself, so a secret may begin inside it."""
 
 
+INSIDE_READS = 16
+"""Rejected values read from inside, at most, in one run of a rule over a line (`substituted`)."""
+
+
 def substituted(rule: Rule, text: str, start: int, end: int, counts: Counter) -> str | None:
     """`text[start:end]` with `rule`'s secrets replaced, None where it has none. Where the rule rejects a
     match whose value assigns something itself, the search goes on from where that value begins, not
     after the match as `finditer` would: the value may begin a secret of its own (`env =
     "DB_PASSWORD=\\"hunter2\\""`, read with its quotes unescaped, is first a quoted value `DB_PASSWORD=`
     of a name `env`). Any other rejected value is left whole: read from inside, its closing quote would
-    open a string (`type="password" size="30"` would give `password" size="30"`)."""
-    pieces, done, at = [], start, start
+    open a string (`type="password" size="30"` would give `password" size="30"`). A value that runs to the
+    end of its line is read from inside `INSIDE_READS` times at most: a long line of `pass: pass: ...`
+    would be read again from each."""
+    pieces, done, at, inside_reads = [], start, start, 0
     while at <= end and (match := rule.pattern.search(text, at, end)):
         if rule.accept and not rule.accept(match):
-            inside = _ASSIGNS.search(match.group(rule.group))
+            inside = inside_reads < INSIDE_READS and _ASSIGNS.search(match.group(rule.group)) is not None
+            inside_reads += inside
             at = max(match.start(rule.group) if inside else match.end(), match.start() + 1)
             continue
         pieces += [text[done : match.start()], _redacted(match, rule, counts)]

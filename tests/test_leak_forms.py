@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from scrapers.secrets import redact
+from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 PASSWORD = (
     "swordfish"  # what each form below hides, where it names no value of its own: a word, as people's are
@@ -413,9 +414,86 @@ BENIGN = [
     in_file("docs/deploy.md", "Set `DB_PASSWORD` to the password of the `app` role."),
     in_file("src/compose.yml", "      POSTGRES_PASSWORD_FILE: /run/secrets/db_password"),
     in_file("docs/faq.rst", "The secret to a fast build is caching."),
+    # Found reading every redacted line of flask, requests and alembic: masked and one-letter passwords, a
+    # name that describes a token, a constant's name where the value goes, an HTML field's size.
+    in_file("tests/test_command.py", '            "postgresql://scott:***@localhost/test",'),
+    in_file(
+        "docs/front/tutorial.rst",
+        "    Current revision for postgresql://scott:XXXXX@localhost/test: 1975ea83b712",
+    ),
+    in_file("tests/test_utils.py", "        ('hTTp://u:p@Other.Host/path', 'http://http.proxy'),"),
+    in_file("oauth2/parameters.py", "            &state=xyz&token_type=example&expires_in=3600"),
+    in_file("docs/user/advanced.rst", "    oauth_token = 'USER_OAUTH_TOKEN'"),
+    in_file("tests/test_basic.py", '    app.secret_key = "secret_key"'),
+    in_file("templates/login.html", '      <dd><input type="password" name="password" size="30">'),
+    in_file("templates/multidb/alembic.ini.mako", "sqlalchemy.url = driver://user:pass@localhost/dbname"),
 ]
+
+
+def test_a_password_in_a_string_ends_where_the_string_does():
+    text = in_file(
+        "tests/test_utils.py", '            f.write("machine example.com login aaaa password hunter2\\n")'
+    )
+    assert redact(text)[0].endswith('password <REDACTED:netrc_password>\\n")\n')
 
 
 @pytest.mark.parametrize("text", BENIGN, ids=[text.strip().rsplit("\n", 1)[-1][:70] for text in BENIGN])
 def test_what_only_looks_like_a_credential_is_kept(text):
     assert redact(text) == (text, {})
+
+
+def test_no_family_reaches_any_file_a_run_writes(cli, tmp_path):
+    """A form of each family, planted in files and messages of a history, then "removed": no file a run
+    writes holds one, the token cache read back through its tokenizer included, nor its tracker's logs."""
+    from transformers import AutoTokenizer
+
+    from pipeline.data.token_cache import read_split
+
+    planted = {
+        "CRLF YAML": LINE_STRUCTURE["CRLF YAML"],
+        "curl continued": LINE_STRUCTURE["curl continued"],
+        "token in two literals": LINE_STRUCTURE["token in two literals"],
+        "connection string": in_file("app/db.py", CONNECTIONS[2][1]),
+        "JWK": in_file(*KEY_MATERIAL["JWK symmetric"]),
+        "provider": in_file("app/config.py", f'cfg = "{PROVIDER_TOKENS["groq_key"]}"'),
+    }
+    values = ["hunter2x9", "ghp_7Hk2Lm9Qp4Rs8Tv1", "GawgguFyGrWKav7AX4VKUg", PROVIDER_TOKENS["groq_key"]]
+    repo = GitRepo(tmp_path / "leaky")
+    repo.commit("Add package", {"app/__init__.py": "", "app/core.py": module_source(1)})
+    files: dict[str, str | bytes | None] = {}
+    for text in planted.values():
+        path = text.split("diff --git a/", 1)[1].split(" ", 1)[0]
+        lines = [line[1:] for line in text.split("@@ -1 +1 @@\n", 1)[1].splitlines(keepends=True)]
+        files[path] = "".join(lines).replace(PASSWORD, "hunter2x9")
+    repo.commit(f"Add deployment settings\n\nThe password for staging is {SENTENCE_PASSWORD}", files)
+    repo.commit(
+        f"Rotate the key\n\nuse {PROVIDER_TOKENS['groq_key']} until Friday", {"app/core.py": module_source(2)}
+    )
+    repo.commit("Remove credentials from the repository", dict.fromkeys(files))
+    for index in range(3, 24):
+        repo.commit(f"Add compute_{index}", {f"app/feature_{index}.py": module_source(index)})
+    out = tmp_path / "out"
+    result = cli(
+        "--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.report_to=[tensorboard]"
+    )
+    assert result.code == 0, result.err
+
+    needles = [value.encode() for value in [*values, SENTENCE_PASSWORD]]
+    written = [path for path in out.rglob("*") if path.is_file()]
+    assert any(path.parent.name == "tensorboard" or "tfevents" in path.name for path in written)
+    for path in written:
+        leaked = [needle for needle in needles if needle in path.read_bytes()]
+        assert not leaked, f"{path.relative_to(out)} holds {leaked}"
+    decoded = [
+        text
+        for cache in out.rglob("tokens-*")
+        for split in ("train", "valid", "eval")
+        if (cache / split).exists()
+        for text in AutoTokenizer.from_pretrained(cache / "tokenizer").batch_decode(
+            read_split(cache, split).column("input_ids").to_pylist()
+        )
+    ]
+    assert any("REDACTED" in text for text in decoded)  # the cache decodes to the text it was made from
+    assert not [value for value in [*values, SENTENCE_PASSWORD] if any(value in text for text in decoded)]
+    redactions = read_json(out / "MANIFEST.json")["scrape"]["redactions"]
+    assert {"prose_password", "groq_key", "private_key", "connection_string_password"} <= set(redactions)

@@ -257,10 +257,10 @@ def hook_folders(repo: str | Path) -> tuple[Path, Path, bool]:
 
     path = Path(repo).expanduser()
     try:
-        common, run_from, bare = run_safe_git(
+        common, run_from, bare = run_safe_git(  # where git runs hooks from: the repository's hooksPath
             ["-C", str(path), "rev-parse", "--path-format=absolute", "--git-common-dir",
              "--git-path", "hooks", "--is-bare-repository"],
-            capture_output=True, text=True, check=True, timeout=30,
+            reading=("core.hooksPath",), capture_output=True, text=True, check=True, timeout=30,
         ).stdout.splitlines()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         raise PipelineError(f"--repo {repo}: not a git repository") from None
