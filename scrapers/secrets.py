@@ -300,6 +300,7 @@ def is_literal(value: str, name: str = "") -> bool:
         or lowered in _NOT_LITERALS
         or lowered in (name.lower(), name.lower().rsplit(".", 1)[-1])  # `app.secret_key = "secret_key"`
         or _named_placeholder(value)
+        or re.sub(r"[^a-z]", "", lowered) in ("pass", "pw", "pwd", "passwd")  # `password pass`
         or lowered == (_WORD.findall(name) or [""])[-1].lower()
         or _says_it_stands_in(lowered)
         or (is_phrase(value) and "passphrase" not in name.lower())
@@ -367,7 +368,13 @@ def _a_word_for_a_token(match: re.Match[str], name: str, value: str) -> bool:
     return (
         words[-1:] == ["token"]
         and (len(words) < 2 or words[-2] not in _CREDENTIAL_TOKENS)
-        and re.fullmatch(r"[A-Za-z]{1,16}|[A-Za-z]+(?:_[A-Za-z]+)+", value.strip()) is not None
+        and (
+            re.fullmatch(r"[A-Za-z]{1,16}", value.strip()) is not None
+            or (  # words joined by underscores, one of them a word of four letters: `engine1_upgrades`
+                re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+", value.strip()) is not None
+                and re.search(r"(?:^|_)[A-Za-z]{4,}(?:_|$)", value) is not None
+            )
+        )
         and _syntax_at(match.string, match.start()) in (Syntax.CODE, Syntax.PROSE)
     )
 

@@ -397,6 +397,11 @@ BENIGN = [
     in_file("alembic/config.py", 'upgrade_token: str = "upgrades"'),
     in_file("alembic/config.py", "    'upgrade_token': \"upgrades\","),
     in_file("alembic/templates/env.py", 'downgrade_token = "downgrades"'),
+    in_file("docs/build/api/autogenerate.rst", '                upgrade_token="engine1_upgrades"'),
+    in_file(
+        "tests/test_utils.py",
+        '            f.write("machine example.com login user password pass\\ndefault\\n")',
+    ),
     in_file("examples/pass.js", "console.log('password:', password || 'no password given');"),
     in_file("lib/command.js", "  .option('-p, --password <password>', 'password for user, default to \"\"')"),
     in_file("index.d.ts", "  password: 'password for user, default to \"\"',"),
