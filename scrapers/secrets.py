@@ -89,7 +89,7 @@ class Rule:
     multiline: bool = False
     """The secret spans lines (a key block): run on the whole text, not on candidate lines."""
 
-    @property
+    @cached_property  # asked for every text of a batch, for each rule its hints name
     def ignores_case(self) -> bool:
         """Its hints are written in lower case and looked for in the lowered text."""
         return bool(self.pattern.flags & re.IGNORECASE)
@@ -847,6 +847,12 @@ def _provider_rule(name: str, form: str, hints: tuple[str, ...] | None = None) -
     )
 
 
+_ASSIGNED_WORDS = tuple(
+    f"{word}="
+    for word in ("PASSWORD", "PASSWD", "PASS", "PWD", "SECRET", "TOKEN", "KEY", "AUTH", "CREDENTIALS", "SALT",
+                 "PSK", "PASSPHRASE", "APIKEY", "DATA", "BASE", "LOGIN")
+)  # fmt: skip
+"""The last word of an upper-case credential name (`credential_name`'s) and the `=` that sets it."""
 _ARGUMENT = r"""(?:'[^'\n]*'|"[^"\n]*"|[$\w.]+(?:\([^()\n]*\))?|[^,\n()'"]+)"""
 """A call's argument as the positional rules step over it: a string (commas and all), a name or a call of
 one, or any other expression without a comma."""
@@ -889,17 +895,21 @@ _SENTENCES: tuple[tuple[str, tuple[str, ...]], ...] = (
         rf"(?i)(?<![A-Za-z0-9_])(?:pw|pwd|pass|creds)(?:[ \t]+(?:is|was)|[ \t]*[=:])[ \t]+{_VALUE}{_SENTENCE_END}",
         (r"pw[ \t]", r"pw:", "pwd", r"pass[ \t]", r"pass[:=]", "creds"),
     ),
-    (  # creds: admin:VALUE, login with admin / VALUE, user admin, password VALUE
+    (  # creds: admin:VALUE, login with admin / VALUE
         # Not in a URL or a path (`driver://user:pass@host/db`); a slash between the user and the password
         # with spaces around it.
-        r"(?i)(?<![A-Za-z0-9_/:.@])(?:creds|credentials|login|log[ \t]+in|sign[ \t]+in|user(?:name)?)"
-        r"(?:[ \t]+(?:with|as|is))?[ \t]*:?[ \t]*[\w.@\-]+"
-        rf"(?:[ \t]*:|[ \t]+/[ \t]+|,?[ \t]+(?:and[ \t]+)?(?:password|pass|pw)[ \t]*:?)[ \t]*{_VALUE}{_SENTENCE_END}",
-        ("creds", "credentials", "login", "log in", "sign in", "user"),
+        r"(?i)(?<![A-Za-z0-9_/:.@])(?:creds|credentials|login|log[ \t]+in|sign[ \t]+in)"
+        rf"(?:[ \t]+(?:with|as|is))?[ \t]*:?[ \t]*[\w.@\-]+(?:[ \t]*:|[ \t]+/[ \t]+)[ \t]*{_VALUE}{_SENTENCE_END}",
+        ("creds", "credentials", "login", "log in", "sign in"),
     ),
-    (  # use VALUE as the [admin] password
+    (  # user admin, password VALUE (its hints the password's word: `user` is in most texts)
+        r"(?i)(?<![A-Za-z0-9_/:.@])user(?:name)?[ \t]*:?[ \t]*[\w.@\-]+,?[ \t]+(?:and[ \t]+)?(?:password|pass|pw)"
+        rf"[ \t]*:?[ \t]*{_VALUE}{_SENTENCE_END}",
+        ("password", r"pass[ \t:]", r"pw[ \t:]"),
+    ),
+    (  # use VALUE as the [admin] password (its hints the password's words: `use` is in most texts)
         rf"(?i)(?<![A-Za-z0-9_])use[ \t]+{_VALUE}[ \t]+as[ \t]+(?:the[ \t]+|a[ \t]+|your[ \t]+)?(?:[\w\-]+[ \t]+)?{_STRONG}\b",
-        ("use ",),
+        ("password", "passphrase", "passwd", r"api[ _-]?key", "token", "secret"),
     ),
     (  # VALUE is the [admin] password
         rf"(?i)(?<![A-Za-z0-9_]){_VALUE}[ \t]+(?:is|was)[ \t]+(?:the|our|my|your)[ \t]+(?:[\w\-]+[ \t]+){{0,2}}(?:password|passphrase)\b",
@@ -1188,17 +1198,8 @@ RULES: tuple[Rule, ...] = (
     _keyed(
         "unquoted_secret",
         r"""(?<![\w$.\-])([A-Z][A-Z0-9_]*)=([^\s'"`;&|()\[\]{}<>]+)(?=[\s'"`;&|)]|$)""",
-        hints=(
-            "PASS",
-            "PWD",
-            "SECRET",
-            "TOKEN",
-            "KEY",
-            "AUTH",
-            "CRED",
-            "SALT",
-            "PSK",
-        ),  # a variable's capitals
+        # A variable's capitals: its last word, then `=` (`SECRET_KEY = ...` in Python is no candidate).
+        hints=_ASSIGNED_WORDS,
         accept=lambda match: _named_word(match) and _in_a_string(match),
         syntaxes=frozenset({Syntax.CODE}),
     ),
@@ -1770,9 +1771,10 @@ _ESCAPED_QUOTE = re.compile(r"\\(['\"])")
 _READINGS: tuple[tuple[re.Pattern[str], str | int], ...] = (
     # A line ending in CR LF is read as one ending in LF: the rules' values end where a line does.
     (re.compile(r"\r(?=\n)"), ""),
-    # A line continued with a backslash is read as one with the line it continues (`curl ... \` then
-    # `-u user:...`), whatever the diff's marker and the indentation of the next.
-    (re.compile(r"\\\n[+\- ]?[ \t]*"), " "),
+    # A command line continued with a backslash is read as one with the line it continues (`curl ... \`
+    # then `-u user:...`), whatever the diff's marker and the indentation of the next, where that begins
+    # with a flag (a docstring's or a macro's continued line is not read again for nothing).
+    (re.compile(r"\\\n[+\- ]?[ \t]*(?=-)"), " "),
     # Adjacent string literals are read as the one they make (`"ghp_..." + "..."`, Python's and C's
     # `"..." "..."`, PHP's `.`, Lua's `..`, SQL's `||`, across a line as a diff shows it).
     (
@@ -1786,6 +1788,7 @@ _READINGS: tuple[tuple[re.Pattern[str], str | int], ...] = (
     (_ESCAPED_QUOTE, 1),
 )
 """How the rules read a text a second time, each a pattern and what replaces it (a group of it, or text)."""
+_READINGS_IN_BYTES = tuple(re.compile(pattern.pattern.encode()) for pattern, _ in _READINGS)
 
 
 def _redact_readings(redacted: list[tuple[str, Counter]]) -> list[tuple[str, Counter]]:
@@ -1795,7 +1798,11 @@ def _redact_readings(redacted: list[tuple[str, Counter]]) -> list[tuple[str, Cou
     third time); each secret found there is replaced where it stands in the text as written, its line
     endings, continuations and quotes kept.
     """
-    readings = [(index, _reading(text)) for index, (text, _) in enumerate(redacted)]
+    encoded = [text.encode("utf-8", "surrogatepass") for text, _ in redacted]
+    starts = [0, *accumulate(len(data) + 1 for data in encoded)]
+    # The texts a reading changes, found in the batch at once (most texts are read as they are).
+    holding = _texts_holding(b"\0".join(encoded), _READINGS_IN_BYTES, starts)
+    readings = [(index, _reading(redacted[index][0])) for index in sorted(holding)]
     changed = [(index, reading) for index, reading in readings if reading is not None]
     if not changed:
         return redacted
