@@ -1810,14 +1810,16 @@ def _redact_readings(redacted: list[tuple[str, Counter]]) -> list[tuple[str, Cou
     for (index, (text, where)), (read, found) in zip(changed, read_again, strict=True):
         if found:
             written, counts = redacted[index]
-            redacted[index] = _marked(written, text, where, read), counts + found
+            spans = _replaced(text, read)  # only the new: a mark the first reading left is found again
+            new = Counter(mark.removeprefix("<REDACTED:").removesuffix(">") for _, _, mark in spans)
+            redacted[index] = _marked(written, where, spans), counts + new
     return redacted
 
 
-def _marked(written: str, plain: str, where: list[int], read: str) -> str:
-    """`written` with what `read` (the redaction of `plain`, a reading of it whose characters stand in it
-    `where`) replaced, replaced where it stands in `written`."""
-    for start, end, mark in reversed(_replaced(plain, read)):
+def _marked(written: str, where: list[int], spans: list[tuple[int, int, str]]) -> str:
+    """`written` with each of `spans` (of a reading of it whose characters stand in it `where`) replaced by
+    its mark, where it stands in `written`."""
+    for start, end, mark in reversed(spans):
         written = written[: where[start]] + mark + written[where[end - 1] + 1 :]
     return written
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from scrapers.secrets import redact
-from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
 
 PASSWORD = (
     "swordfish"  # what each form below hides, where it names no value of its own: a word, as people's are
@@ -447,58 +446,31 @@ def test_what_only_looks_like_a_credential_is_kept(text):
     assert redact(text) == (text, {})
 
 
-def test_no_family_reaches_any_file_a_run_writes(cli, tmp_path):
-    """A form of each family, planted in files and messages of a history, then "removed": no file a run
-    writes holds one, the token cache read back through its tokenizer included, nor its tracker's logs."""
-    from transformers import AutoTokenizer
+DOCKER_HUB_HALVES = ("dckr_pat_2b3e36beeb", "386dfdaacb9b46004abc")
+FAMILY_VALUES = [
+    "hunter2x9",
+    *DOCKER_HUB_HALVES,
+    "GawgguFyGrWKav7AX4VKUg",
+    PROVIDER_TOKENS["groq_key"],
+    SENTENCE_PASSWORD,
+]
+"""What `planted_families` hides: no file a run writes may hold one (`test_secrets`' run checks them all)."""
 
-    from pipeline.data.token_cache import read_split
 
-    planted = {
-        "CRLF YAML": LINE_STRUCTURE["CRLF YAML"],
-        "curl continued": LINE_STRUCTURE["curl continued"],
-        "token in two literals": LINE_STRUCTURE["token in two literals"],
-        "connection string": in_file("app/db.py", CONNECTIONS[2][1]),
-        "JWK": in_file(*KEY_MATERIAL["JWK symmetric"]),
-        "provider": in_file("app/config.py", f'cfg = "{PROVIDER_TOKENS["groq_key"]}"'),
-    }
-    values = ["hunter2x9", "ghp_7Hk2Lm9Qp4Rs8Tv1", "GawgguFyGrWKav7AX4VKUg", PROVIDER_TOKENS["groq_key"]]
-    repo = GitRepo(tmp_path / "leaky")
-    repo.commit("Add package", {"app/__init__.py": "", "app/core.py": module_source(1)})
-    files: dict[str, str | bytes | None] = {}
-    for text in planted.values():
+def planted_families() -> dict[str, str]:
+    """A form of each family as files to commit (under `ops/`): a CRLF YAML, a continued curl, a token in two
+    literals, a connection string, a JWK, a provider's token under a neutral name."""
+    planted = [
+        LINE_STRUCTURE["CRLF YAML"],
+        LINE_STRUCTURE["curl continued"],
+        in_file("app/settings.py", f'HUB = "{DOCKER_HUB_HALVES[0]}" + "{DOCKER_HUB_HALVES[1]}"'),
+        in_file("app/db.py", CONNECTIONS[2][1]),
+        in_file(*KEY_MATERIAL["JWK symmetric"]),
+        in_file("app/config.py", f'cfg = "{PROVIDER_TOKENS["groq_key"]}"'),
+    ]
+    files = {}
+    for text in planted:
         path = text.split("diff --git a/", 1)[1].split(" ", 1)[0]
         lines = [line[1:] for line in text.split("@@ -1 +1 @@\n", 1)[1].splitlines(keepends=True)]
-        files[path] = "".join(lines).replace(PASSWORD, "hunter2x9")
-    repo.commit(f"Add deployment settings\n\nThe password for staging is {SENTENCE_PASSWORD}", files)
-    repo.commit(
-        f"Rotate the key\n\nuse {PROVIDER_TOKENS['groq_key']} until Friday", {"app/core.py": module_source(2)}
-    )
-    repo.commit("Remove credentials from the repository", dict.fromkeys(files))
-    for index in range(3, 24):
-        repo.commit(f"Add compute_{index}", {f"app/feature_{index}.py": module_source(index)})
-    out = tmp_path / "out"
-    result = cli(
-        "--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.report_to=[tensorboard]"
-    )
-    assert result.code == 0, result.err
-
-    needles = [value.encode() for value in [*values, SENTENCE_PASSWORD]]
-    written = [path for path in out.rglob("*") if path.is_file()]
-    assert any(path.parent.name == "tensorboard" or "tfevents" in path.name for path in written)
-    for path in written:
-        leaked = [needle for needle in needles if needle in path.read_bytes()]
-        assert not leaked, f"{path.relative_to(out)} holds {leaked}"
-    decoded = [
-        text
-        for cache in out.rglob("tokens-*")
-        for split in ("train", "valid", "eval")
-        if (cache / split).exists()
-        for text in AutoTokenizer.from_pretrained(cache / "tokenizer").batch_decode(
-            read_split(cache, split).column("input_ids").to_pylist()
-        )
-    ]
-    assert any("REDACTED" in text for text in decoded)  # the cache decodes to the text it was made from
-    assert not [value for value in [*values, SENTENCE_PASSWORD] if any(value in text for text in decoded)]
-    redactions = read_json(out / "MANIFEST.json")["scrape"]["redactions"]
-    assert {"prose_password", "groq_key", "private_key", "connection_string_password"} <= set(redactions)
+        files[f"ops/{path}"] = "".join(lines).replace(PASSWORD, "hunter2x9")
+    return files

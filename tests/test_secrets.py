@@ -16,6 +16,7 @@ from scrapers.secrets import (
     _literal_start,
     _marked,
     _reading,
+    _replaced,
     line_syntaxes,
     looks_random,
     redact,
@@ -24,6 +25,7 @@ from scrapers.secrets import (
     syntax_of,
 )
 from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+from tests.test_leak_forms import FAMILY_VALUES, SENTENCE_PASSWORD, planted_families
 
 # Realistic but fake values, one per rule (these are not real credentials).
 SECRETS = {
@@ -266,7 +268,11 @@ def _redact_without_hints(text: str) -> tuple[str, Counter]:
     if reading := _reading(text):
         plain, where = reading
         read, found = _redact_without_hints(plain)
-        text, counts = _marked(text, plain, where, read), counts + found
+        spans = _replaced(plain, read)
+        text, counts = (
+            _marked(text, where, spans),
+            counts + Counter(mark[len("<REDACTED:") : -1] for _, _, mark in spans),
+        )
     return text, counts
 
 
@@ -338,15 +344,22 @@ def test_randomness_check():
 
 
 def test_no_secret_reaches_any_output_file(cli, tmp_path):
-    """Secrets committed, then "removed": the history still has them; no output file may."""
+    """Secrets committed, then "removed": the history still has them; no output file may, the token cache
+    read back through its tokenizer and a tracker's logs included."""
+    from transformers import AutoTokenizer  # here: transformers takes seconds to import, and one test reads
+
+    from pipeline.data.token_cache import read_split
+
     repo = GitRepo(tmp_path / "leaky")
     repo.commit("Add package", {"app/__init__.py": "", "app/core.py": module_source(1)})
+    families = planted_families()  # a form of each family of tests/test_leak_forms.py, beside them
     planted = repo.commit(
-        "Add deployment settings",
+        f"Add deployment settings\n\nThe password for staging is {SENTENCE_PASSWORD}",
         {
             "app/settings.py": CONFIG_WITH_SECRETS,
             "deploy/id_rsa": PRIVATE_KEY,
             "deploy/db_password.txt": f"{PASSWORD_ALONE}\n",
+            **families,
         },
     )
     rotated = repo.commit(
@@ -354,23 +367,48 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
     )
     removed = repo.commit(
         "Remove credentials from the repository",
-        {"app/settings.py": None, "deploy/id_rsa": None, "deploy/db_password.txt": None},
+        {
+            "app/settings.py": None,
+            "deploy/id_rsa": None,
+            "deploy/db_password.txt": None,
+            **dict.fromkeys(families),
+        },
     )
     for index in range(3, 8):
         repo.commit(f"Add compute_{index}", {f"app/feature_{index}.py": module_source(index)})
     out = tmp_path / "out"
-    assert cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING).code == 0
+    assert (
+        cli(
+            "--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.report_to=[tensorboard]"
+        ).code
+        == 0
+    )
 
-    needles = [value.encode() for value in SECRETS.values()] + [PRIVATE_KEY_BODY.encode(), b"horse-battery"]
-    for path in out.rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            leaked = [needle[:12] for needle in needles if needle in data]
-            assert not leaked, f"{path.relative_to(out)} contains {leaked}"
+    values = [*SECRETS.values(), PRIVATE_KEY_BODY, "horse-battery", *FAMILY_VALUES]
+    written = [path for path in out.rglob("*") if path.is_file()]
+    assert any("tfevents" in path.name for path in written)  # the tracker's logs are among them
+    for path in written:
+        data = path.read_bytes()
+        leaked = [value[:12] for value in values if value.encode() in data]
+        assert not leaked, f"{path.relative_to(out)} contains {leaked}"
+    # The token cache holds token ids: read back through its tokenizer, it holds none either.
+    decoded = [
+        text
+        for cache in out.rglob("tokens-*")
+        for split in ("train", "valid", "eval")
+        if (cache / split).exists()
+        for text in AutoTokenizer.from_pretrained(cache / "tokenizer").batch_decode(
+            read_split(cache, split).column("input_ids").to_pylist()
+        )
+    ]
+    assert any("REDACTED" in text for text in decoded)  # the cache decodes to the text it was made from
+    assert not [value[:12] for value in values if any(value in text for text in decoded)]
     manifest = read_json(out / "MANIFEST.json")
     redactions = manifest["scrape"]["redactions"]
     # Each secret appears twice in the history: added, then deleted (the AWS id a third time, in a message).
-    assert redactions["private_key"] == redactions["credential_file"] == 2
+    assert redactions["credential_file"] == 2, (redactions, manifest["scrape"]["redacted_paths"])
+    assert redactions["private_key"] == 4  # id_rsa and the JWK
+    assert {"prose_password", "docker_hub_token", "groq_key", "connection_string_password"} <= set(redactions)
     assert redactions["aws_access_key_id"] == 3
     assert all(redactions[rule] == 2 for rule in SECRETS if rule != "aws_access_key_id")
     assert sorted(manifest["scrape"]["redacted_commits"]) == sorted([planted, rotated, removed])
