@@ -1176,13 +1176,13 @@ RULES: tuple[Rule, ...] = (
         "connection_string_password",
         # ADO.NET / ODBC / JDBC-style `Server=db;User Id=app;Password=hunter2;`, in code strings too; last in
         # the string, its `;` may be left out (`...;Password=hunter2"`).
-        # (A value of 200 characters at most: each `password=` of a long line would be read to its end.)
-        r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]{0,200}?[^;'\"\s])[ \t]*;",
+        # (A value of 80 characters at most: each `password=` of a long line would be read to its end.)
+        r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]{0,80}?[^;'\"\s])[ \t]*;",
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
     ),
     _keyed(
         "connection_string_password",
-        r"(?i)(?<=;)[ \t]*(password|pwd)[ \t]*=[ \t]*([^;'\"\n]{0,200}?[^;'\"\s])[ \t]*(?=['\"]|$)",
+        r"(?i)(?<=;)[ \t]*(password|pwd)[ \t]*=[ \t]*([^;'\"\n]{0,80}?[^;'\"\s])[ \t]*(?=['\"]|$)",
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
     ),
     # libpq's `"host=db user=app password=..."`, in a string of any language: a password after another of
