@@ -40,7 +40,7 @@ import binascii
 import functools
 import math
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -1825,15 +1825,17 @@ def _marked(written: str, where: list[int], spans: list[tuple[int, int, str]]) -
 
 
 def _reading(text: str) -> tuple[str, list[int]] | None:
-    """`text` as `_READINGS` read it, and where each of its characters is in `text`; None where they read
-    it as it is."""
+    """`text` as `_READINGS` read it (the lines they change, `_changed_lines`), and where each of its
+    characters is in `text`; None where they read it as it is."""
     where: list[int] | None = None
+    touched: list[int] = []  # where in `text` a reading changed something
     for pattern, replacement in _READINGS:
         if not pattern.search(text):
             continue
         where = where or list(range(len(text)))
         pieces, mapped, done = [], [], 0
         for match in pattern.finditer(text):
+            touched.append(where[match.start()])
             pieces.append(text[done : match.start()])
             mapped += where[done : match.start()]
             if isinstance(replacement, int):  # a group of the match, which stands where it stood
@@ -1844,7 +1846,31 @@ def _reading(text: str) -> tuple[str, list[int]] | None:
                 mapped += [where[match.start()]] * len(replacement)
             done = match.end()
         text, where = "".join([*pieces, text[done:]]), mapped + where[done:]
-    return None if where is None else (text, where)
+    return None if where is None else _changed_lines(text, where, touched)
+
+
+def _changed_lines(read: str, where: list[int], touched: list[int]) -> tuple[str, list[int]]:
+    """The lines of a reading that a reading changed (`touched`: where in the text as written), each under
+    the header of its file (or the `message` format's heading), and where each character is in the text:
+    what a second reading can find that the first could not. A long text with one continued command is
+    read again for that command's line, not whole."""
+    headers = [match.start() for match in _SECTION.finditer(read)]
+    # `where` never decreases: the reading's first character at or after each change is on its line.
+    starts = sorted({read.rfind("\n", 0, bisect_left(where, offset)) + 1 for offset in touched})
+    lines: list[int] = []
+    for start in starts:
+        header = bisect_right(headers, start) - 1
+        if header >= 0 and headers[header] != start and (not lines or lines[-1] < headers[header]):
+            lines.append(headers[header])
+        lines.append(start)
+    kept: list[str] = []
+    mapped: list[int] = []
+    for start in lines:
+        end = read.find("\n", start)
+        end = len(read) if end < 0 else end
+        kept.append(read[start:end])
+        mapped += where[start:end] + [where[end] if end < len(where) else where[-1]]  # its newline's
+    return "\n".join(kept), mapped[:-1]
 
 
 def _replaced(text: str, read: str) -> list[tuple[int, int, str]]:
