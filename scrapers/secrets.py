@@ -40,7 +40,7 @@ import binascii
 import functools
 import math
 import re
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -1825,18 +1825,24 @@ def _marked(written: str, where: list[int], spans: list[tuple[int, int, str]]) -
 
 
 def _reading(text: str) -> tuple[str, list[int]] | None:
-    """`text` as `_READINGS` read it (the lines they change, `_changed_lines`), and where each of its
-    characters is in `text`; None where they read it as it is."""
-    where: list[int] | None = None
-    touched: list[int] = []  # where in `text` a reading changed something
+    """The lines of `text` that `_READINGS` change, as they read them, each under the header of its file (or
+    the `message` format's heading), and where each character of that reading is in `text`; None where
+    they read it as it is. What a second reading can find, the first could not only on those lines: a long
+    diff with one continued command is read again for that command, not whole."""
+    lines = _lines_read_again(text)
+    if not lines:
+        return None
+    pieces: list[str] = []
+    where: list[int] = []
+    for start, end in lines:
+        end = min(end + 1, len(text))  # the line and its newline, where it has one
+        pieces.append(text[start:end])
+        where += range(start, end)
+    read = "".join(pieces)
     for pattern, replacement in _READINGS:
-        if not pattern.search(text):
-            continue
-        where = where or list(range(len(text)))
         pieces, mapped, done = [], [], 0
-        for match in pattern.finditer(text):
-            touched.append(where[match.start()])
-            pieces.append(text[done : match.start()])
+        for match in pattern.finditer(read):
+            pieces.append(read[done : match.start()])
             mapped += where[done : match.start()]
             if isinstance(replacement, int):  # a group of the match, which stands where it stood
                 pieces.append(match.group(replacement))
@@ -1845,32 +1851,32 @@ def _reading(text: str) -> tuple[str, list[int]] | None:
                 pieces.append(replacement)
                 mapped += [where[match.start()]] * len(replacement)
             done = match.end()
-        text, where = "".join([*pieces, text[done:]]), mapped + where[done:]
-    return None if where is None else _changed_lines(text, where, touched)
+        if pieces:
+            read, where = "".join([*pieces, read[done:]]), mapped + where[done:]
+    return read, where
 
 
-def _changed_lines(read: str, where: list[int], touched: list[int]) -> tuple[str, list[int]]:
-    """The lines of a reading that a reading changed (`touched`: where in the text as written), each under
-    the header of its file (or the `message` format's heading), and where each character is in the text:
-    what a second reading can find that the first could not. A long text with one continued command is
-    read again for that command's line, not whole."""
-    headers = [match.start() for match in _SECTION.finditer(read)]
-    # `where` never decreases: the reading's first character at or after each change is on its line.
-    starts = sorted({read.rfind("\n", 0, bisect_left(where, offset)) + 1 for offset in touched})
+def _lines_read_again(text: str) -> list[tuple[int, int]]:
+    """The lines (start, end) a reading changes, with the header of the file each is in, in order."""
+    starts: set[int] = set()
+    for pattern, _ in _READINGS:
+        for match in pattern.finditer(text):
+            line = text.rfind("\n", 0, match.start()) + 1
+            while line <= match.end() - 1 or line == match.start():  # a match may join two lines
+                starts.add(line)
+                after = text.find("\n", line)
+                if after < 0 or after >= match.end():
+                    break
+                line = after + 1
+    headers = [match.start() for match in _SECTION.finditer(text)]
     lines: list[int] = []
-    for start in starts:
+    for start in sorted(starts):
         header = bisect_right(headers, start) - 1
         if header >= 0 and headers[header] != start and (not lines or lines[-1] < headers[header]):
             lines.append(headers[header])
         lines.append(start)
-    kept: list[str] = []
-    mapped: list[int] = []
-    for start in lines:
-        end = read.find("\n", start)
-        end = len(read) if end < 0 else end
-        kept.append(read[start:end])
-        mapped += where[start:end] + [where[end] if end < len(where) else where[-1]]  # its newline's
-    return "\n".join(kept), mapped[:-1]
+    ends = [text.find("\n", start) for start in lines]
+    return [(start, end if end >= 0 else len(text)) for start, end in zip(lines, ends, strict=True)]
 
 
 def _replaced(text: str, read: str) -> list[tuple[int, int, str]]:
