@@ -160,7 +160,8 @@ def lazily_fetching(tmp_path, form: str, through_include: bool = False, fetch_wo
     repo = GitRepo(tmp_path / "partial")
     repo.commit("Add the data and its reader", {"data.txt": "rows\n", "app.py": module_source(1)})
     repo.commit("Grow the reader", {"app.py": module_source(1) + module_source(2)})
-    repo.git("clone", "--quiet", "--bare", str(repo.path), str(tmp_path / "full"))
+    if form == "upload-pack of a local remote":  # the remote it names, whole
+        repo.git("clone", "--quiet", "--bare", str(repo.path), str(tmp_path / "full"))
     blob = repo.git("rev-parse", "HEAD:data.txt")
     (repo.path / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
     settings = {

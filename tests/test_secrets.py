@@ -351,6 +351,7 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
     from pipeline.data.token_cache import read_split
 
     repo = GitRepo(tmp_path / "leaky")
+    repo.git("remote", "add", "origin", "https://bob:s3cr3t@pa?ss@git.example.com/team/app.git")
     repo.commit("Add package", {"app/__init__.py": "", "app/core.py": module_source(1)})
     families = planted_families()  # a form of each family of tests/test_leak_forms.py, beside them
     planted = repo.commit(
@@ -384,7 +385,7 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
         == 0
     )
 
-    values = [*SECRETS.values(), PRIVATE_KEY_BODY, "horse-battery", *FAMILY_VALUES]
+    values = [*SECRETS.values(), PRIVATE_KEY_BODY, "horse-battery", *FAMILY_VALUES, "s3cr3t", "pa?ss"]
     written = [path for path in out.rglob("*") if path.is_file()]
     assert any("tfevents" in path.name for path in written)  # the tracker's logs are among them
     for path in written:
