@@ -146,7 +146,7 @@ def _says_it_stands_in(lowered: str) -> bool:
 _CREDENTIAL_WORDS = frozenset(
     {"password", "passwd", "passphrase", "pwd", "pass", "secret", "token", "credential", "credentials",
      "auth", "apikey", "accesskey", "privatekey", "secretkey", "authkey", "authtoken", "accesstoken",
-     "requirepass", "masterauth", "psk", "sshpass"}
+     "requirepass", "masterauth", "psk", "sshpass", "bindpw", "rootpw"}
 )  # fmt: skip
 """The last word of a credential-named key: DB_PASSWORD, client_secret, GITHUB_TOKEN, _auth, apiKey, Redis's
 requirepass, wpa_supplicant's psk, the variable sshpass reads a password from (and, in `credential_name`,
@@ -485,13 +485,15 @@ _KEY_NAME_HINTS = (
     "token",
     "credential",
     # `pass` and `auth` alone only where something is assigned to them (`pass` is a Python statement).
-    r"pass['\"]?\]?[ \t]*[:=]",
-    r"auth['\"]?\]?[ \t]*[:=]",
+    r"pass['\"]?\]?[ \t]*[?:]?[:=]",  # Makefile's `DB_PASS ?= ...` too
+    r"auth['\"]?\]?[ \t]*[?:]?[:=]",
     r"key[_-]data",
     "salt",  # WordPress's AUTH_SALT, Drupal's hash_salt
     r"psk['\"]?[ \t]*[:=]",  # wpa_supplicant's pre-shared key
     "requirepass",
     "masterauth",
+    "bindpw",
+    "rootpw",
     r"sonar\.login",
     # `key` alone is in most lines of code that touch a dict; the lookbehinds keep the named ones.
     "key(?:" + "|".join(f"(?<={prefix}{sep}key)" for prefix in _KEY_PREFIXES for sep in ("", "_", "-")) + ")",
@@ -899,7 +901,7 @@ _SENTENCES: tuple[tuple[str, tuple[str, ...]], ...] = (
         # Not in a URL or a path (`driver://user:pass@host/db`); a slash between the user and the password
         # with spaces around it.
         r"(?i)(?<![A-Za-z0-9_/:.@])(?:creds|credentials|login|log[ \t]+in|sign[ \t]+in)"
-        rf"(?:[ \t]+(?:with|as|is))?[ \t]*:?[ \t]*[\w.@\-]+(?:[ \t]*:|[ \t]+/[ \t]+)[ \t]*{_VALUE}{_SENTENCE_END}",
+        rf"(?:[ \t]+(?:with|as|is))?[ \t]*:?[ \t]*([`'\"]?)[\w.@\-]+\1(?:[ \t]*:|[ \t]+/[ \t]+)[ \t]*{_VALUE}{_SENTENCE_END}",
         ("creds", "credentials", "login", "log in", "sign in"),
     ),
     (  # user admin, password VALUE (its hints the password's word: `user` is in most texts)
@@ -1552,12 +1554,13 @@ RULES: tuple[Rule, ...] = (
         r"set[ \t]+\S*_(?:authToken|auth|password)[ \t]+(['\"]?)([^\s'\"]+)\1",
         (":_auth", ":_password"),
     ),
-    _typed(  # HAProxy's `user admin insecure-password ...`, redis.conf's `requirepass ...` and `masterauth ...`
+    _typed(  # HAProxy's `user admin insecure-password ...`, redis.conf's `requirepass ...` and `masterauth ...`,
+        # OpenLDAP's `bindpw ...` (ldap.conf, nslcd.conf) and `rootpw ...` (slapd.conf)
         "unquoted_secret",
         re.compile(
-            r"(?im)(?:(?<=[ \t])insecure-password|^[+\- ]?[ \t]*(?:requirepass|masterauth))[ \t]+(\S+)"
+            r"(?im)(?:(?<=[ \t])insecure-password|^[+\- ]?[ \t]*(?:requirepass|masterauth|bindpw|rootpw))[ \t]+(\S+)"
         ),
-        ("insecure-password", "requirepass", "masterauth"),
+        ("insecure-password", "requirepass", "masterauth", "bindpw", "rootpw"),
         group=1,
         syntaxes=_CONFIG,
     ),

@@ -359,6 +359,46 @@ def test_a_providers_token_is_known_by_its_prefix_under_any_name(rule):
         assert f"<REDACTED:{rule}>" in redacted, redacted
 
 
+EVERYDAY = [
+    (".s3cfg", "[default]", f"secret_key = {PASSWORD}"),
+    (".boto", "[Credentials]", f"aws_secret_access_key = {PASSWORD}"),
+    ("my.cnf", "[client]", f"password={PASSWORD}"),
+    ("pip.conf", "[global]", f"index-url = https://user:{PASSWORD}@pypi.example.com/simple"),
+    ("App.java", f'new UsernamePasswordCredentials("user", "{PASSWORD}")'),
+    (
+        "Program.cs",
+        f'new SqlConnection("Data Source=db;Initial Catalog=app;User ID=sa;Password={PASSWORD}");',
+    ),
+    ("config/initializers/mail.rb", f'  config.password = "{PASSWORD}"'),
+    ("scripts/clone.sh", f"git clone https://deploy:{PASSWORD}@github.com/org/repo.git"),
+    ("k8s/secret.yaml", "kind: Secret", "stringData:", f"  password: {PASSWORD}"),
+    ("charts/app/values.yaml", "postgresql:", "  auth:", f"    postgresPassword: {PASSWORD}"),
+    ("docker-compose.yml", "    environment:", f"      RABBITMQ_DEFAULT_PASS: {PASSWORD}"),
+    (".github/workflows/ci.yml", "        env:", f"          NPM_TOKEN: {PASSWORD}"),
+    ("app/settings.py", "    'default': {", f"        'PASSWORD': '{PASSWORD}',"),
+    ("config/application.yml", "  datasource:", f"    password: {PASSWORD}"),
+    ("wp-config.php", f"define( 'DB_PASSWORD', '{PASSWORD}' );"),
+    ("init.sql", f"ALTER USER postgres PASSWORD '{PASSWORD}';"),
+    ("Makefile", f"DB_PASS ?= {PASSWORD}"),
+    ("app.py", f'MongoClient("mongodb://admin:{PASSWORD}@localhost:27017/")'),
+    ("app.py", f'redis.Redis(host="localhost", port=6379, password="{PASSWORD}")'),
+    ("deploy.ps1", f'$secpasswd = ConvertTo-SecureString "{PASSWORD}" -AsPlainText -Force'),
+    ("README.md", f"Log in with `admin` / `{PASSWORD}`."),
+    (".env.local", f"NEXTAUTH_SECRET={PASSWORD}"),
+    ("ldap.conf", f"bindpw {PASSWORD}"),
+    ("slapd.conf", f"rootpw {PASSWORD}"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "lines"),
+    [(path, lines) for path, *lines in EVERYDAY],
+    ids=[row[0] + ": " + row[-1] for row in EVERYDAY],
+)
+def test_the_everyday_forms_are_redacted(path, lines):
+    hidden(in_file(path, *lines), PASSWORD)
+
+
 MESSAGES = [
     f"Fix the deploy\n\npw is {SENTENCE_PASSWORD}",
     f"Add the staging box\n\ncreds: admin:{SENTENCE_PASSWORD}",
