@@ -1,8 +1,10 @@
 """Find secrets in commit text and replace them with `<REDACTED:rule>` before anything is written.
 
 Provider rules (AWS, GitHub, GitLab, Slack, Stripe, Google, the model,
-package, mail, payment and cloud hosts' keys, webhooks, private key blocks,
-JWTs, passwords in URLs) are strict patterns. The generic rule (any
+package, mail, payment and cloud hosts' keys, webhooks, and the forms of
+`scrapers.providers`), key material (key blocks, key files, JWKs, a
+Kubernetes Secret's data), JWTs and passwords in URLs are strict patterns,
+read under any name. The generic rule (any
 value assigned to a name like password/secret/token/api_key) fires only on
 values that look random: mixed letters and digits, not a snake_case word,
 enough entropy. Measured on real histories, "keyword + entropy" without those
@@ -23,9 +25,14 @@ DB_PASSWORD` / `value: ...`), in a call's arguments (`define('DB_PASSWORD',
 '...')`), after a declared type (`db_password: str = "..."`), as a flag and
 its value on a command line (`--api-key=...`, `mysql -p...`, `keytool
 -storepass ...`), after its user (`smtp.login(user, "...")`), as what a
-call signs with (`jwt.encode(payload, "...")`). A text that escapes quotes
-inside a string (`curl -d "{\\"password\\": \\"...\\"}"`) is read a second
-time with them unescaped.
+call signs with (`jwt.encode(payload, "...")`), by its place in a call
+(`mysqli_connect(host, user, "...")`), in a sentence of a message ("the
+password for staging is ..."). A file's syntax is read from its name through a
+template's or a backup's suffix, and from what it holds where its name says
+nothing. The lines of a text that read differently a second time (CR LF
+endings, a command continued with `\\`, adjacent string literals, escaped
+quotes: `_READINGS`) are read again so, and what that finds is redacted where
+it stands in the text as written.
 
 Each rule names cheap, literal-led regexes (`hints`); its own regex runs
 only on the lines that hold one, so the cost follows the few candidate

@@ -410,7 +410,7 @@ def _bytes_or_text(size: int) -> st.SearchStrategy[bytes]:
     )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     folder=_bytes_or_text(16).filter(_a_name),
     name=_bytes_or_text(24).filter(_a_name),

@@ -193,21 +193,6 @@ LAZY_CASES = [
 
 
 @pytest.mark.parametrize(("form", "through_include", "fetch_works"), LAZY_CASES)
-def test_a_lazy_fetch_runs_the_repository_program_with_plain_git(
-    tmp_path, form, through_include, fetch_works
-):
-    """The check below means something: git, even told `protocol.allow=never` on its command line as the
-    scrape once did, fetches the missing object through the repository's own program."""
-    repo, marker = lazily_fetching(tmp_path, form, through_include, fetch_works)
-    subprocess.run(
-        ["git", "-c", "protocol.allow=never", "log", "-p"],
-        cwd=repo.path, env={**os.environ, **GIT_ENV}, stdin=subprocess.DEVNULL, capture_output=True,
-        timeout=60, check=False,
-    )  # fmt: skip
-    assert marker.exists()
-
-
-@pytest.mark.parametrize(("form", "through_include", "fetch_works"), LAZY_CASES)
 def test_a_scrape_never_fetches_and_skips_what_is_missing(cli, tmp_path, form, through_include, fetch_works):
     repo, marker = lazily_fetching(tmp_path, form, through_include, fetch_works)
     out = tmp_path / "out"
@@ -216,6 +201,14 @@ def test_a_scrape_never_fetches_and_skips_what_is_missing(cli, tmp_path, form, t
     assert not marker.exists()
     scraped = read_json(out / "MANIFEST.json")["scrape"]
     assert (scraped["commits_kept"], scraped["skipped"]) == (1, {"partial_clone": 1})
+    # The check means something: git, even told `protocol.allow=never` on its command line as the scrape
+    # once did, fetches the missing object through the repository's own program.
+    subprocess.run(
+        ["git", "-c", "protocol.allow=never", "log", "-p"],
+        cwd=repo.path, env={**os.environ, **GIT_ENV}, stdin=subprocess.DEVNULL, capture_output=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert marker.exists()
 
 
 def test_the_hook_and_generate_read_a_partial_repository_without_fetching(tmp_path, monkeypatch):
