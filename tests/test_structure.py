@@ -70,9 +70,10 @@ def test_the_values_stages_pass_import_no_stage():
     assert project_imports()["pipeline.types"] == set()
 
 
-STAGES = ("data", "plan", "train", "evaluate", "record", "use")
-"""pipeline/'s subpackages in the order a run flows; the modules directly in pipeline/ are the ground floor
-(the values, the config, the machine, the manifest's format) that every stage stands on."""
+STAGES = ("data", "plan", "train", "evaluate", "record", "use", "recipes")
+"""pipeline/'s subpackages in the order a run flows, then the recipes that run them in order; the modules
+directly in pipeline/ are the ground floor (the values, the config, the machine, the manifest's format)
+that every stage stands on."""
 
 
 def test_imports_run_one_way_down_the_stages():
@@ -127,13 +128,36 @@ def test_a_finished_manifest_that_breaks_the_schema_is_a_bug_said_at_once(tmp_pa
         record.finish("planned")
 
 
+def sources() -> list[Path]:
+    """The project's code: the entry point, pipeline/ and scrapers/."""
+    return [
+        ROOT / "run_pipeline.py",
+        *(path for package in ("pipeline", "scrapers") for path in sorted((ROOT / package).rglob("*.py"))),
+    ]
+
+
 def test_no_function_is_longer_than_a_screen():
-    """60 lines at most, in pipeline/ and scrapers/: a longer one is a list of steps waiting for names."""
+    """60 lines at most, the entry point's too: a longer one is a list of steps waiting for names."""
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for package in ("pipeline", "scrapers")
-        for path in sorted((ROOT / package).rglob("*.py"))
+        for path in sources()
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60
     ]
     assert not long, long
+
+
+def test_the_entry_point_is_a_table_of_contents():
+    """run_pipeline.py names what each command does: 200 lines at most, each command 20 at most, and no
+    loop, retry or check of its own (those live with the stage they belong to)."""
+    source = (ROOT / "run_pipeline.py").read_text()
+    assert len(source.splitlines()) <= 200
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name != "main":
+            assert node.end_lineno - node.lineno + 1 <= 20, node.name
+            work = [
+                type(inner).__name__
+                for inner in ast.walk(node)
+                if isinstance(inner, ast.For | ast.While | ast.Try | ast.Raise)
+            ]
+            assert not work, f"{node.name}: {work}"

@@ -165,7 +165,7 @@ def test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_wh
     repo = history_repo(tmp_path / "repo", commits=16)
     monkeypatch.setattr(planner, "AHEAD_TOKENS_PER_S", 5)  # 240 tokens for a 1-minute budget: a few sequences
     monkeypatch.setattr(probe, "remembered_speed", lambda *args: (None, ""))
-    monkeypatch.setattr(probe, "remember_speed", lambda *args: None)
+    monkeypatch.setattr("pipeline.recipes.run.remember_speed", lambda *args: None)  # where the run calls it
     options = (
         "--repo", repo.path, "--model", "smollm2-135m", "--budget", "1m", "--set", "train.epochs=1",
         "--set", "train.max_sequence_length=64", "--set", "eval.samples=0", "--set", "eval.max_blocks=1",

@@ -13,12 +13,12 @@ from tests.conftest import FAST_TRAINING, read_json
 
 
 def test_a_signal_before_training_names_the_stage_and_what_is_kept(cli, sample_repo, tmp_path, monkeypatch):
-    from pipeline import hardware
+    from pipeline.recipes import run
 
     def terminated(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` from another terminal
 
-    monkeypatch.setattr(hardware, "machine", terminated)
+    monkeypatch.setattr(run, "machine", terminated)
     out = tmp_path / "out"
     result = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING)
     assert result.code == 143
@@ -35,14 +35,14 @@ def test_a_signal_before_training_names_the_stage_and_what_is_kept(cli, sample_r
 def test_a_signal_after_training_offers_its_checkpoint_and_resume_scores_it(
     cli, sample_repo, tmp_path, monkeypatch
 ):
-    from pipeline.evaluate import evaluation
+    from pipeline.recipes import run
 
-    score_past = evaluation.score_past
+    score_past = run.score_past
 
     def terminated(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(evaluation, "score_past", terminated)
+    monkeypatch.setattr(run, "score_past", terminated)
     out = tmp_path / "out"
     result = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING)
     assert result.code == 143
@@ -56,7 +56,7 @@ def test_a_signal_after_training_offers_its_checkpoint_and_resume_scores_it(
             "with --resume to start from it instead of training again)"
         )
     )
-    monkeypatch.setattr(evaluation, "score_past", score_past)
+    monkeypatch.setattr(run, "score_past", score_past)
     resumed = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING, "--resume")
     assert resumed.code == 0, resumed.err
     manifest = read_json(out / "MANIFEST.json")
@@ -194,13 +194,13 @@ def test_stage_timings_leave_imports_out_and_a_cache_hit_shows_its_saving(cli, s
 def test_plan_estimates_a_large_history_from_a_sample_and_uses_the_cache_when_there(
     cli, tmp_path, monkeypatch
 ):
-    from pipeline.data import token_cache
+    from pipeline.recipes import stages
     from tests.conftest import GitRepo, add_features
 
     repo = add_features(GitRepo(tmp_path / "repo"), range(1, 31))
     out = tmp_path / "out"
     options = ("--repo", repo.path, "--output-dir", out, "--set", "scrape.format=diff", "--budget", "none")
-    monkeypatch.setattr(token_cache, "PLAN_SAMPLE", 6)
+    monkeypatch.setattr(stages, "PLAN_SAMPLE", 6)
     sampled = cli("plan", *options)
     assert sampled.code == 0, sampled.err
     estimated = read_json(out / "MANIFEST.json")

@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -492,6 +492,20 @@ class OutOfMemory(Exception):
     def __init__(self, retry: dict[str, Any]):
         super().__init__(retry["error"])
         self.retry = retry
+
+
+def train_within_memory(job: Job, replan: Callable[[int], Plan]) -> TrainOutcome:
+    """Train; after a CUDA out-of-memory, plan again with that measured fact (`replan` given at most half
+    the micro-batch: the same effective batch) and train again from the adapter's initial weights."""
+    while True:
+        try:
+            return train(job)
+        except OutOfMemory as oom:
+            cap = oom.retry["batch_size"] // 2
+            say(
+                f"CUDA out of memory at micro-batch {oom.retry['batch_size']}: planning again with at most {cap}"
+            )
+            job = replace(job, plan=replan(cap), oom_retries=(*job.oom_retries, oom.retry))
 
 
 def train(job: Job) -> TrainOutcome:

@@ -324,14 +324,14 @@ def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namesp
 
 def refuse(problem: str) -> NoReturn:
     """Stop before any work, as an error a run meets is said: one line, exit 2."""
-    print(f"repotune: error: {one_line(problem)}", file=sys.stderr)
+    print(f"repotune: error: {printable(problem)}", file=sys.stderr)
     raise SystemExit(2)
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def one_line(message: str) -> str:
+def printable(message: str) -> str:
     """An error message as one line, whatever the paths and names in it hold (a folder named with a
     newline): control characters written as Python writes them in a string."""
     return _CONTROL.sub(lambda found: repr(found.group(0))[1:-1], message)
@@ -411,7 +411,7 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
         return 0
     except USER_ERRORS as err:
         if speaks:
-            print(f"repotune: error: {one_line(str(err))}", file=sys.stderr)
+            print(f"repotune: error: {printable(str(err))}", file=sys.stderr)
         else:  # torchrun stops every rank once one fails: let rank 0 say why before this one does
             time.sleep(SILENT_RANK_GRACE_S)
         return err.exit_code
@@ -424,7 +424,7 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
             traceback.print_exc()
         if speaks:
             print(
-                f"repotune: internal error: {type(err).__name__}: {one_line(str(err))} (a bug; REPOTUNE_DEBUG=1 "
+                f"repotune: internal error: {type(err).__name__}: {printable(str(err))} (a bug; REPOTUNE_DEBUG=1 "
                 "shows the traceback)",
                 file=sys.stderr,
             )
