@@ -161,3 +161,79 @@ def test_the_entry_point_is_a_table_of_contents():
                 if isinstance(inner, ast.For | ast.While | ast.Try | ast.Raise)
             ]
             assert not work, f"{node.name}: {work}"
+
+
+CONSUMED_ELSEWHERE = {
+    "device": "train.model (where the model is loaded); the Trainer's use_cpu",
+    "world_size": "train.distributed",
+    "style": "data.examples (chat or raw)",
+    "loss_on": "data.examples (the loss mask)",
+    "loss_average": "train.loss",
+    "attention": "train.model",
+    "sequence_length": "data.dataset.pack",
+    "truncate_at": "data.examples",
+    "train_blocks": "data.dataset.keep_newest",
+    "quantization": "train.model",
+    "time_budget_s": "train.trainer (the deadline)",
+    "measured_tokens_per_s": "the manifest (what the budget was planned on)",
+    "train_seconds": "train.trainer (the deadline)",
+    "train_sequences": "data.dataset.keep_newest",
+    "effective_batch_size": "the batch size times the accumulation (both passed to the Trainer)",
+    "steps_per_epoch": "the manifest (what the epochs come to)",
+    "total_steps": "train.trainer (the progress line, the scheduler's horizon through the epochs)",
+    "base_modules_trained": "train.model (modules_to_save)",
+    "lora_dropout": "train.model (LoraConfig)",
+    "cpu_threads": "train.trainer (torch's threads)",
+    "follow_free_cores": "train.trainer (threads that follow the free cores)",
+    "eval_samples": "evaluate.evaluation (the held-out answers scored)",
+    "validate_model": "evaluate.evaluation (the validation answers)",
+    "eval_blocks": "data.dataset (held-out and validation blocks)",
+    "early_stopping_patience": "train.trainer (the early-stopping callback)",
+}
+"""The decisions that reach training other than through the Trainer's arguments, and what consumes each."""
+
+
+def _another(name: str, value):
+    """A value other than `value` for a decision, of its kind."""
+    others = {"precision": "bf16", "lr_scheduler": "linear", "optimizer": "adamw_torch", "fsdp": "full_shard"}
+    if name in others:
+        return others[name]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value * 2 + 1
+    if isinstance(value, list):
+        return [*value, "tensorboard"]
+    return {"eval_steps": 5, "prefetch_factor": 2, "fsdp_config": {"min_num_params": 1}}.get(
+        name, "elsewhere.json"
+    )
+
+
+def test_every_planned_decision_reaches_training():
+    """A decision the planner takes and nothing consumes is planned, printed and recorded, then ignored:
+    each one changes the Trainer's arguments when it changes, or says what else consumes it. Adding a
+    training parameter without passing it on fails here."""
+    from pipeline.train.trainer import trainer_options
+
+    cpu = make_plan(same_length(100, 64), cpu_machine(), TINY, load_config(None))
+    assert not set(CONSUMED_ELSEWHERE) - set(cpu.decisions), "a decision named here is no longer planned"
+    gpu = dataclasses.replace(cpu, device="cuda")  # what the arguments take on a GPU alone (tf32, pinning)
+
+    given = {id(plan): trainer_options(plan, Path("checkpoints")) for plan in (cpu, gpu)}
+
+    def reaches(plan, name: str) -> bool:
+        try:
+            changed = dataclasses.replace(plan, **{name: _another(name, getattr(plan, name))})
+            return trainer_options(changed, Path("checkpoints")) != given[id(plan)]
+        except Exception:  # the options refuse the value: they read it
+            return True
+
+    ignored = [
+        name
+        for name in sorted(set(cpu.decisions) - set(CONSUMED_ELSEWHERE))
+        if not (reaches(cpu, name) or reaches(gpu, name))
+    ]
+    assert not ignored, (
+        "planned but never given to the Trainer (pass them in trainer_options, or name their consumer in "
+        f"CONSUMED_ELSEWHERE): {ignored}"
+    )

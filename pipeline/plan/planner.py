@@ -385,8 +385,10 @@ RULES: tuple[Callable[[Context], None], ...] = (
     _checks_and_saves,
     _passed_through,
 )
-"""The plan, in the order its decisions are taken and printed: a new parameter is its config field and
-the rule that decides it."""
+"""The plan, in the order its decisions are taken and printed. A new parameter is its config field, the
+rule that decides it, its `Plan` field and the schema's entry for it (`tests/test_structure.py` fails
+until the three agree), and its consumer: the Trainer's options (`train.trainer.trainer_options`), or
+another stage named in that test's `CONSUMED_ELSEWHERE`; a decision that reaches neither fails it."""
 
 
 def plan_for(

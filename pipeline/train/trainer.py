@@ -405,8 +405,14 @@ class CheckpointStamp(TrainerCallback):
 
 def training_arguments(plan: Plan, checkpoint_dir: Path) -> TrainingArguments:
     """Every planned decision, as the Hugging Face Trainer takes it."""
+    return TrainingArguments(**trainer_options(plan, checkpoint_dir))
+
+
+def trainer_options(plan: Plan, checkpoint_dir: Path) -> dict[str, Any]:
+    """The Trainer's arguments as a plan gives them (a test checks each decision reaches them, or is
+    consumed elsewhere)."""
     evaluating = plan.eval_steps is not None
-    return TrainingArguments(
+    return dict(
         output_dir=str(checkpoint_dir),
         per_device_train_batch_size=plan.batch_size,
         per_device_eval_batch_size=plan.batch_size,
