@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,27 @@ def test_every_planned_decision_reaches_training():
         "planned but never given to the Trainer (pass them in trainer_options, or name their consumer in "
         f"CONSUMED_ELSEWHERE): {ignored}"
     )
+
+
+_FIGURE = re.compile(
+    r"\[[+−-]?\d+\.\d+, ?[+−-]?\d+\.\d+\]"  # an interval: [+0.9, +2.2]
+    r"|(?<![\w.])[+−]\d+\.\d+ ?/ ?[+−]\d+\.\d+"  # a pair of differences: +1.1 / +0.6
+    r"|\b\d+(?:\.\d+)? (?:s|ms|minutes) (?:of|where|against|instead of) \d"  # one timing set against another
+)
+"""A measured figure as they were pasted into docstrings and comments."""
+
+
+def test_no_docstring_or_comment_holds_a_measured_figure():
+    """Figures go stale with the next change: the code says what it does and why, the docs keep the
+    figures (generated from benchmarks/), and a docstring points there."""
+    found = []
+    for path in sources():
+        lines = path.read_text().splitlines()
+        texts = [
+            (getattr(node, "lineno", 1), ast.get_docstring(node, clean=False) or "")
+            for node in ast.walk(ast.parse("\n".join(lines)))
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+        ]
+        texts += [(number, line.split("#", 1)[1]) for number, line in enumerate(lines, 1) if "#" in line]
+        found += [f"{path.relative_to(ROOT)}:{number}" for number, text in texts if _FIGURE.search(text)]
+    assert not found, found

@@ -12,16 +12,9 @@ changeset (.changeset/cuddly-mugs-end.md). The ranker learns from the repository
 and for which diffs, the entry is closer to the message written than the past's candidates
 (`suggestion.FEATURES`' `changelog` marks it); where a repository keeps no changelog nothing changes.
 
-Measured against the selector without it, paired, on the 400 commits older than the validation ones
-(where a run chooses) of nine repositories (docs/evaluation.md): +3.9 to +4.8 chrF and +2.3 to +4.2
-edit similarity where changelogs are written with the change (pallets/flask, pallets/click,
-pallets/jinja, expressjs/express), +1.0 to +1.6 / +0.8 to +0.9 on sharkdp/fd and junegunn/fzf, and
-within half a point where they are written at release time (psf/requests, encode/starlette,
-encode/httpx, where edit similarity lost 0.7). On pallets/flask's held-out commits it is the
-suggestion in 21 of 100, and the default run's suggestion rose from +2.7 / +2.5 over the lookup to
-+8.1 / +5.3. News fragments and changesets, measured the same way on four repositories that keep
-them: aio-libs/aiohttp +11.5 / +3.1, changesets/changesets +2.5 / +4.2, pytest-dev/pytest +0.9 /
-+2.5, python-attrs/attrs +0.9 / +0.5 (intervals in docs/evaluation.md).
+It helps most where changelogs are written with the change, and changes little where they are
+written at release time (docs/evaluation.md keeps the figures, news fragments' and changesets'
+too).
 """
 
 from __future__ import annotations

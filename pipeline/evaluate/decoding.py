@@ -2,25 +2,22 @@
 
 `model.generate` prefills a whole batch in one forward, pads every prompt to the batch's longest and keeps
 every row until the last one ends. On a CPU, where the held-out commits' answers are most of what an
-evaluation pays (2 fp32 cores, smollm2-135m, flask's 100 held-out commits: 84 s of 124 reading the
-prompts, 40 generating), this module instead:
+evaluation pays (most of it reading the prompts), this module instead:
 
-- computes the prompts' common beginning (the chat template's system prompt and instruction: 45 of a
-  message prompt's 250 tokens) once, and copies its KV cache into each batch;
+- computes the prompts' common beginning (the chat template's system prompt and instruction) once, and
+  copies its KV cache into each batch;
 - prefills a batch about a thousand tokens a forward, each forward padded only to its own longest
-  prompt: such a forward ran 540 tokens/s where one of 64 prompts × 256 tokens ran 403 (its
-  activations leave the processor's caches);
+  prompt: a wider forward's activations leave the processor's caches and it runs slower a token;
 - keeps room for the answers in the KV cache, so that a step writes its position in place (a plain
-  cache copies itself whole to grow by one position: a third of a step's time);
+  cache copies itself whole to grow by one position);
 - lets rows leave the batch (and its cache) when a quarter of it has ended, so a batch of all 100
   prompts pays for its longest answer's steps once, at the cost of the rows still writing;
 - ends a commit message at the line break that completes a line it already wrote (`unlooped` cuts
   there): a greedy answer that starts over loops to the token limit.
 
 The tokens are the ones `model.generate` picks (greedy, the same positions, padding masked; a message
-cut where `unlooped` cuts `model.generate`'s); the same answers took 82 to 94 s where `model.generate`
-took 132 to 156 (`benchmarks/bench_decoding.py`), and the room and the rows leaving a quarter at a time
-took 6 to 11% off that (117 s against 128).
+cut where `unlooped` cuts `model.generate`'s), in less time (`benchmarks/bench_decoding.py` measures
+both; docs/development.md keeps the figures).
 """
 
 from __future__ import annotations
@@ -294,8 +291,8 @@ def _last_logits(model, **inputs):
     """Each row's next-token logits after a forward of `inputs`: the decoder's last hidden states, a
     [rows, hidden] matrix, through the output layer. The model's own `logits_to_keep=1` hands that layer
     a strided [rows, 1, hidden] slice, which torch's matmul does not fold into one matrix product when
-    the weight does not require grad: it copied the whole output layer once per row (2 cores, 8 rows,
-    smollm2-135m's 49,152 × 576: 0.40 s against 0.005 s in bf16, 0.040 against 0.018 in fp32)."""
+    the weight does not require grad: it copied the whole output layer once per row, many times the
+    product's own cost in bf16."""
     causal = causal_lm(model)
     hidden = causal.get_decoder()(**inputs).last_hidden_state
     return causal.get_output_embeddings()(hidden[:, -1])

@@ -43,6 +43,7 @@ from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
 from pipeline.evaluate.decoding import generate_batched
 from pipeline.progress import Progress, say
+from pipeline.scores import difference, with_interval
 from pipeline.types import (
     Evaluation,
     ModelFacts,
@@ -539,11 +540,10 @@ def _retrieval_system(
     95% interval of the lookup's gain in the mean of chrF and edit similarity; the lookup where no
     selector was learned. The gain (None without a selector) and what to say.
 
-    A default, not the better mean: held out, the selector scored above the lookup in that mean on all
-    19 repositories measured (docs/evaluation.md), and where the two tie on the older commits the
-    better mean there is a coin's toss. On tqdm/tqdm the lookup led by 0.05 of a point on its 400 older
-    commits and was chosen, where held out the selector was +1.8 [+0.3, +3.4] chrF / +2.5 [+0.8, +4.1]
-    edit similarity above it."""
+    A default, not the better mean: held out, the selector scored above the lookup in that mean on every
+    repository measured, and where the two tie on the older commits the better mean there is a coin's
+    toss that once chose the lookup where the selector was clearly better held out (docs/evaluation.md
+    keeps the figures)."""
     listed = ", ".join(
         f"{n} chrF {means[n]['chrf']:.1f} / ES {means[n]['edit_similarity']:.1f}" for n in means
     )
@@ -771,7 +771,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
             f"next line of a change ({now['samples']} held-out commits): exact match "
             f"{was['exact_match_pct']:.1f}% → {now['exact_match_pct']:.1f}%, edit similarity "
             f"{was['edit_similarity']:.1f} → {now['edit_similarity']:.1f}"
-            + (f" ({difference_text(now['vs_before'], 'edit_similarity')})" if now.get("vs_before") else "")
+            + (f" ({difference(now['vs_before'], 'edit_similarity')})" if now.get("vs_before") else "")
         )
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
@@ -803,10 +803,10 @@ def _message_scoreboard(evaluation: dict[str, Any]) -> list[str]:
             continue
         if name == "suggested":
             label = f"suggested ({system})"
-        line = f"  {label:<24} chrF {_with_ci(scored, 'chrf')}  ES {_with_ci(scored, 'edit_similarity')}"
+        line = f"  {label:<24} chrF {with_interval(scored, 'chrf', 5)}  ES {with_interval(scored, 'edit_similarity', 5)}"
         versus = scored.get("vs_nearest_commit")
         if versus:
-            line += f"  vs lookup {difference_text(versus, 'chrf')} / {difference_text(versus, 'edit_similarity')}"
+            line += f"  vs lookup {difference(versus, 'chrf')} / {difference(versus, 'edit_similarity')}"
         lines.append(line)
     if system:
         lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
@@ -835,14 +835,3 @@ def one_register(name: str, scored: dict[str, Any] | None) -> str | None:
         f'the {model} begins {answers} of its {scored["samples"]} answers with "{opening["word"]}", '
         f"where {written} of the commits written do"
     )
-
-
-def _with_ci(scored: dict[str, Any], key: str) -> str:
-    low, high = scored[f"{key}_ci95"]
-    return f"{scored[key]:5.1f} [{low:.1f}, {high:.1f}]"
-
-
-def difference_text(versus: dict[str, Any], key: str) -> str:
-    """A paired difference with its 95% interval, as every scoreboard prints it: `+1.2 [-0.7, +3.0]`."""
-    low, high = versus[f"{key}_ci95"]
-    return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"

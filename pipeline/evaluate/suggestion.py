@@ -275,10 +275,7 @@ def fit_selector(
 def _ranking(config: SelectorConfig) -> dict[str, Any]:
     """The selector's LightGBM parameters. Ranking, not regression: only the order of one diff's
     candidates decides what is suggested, and a regressor spends itself predicting how hard each commit
-    is (measured on the 400 commits older than the validation ones, each block answered by a selector
-    learned on commits older than it: +1.5 [+0.9, +2.2] chrF on psf/requests and +0.8 [+0.0, +1.5] on
-    pallets/flask, where it was chosen, +1.4 [+0.5, +2.3] on encode/httpx and +0.7 [+0.1, +1.2] on
-    pallets/click; edit similarity within ±0.3)."""
+    is (it scored better on the older commits of every repository measured: docs/evaluation.md)."""
     return {
         "objective": "lambdarank",
         "label_gain": list(range(100 // CLOSENESS_GRADE + 1)),  # a grade's gain is the grade
@@ -286,9 +283,8 @@ def _ranking(config: SelectorConfig) -> dict[str, Any]:
         "learning_rate": 0.05,
         "num_leaves": 15,
         "min_data_in_leaf": 20,
-        # Every feature for every tree: a sample of them made the selector depend on `train.seed` (psf/requests'
-        # held-out commits moved -0.6 to +2.0 chrF over the lookup across seven seeds), for nothing on average
-        # (all of them against 0.9, ten repositories: older commits +0.02 / +0.01, held out +0.10 / -0.06).
+        # Every feature for every tree: a sample of them made the selector depend on `train.seed`, for nothing
+        # on average (docs/evaluation.md).
         "feature_fraction": 1.0,
         "deterministic": True,
         "num_threads": 1,
@@ -297,12 +293,9 @@ def _ranking(config: SelectorConfig) -> dict[str, Any]:
     }
 
 
-# Newest commits to a diff's files offered beside its k nearest (`nearest_and_recent`). Measured against none
-# on the 400 commits older than the validation ones (pooled backtest blocks), chrF / edit similarity with
-# paired 95% intervals: psf/requests +1.1 [+0.4, +1.8] / +0.6 [-0.3, +1.7], pallets/flask +0.5 [-0.1, +1.3]
-# / +1.1 [+0.2, +2.0], encode/httpx +0.5 / +0.7, pallets/click +0.0 / +0.5; 2 gained less, 1 nothing, 8
-# no more (against 4: +0.3 / +0.5, +0.1 / +0.3, -0.1 / -0.9 [-1.6, -0.2], -0.2 / -0.6), and the newest
-# commits to the same directories, not files, lost (-0.5 / +0.1, -0.7 / -1.4 [-2.5, -0.2], +0.5 / -0.7, +0.3 / +0.2).
+# Newest commits to a diff's files offered beside its k nearest (`nearest_and_recent`): a commit often
+# continues the one before it on the same files. Four of them: fewer gained less, more nothing, and the
+# newest to the same directories lost (docs/evaluation.md).
 RECENT_CANDIDATES = 4
 MIN_SELECTOR_COMMITS = 50  # fewer commits to learn from than this, and the selector is not trusted
 CLOSENESS_GRADE = 10  # closeness points per relevance grade the ranker learns (0–100: grades 0–10)

@@ -73,8 +73,8 @@ TRAINING_TIME_LIMIT = 0.9  # of it, where training then stops; after, training f
 AFTER_TRAINING_S = 10.0  # the past's backtest and saving the adapter and manifest (2 to 5 s on 2 cores)
 UNMEASURED_AFTER_SHARE = 0.1  # of a budget: scoring the fine-tuned model, where no scoring was timed
 # The fine-tuned model answering the validation commits (eval.validate_model), over its scoring on the
-# held-out ones: messages alone, where scoring also answers next lines and takes the held-out loss
-# (pallets/flask, 2 bf16 cores: 13 s against 28 s).
+# held-out ones: messages alone, where scoring also answers next lines and takes the held-out loss (about
+# half; docs/planning.md).
 VALIDATION_SHARE = 0.5
 AHEAD_TOKENS_PER_S = 2000  # what a run tokenizes ahead of a budget assumes: 10× what 2 cores train (130-190)
 # A validation (a forward pass alone, with the adapters) over a training step's tokens/s: measured on 2 EPYC

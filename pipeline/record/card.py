@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipeline.scores import difference, with_interval
+
 TAGS = ["repotune", "peft", "lora", "commit-message-generation", "code"]
 SYSTEM_NAMES = {
     "before": "base model",
@@ -204,7 +206,7 @@ def _evaluation(manifest: dict[str, Any]) -> list[str]:
         message = (tasks.get(system) or {}).get("message")
         if message:
             rows.append(
-                f"| {label} | {_with_interval(message, 'chrf')} | {_with_interval(message, 'edit_similarity')} "
+                f"| {label} | {with_interval(message, 'chrf')} | {with_interval(message, 'edit_similarity')} "
                 f"| {_difference(message.get('vs_nearest_commit'))} |"
             )
     if not rows:
@@ -294,20 +296,13 @@ def _limits(manifest: dict[str, Any], params: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _with_interval(message: dict[str, Any], metric: str) -> str:
-    low, high = message.get(f"{metric}_ci95") or (None, None)
-    interval = f" [{low:.1f}, {high:.1f}]" if low is not None else ""
-    return f"{message[metric]:.1f}{interval}"
-
-
 def _difference(versus: dict[str, Any] | None) -> str:
     if not versus:
         return "–"
     parts = []
     for metric in ("chrf", "edit_similarity"):
         if versus.get(metric) is not None:
-            low, high = versus.get(f"{metric}_ci95") or (0, 0)
-            parts.append(f"{versus[metric]:+.1f} [{low:+.1f}, {high:+.1f}]")
+            parts.append(difference(versus, metric))
     return " / ".join(parts) or "–"
 
 

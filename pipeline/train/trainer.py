@@ -559,8 +559,8 @@ def train(job: Job) -> TrainOutcome:
 
 def budget_unused(plan: Plan, runtime_s: float | None, throughput: dict[str, Any] | None) -> str | None:
     """Why training ended well inside the time its budget gives it, when the plan filled that time and the
-    machine then trained faster than the speed it was planned at (a shared host speeds up too: flask's
-    default run planned 123 tokens/s, trained at 177 and used 326 s of 480); else None."""
+    machine then trained faster than the speed it was planned at (a shared host speeds up too, when the
+    other work on it ends); else None."""
     planned = plan.measured_tokens_per_s
     share = plan.train_seconds
     if not (share and planned and runtime_s and throughput and throughput.get("step_tokens_per_s")):

@@ -14,6 +14,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from pipeline.scores import difference, with_interval
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #1d2330; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #d0d5de; padding-bottom: 0.2rem; margin-top: 2rem; }
@@ -249,8 +251,8 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
         rows.append(
             (
                 _e(label),
-                _e(_ci(scored, "chrf")),
-                _e(_ci(scored, "edit_similarity")),
+                _e(with_interval(scored, "chrf")),
+                _e(with_interval(scored, "edit_similarity")),
                 _signed(versus, "chrf"),
                 _signed(versus, "edit_similarity"),
                 _e(_fmt(scored.get("subject_exact_match_pct"))),
@@ -282,8 +284,8 @@ def _code_scores(evaluation: dict[str, Any]) -> list[str]:
             rows.append(
                 (
                     _e(SYSTEM_LABELS[name]),
-                    _e(_ci(scored, "exact_match_pct")),
-                    _e(_ci(scored, "edit_similarity")),
+                    _e(with_interval(scored, "exact_match_pct")),
+                    _e(with_interval(scored, "edit_similarity")),
                     _signed(versus, "exact_match_pct"),
                     _signed(versus, "edit_similarity"),
                 )
@@ -326,18 +328,13 @@ def _held_out_loss(evaluation: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _ci(scored: dict[str, Any], key: str) -> str:
-    low, high = scored.get(f"{key}_ci95") or (None, None)
-    return f"{_fmt(scored.get(key))} [{_fmt(low)}, {_fmt(high)}]"
-
-
 def _signed(versus: dict[str, Any], key: str) -> str:
     """A paired difference with its interval, green when the interval is above 0, red below."""
     if key not in versus:
         return ""
     low, high = versus[f"{key}_ci95"]
     css = "better" if low > 0 else "worse" if high < 0 else ""
-    return f'<span class="{css}">{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]</span>'
+    return f'<span class="{css}">{difference(versus, key)}</span>'
 
 
 def _samples(m: dict[str, Any]) -> str:
