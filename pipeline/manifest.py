@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.errors import PipelineError
 from scrapers.safe_git import run_safe_git
 
 MANIFEST_FILE = "MANIFEST.json"
@@ -192,7 +193,6 @@ def trained_on(manifest: dict[str, Any]) -> list[tuple[str, str]]:
 
 def load_manifest(path: Path) -> dict[str, Any]:
     """A manifest a user points a command at; anything that is not one is a one-line error naming it."""
-    from pipeline.errors import PipelineError
 
     try:
         data = path.read_bytes()
@@ -220,7 +220,6 @@ def load_manifest(path: Path) -> dict[str, Any]:
 def write_text_output(path: Path, text: str) -> Path:
     """Write a command's output file, making its folder as `--output-dir` and `export` do; an unwritable
     path is a one-line error naming it."""
-    from pipeline.errors import PipelineError
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -262,3 +262,28 @@ def test_no_docstring_or_comment_holds_a_measured_figure():
         texts += [(number, line.split("#", 1)[1]) for number, line in enumerate(lines, 1) if "#" in line]
         found += [f"{path.relative_to(ROOT)}:{number}" for number, text in texts if _FIGURE.search(text)]
     assert not found, found
+
+
+def test_project_imports_are_at_the_top_unless_they_load_something_heavy():
+    """An import inside a function hides the dependency graph from readers and tools; one is there only
+    where it would load torch, transformers, GitPython or the like on a path that does not need them, and
+    a `# heavy:` comment says which (on its line or the one above)."""
+    unmarked, kept = [], 0
+    for path in sources():
+        lines = path.read_text().splitlines()
+        for function in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, ast.Import | ast.ImportFrom):
+                    continue
+                names = (
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                )
+                if any(name.split(".")[0] in ("pipeline", "scrapers") for name in names):
+                    kept += 1
+                    said = lines[node.lineno - 1] + lines[node.lineno - 2]
+                    if "# heavy:" not in said:
+                        unmarked.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unmarked, unmarked
+    assert kept <= 15

@@ -33,6 +33,15 @@ from typing import Any
 
 import orjson
 
+from pipeline.base_models import (
+    describe_model,
+    load_saved_tokenizer,
+    model_config,
+    pretrained_tokenizer,
+    quiet_library_output,
+    tokenizer_recipe,
+    train_tiny_tokenizer,
+)
 from pipeline.config import LoadedConfig, ScrapeConfig
 from pipeline.data.examples import encode_batch, style_key, text_style
 from pipeline.data.sources import read_sequences, skipped
@@ -253,14 +262,6 @@ def prepare(
     a history not in the cache yet is tokenized from its newest training sequence until about that many
     tokens, the rest estimated from their characters (a time budget trains the newest; a run whose
     budget reaches further tokenizes them all)."""
-    from pipeline.base_models import (
-        describe_model,
-        load_saved_tokenizer,
-        model_config,
-        pretrained_tokenizer,
-        quiet_library_output,
-        tokenizer_recipe,
-    )
 
     quiet_library_output()
     something_to_train(scraped, loaded.config.scrape)
@@ -317,7 +318,6 @@ def _build(
     sequence of each split, or from the `newest` training sequences and the held-out splits (the older
     ones' lengths estimated from their characters); the tiny model's tokenizer is trained here on the
     training split."""
-    from pipeline.base_models import train_tiny_tokenizer
 
     records = list(read_sequences(scraped.sequences_path))
     if every > 1:  # every k-th of each split, newest first as they are listed

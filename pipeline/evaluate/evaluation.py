@@ -39,9 +39,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.builtin import cache_home
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
 from pipeline.evaluate.decoding import generate_batched
+from pipeline.evaluate.suggestion import backtest
 from pipeline.progress import Progress, say
 from pipeline.scores import difference, with_interval
 from pipeline.types import (
@@ -328,7 +330,8 @@ def evaluate(
 ) -> Scores:
     """Held-out loss on every rank (the same on each); the tasks where there are prompts (rank 0). `who`
     names the model in the lines that say what it is doing ("the base model")."""
-    from pipeline.train.loss import held_out_loss  # torch: scoring answers (benchmarks, reports) needs none
+    # heavy: torch, which scoring answers (benchmarks, reports) needs none of
+    from pipeline.train.loss import held_out_loss
 
     started = time.perf_counter()
     counts = Counter(p.task for p in prompts)
@@ -499,7 +502,6 @@ def _choose_system(
     system (`_retrieval_system`: the selector, unless the lookup beats it beyond noise on the validation
     block and the blocks older than it), then the fine-tuned model instead where it beats that system
     on the validation commits (the only ones it answered) by more than the 95% interval of its gain."""
-    from pipeline.evaluate.suggestion import backtest
 
     blocks = backtest(past, config, seed) if config.system == "auto" else []
     both = [block for block in blocks if "selector" in block] or blocks
@@ -593,7 +595,6 @@ def _model_against(
 def base_scores_cache(config: EvalConfig, facts: ModelFacts, continuing: bool) -> Path | None:
     """Where the base model's scores are kept between runs; None when they cannot be reused: turned off,
     a random base (each run's is its own), or an update (its "before" is the adapter it continues)."""
-    from pipeline.builtin import cache_home
 
     if not config.cache_base_scores or facts.random_init or continuing:
         return None

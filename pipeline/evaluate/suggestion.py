@@ -434,6 +434,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history
     are what it is scored on) and the selector learned on its training commits. An update's scrape
     holds only the commits since its parent: `history` (the whole history's scrape) gives the older
     ones, so that it answers from the whole past as a full run does."""
+    # heavy: GitPython, which the commit hook (it loads a Suggester) needs none of
     from pipeline.data.sources import read_sequences
 
     commits = newest_first(past_commits(read_sequences(sequences_path)))

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipeline.base_models import TINY
+from pipeline.builtin import BUILTIN_MODELS
 from pipeline.scores import difference, with_interval
 
 TAGS = ["repotune", "peft", "lora", "commit-message-generation", "code"]
@@ -28,8 +30,6 @@ _REMOTE = re.compile(r"^(?:https?|ssh|git)://[^\s]+$|^[\w.-]+@[\w.-]+:[^\s]+$")
 
 def base_model_id(name: str) -> str | None:
     """The Hub id of the base model, or None where it has none (`tiny`, a local directory)."""
-    from pipeline.base_models import TINY
-    from pipeline.builtin import BUILTIN_MODELS
 
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name].hub_id

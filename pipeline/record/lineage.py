@@ -13,7 +13,11 @@ from typing import Any
 
 from pipeline.base_models import load_saved_tokenizer
 from pipeline.config import LoadedConfig, load_config
+from pipeline.data.dataset import block_dataset, held_out_splits
+from pipeline.data.sources import read_sequences
+from pipeline.data.token_cache import read_split, tokenize_sequences
 from pipeline.errors import PipelineError
+from pipeline.evaluate.evaluation import relative_change
 from pipeline.manifest import MANIFEST_FILE, load_manifest, sha256_file
 from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR
 from pipeline.types import Lineage, Plan, Prepared, Scores
@@ -174,9 +178,6 @@ def check_tokenizer(parent: Parent, prepared: Prepared) -> None:
 def parent_held_out(parent: Parent, prepared: Prepared, loaded: LoadedConfig, plan: Plan, directory: Path):
     """The parent's held-out commits, tokenized and packed as this update trains, by format ({} when the
     parent kept none, or its sequences.jsonl is gone)."""
-    from pipeline.data.dataset import block_dataset, held_out_splits
-    from pipeline.data.sources import read_sequences
-    from pipeline.data.token_cache import read_split, tokenize_sequences
 
     sequences = parent.directory / SEQUENCES_FILE
     records = (
@@ -203,7 +204,6 @@ def parent_held_out(parent: Parent, prepared: Prepared, loaded: LoadedConfig, pl
 
 def forgetting(before: Scores, after: Scores) -> dict[str, Any]:
     """The parent's held-out loss before and after the update: a rise is what the update forgot."""
-    from pipeline.evaluate.evaluation import relative_change
 
     return {
         "before": before.loss,

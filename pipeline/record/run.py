@@ -24,6 +24,7 @@ import orjson
 
 from pipeline.config import LoadedConfig
 from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError
+from pipeline.evaluate.evaluation import evaluation_report
 from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
     MANIFEST_FILE,
@@ -54,6 +55,8 @@ from pipeline.types import (
     Scraped,
     TrainOutcome,
 )
+from scrapers.errors import RepositoryError
+from scrapers.git import holds_any, open_repository
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -258,7 +261,6 @@ def _(scores: Scores) -> dict[str, Any]:
 
 @sections.register
 def _(evaluation: Evaluation) -> dict[str, Any]:
-    from pipeline.evaluate.evaluation import evaluation_report
 
     return {"training_report": {"evaluation": evaluation_report(evaluation)}}
 
@@ -467,8 +469,6 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
     other repository's messages. None where it holds nothing trained, or trained on the same ones or clones
     of them (a run again on one project replaces the last, as it always has). A repository that cannot be
     opened is left to the scrape to say so."""
-    from scrapers.errors import RepositoryError
-    from scrapers.git import holds_any, open_repository
 
     trained = [(output_dir / name).exists() for name in (ADAPTER_DIR, CHECKPOINT_DIR)]
     previous = _read_previous(output_dir / MANIFEST_FILE) if any(trained) else None

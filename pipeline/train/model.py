@@ -21,7 +21,11 @@ import orjson
 from pipeline.base_models import TINY, load_pretrained, quiet_library_output
 from pipeline.builtin import is_builtin
 from pipeline.errors import ModelLoadError
+from pipeline.hardware import GB
+from pipeline.manifest import sha256_file
+from pipeline.progress import say
 from pipeline.types import Launch, Loaded, Outputs, Plan, Prepared, TextStyle
+from scrapers.scrape import SEQUENCES_FILE
 
 # bitsandbytes (peft imports it) warns on a CPU that an optional kernel package is missing: not the user's
 # to act on. Set before anything here imports peft (training, update, generate all come through this module).
@@ -52,8 +56,6 @@ def load_libraries(modules: tuple[str, ...]) -> None:
     import importlib
     import time
 
-    from pipeline.progress import say
-
     started = time.perf_counter()
     for name in modules:
         importlib.import_module(name)
@@ -75,7 +77,8 @@ def build_model(
     linear layers in 4 or 8 bits on `device` (a quantized model is placed where it loads)."""
     import torch
 
-    import pipeline.train.attention  # noqa: F401  (registers segments with transformers)
+    # heavy: torch and transformers' attention; imported for what it registers with transformers (segments)
+    import pipeline.train.attention  # noqa: F401
 
     if model_name == TINY:
         from transformers import LlamaForCausalLM
@@ -254,7 +257,6 @@ def load_model(
     """The base model as the plan loads it, with LoRA attached (every rank builds its own copy), or with
     `continue_from`'s trained adapter to train further. A random base is saved into `output_dir` beside
     where the adapter will go: it cannot be downloaded again."""
-    from pipeline.hardware import GB
 
     quiet_library_output()  # on every rank: the others skip tokenizing, where rank 0 did this
     device = f"cuda:{launch.local_rank}" if plan.device == "cuda" else plan.device
@@ -302,8 +304,6 @@ def save_adapter(
     repository's past beside it (`retrieval/`: the index over the whole history, the selector and the
     suggestion system the run chose: `pipeline.evaluate.suggestion.Suggester`), and its model card (`card`, in
     place of peft's empty template)."""
-    from pipeline.manifest import sha256_file
-    from scrapers.scrape import SEQUENCES_FILE
 
     adapter_dir = output_dir / ADAPTER_DIR
     loaded.model.save_pretrained(adapter_dir)

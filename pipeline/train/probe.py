@@ -27,6 +27,7 @@ from pipeline.config import LoadedConfig
 from pipeline.data.dataset import ARRAYS, block_dataset
 from pipeline.hardware import GB
 from pipeline.manifest import provenance_hash, utc_now, write_json
+from pipeline.plan.planner import deadline_s, plan_for
 from pipeline.progress import say
 from pipeline.train.model import autocast
 from pipeline.types import Machine, PackedSplit, Plan, Prepared, ProbeRow, Speed, TrainOutcome, TrainTime
@@ -122,7 +123,7 @@ def training_speed(
     answers, whose logits cost most, so timing it alone undersold a typical step by a third."""
     import torch
 
-    from pipeline.train.loss import answer_logits, per_answer_loss
+    from pipeline.train.loss import answer_logits, per_answer_loss  # heavy: torch
 
     torch.set_num_threads(threads)  # as training will: the cores other processes leave free
     device = next(model.parameters()).device
@@ -261,7 +262,6 @@ def resumed_speed(earlier: dict[str, Any] | None) -> Speed | None:
 def resumed_train_time(earlier: dict[str, Any] | None) -> TrainTime | None:
     """The training time the run being resumed was planned for (`earlier`: its manifest), so the plan
     (and its data) match the checkpoint's; None where that run did not record one."""
-    from pipeline.plan.planner import deadline_s
 
     deadline = deadline_s(((earlier or {}).get("training_parameters") or {}).get("train_seconds"))
     return TrainTime(deadline, "the run being resumed planned") if deadline else None
@@ -316,7 +316,6 @@ def measure(
     that fits (same effective batch), under a time budget the training speed. `model`: the loaded model
     (with LoRA); `resumed`: the speed of the run being resumed, taken again so the plan (and its data)
     match the checkpoint's."""
-    from pipeline.plan.planner import plan_for
 
     probe_note, speed_note = batch_probe_skipped(plan, machine, loaded), speed_skipped(plan, machine)
     rows = plan.probe

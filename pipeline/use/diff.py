@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.manifest import SCHEMA_VERSION, load_manifest, manifest_file
 
 # Arrays of records and the field that identifies a record across two runs.
 IDENTITY = {
@@ -373,7 +374,6 @@ def _lookup(document: dict[str, Any], path: str) -> Any:
 
 
 def schema_warning(before: dict[str, Any], after: dict[str, Any]) -> str | None:
-    from pipeline.manifest import SCHEMA_VERSION
 
     def major(version: Any) -> str:
         return str(version).split(".")[0]
@@ -391,8 +391,6 @@ def schema_warning(before: dict[str, Any], after: dict[str, Any]) -> str | None:
 def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
     """(report text, stderr lines, exit code): 0 identical, 1 different, 2 a tripped --fail-if."""
     import orjson
-
-    from pipeline.manifest import load_manifest, manifest_file
 
     before, after = (load_manifest(manifest_file(Path(path))) for path in (before_path, after_path))
     conditions = [Condition.parse(text) for text in options.fail_if]

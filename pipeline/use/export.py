@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 from pipeline.errors import ExportError
+from pipeline.evaluate.suggestion import saved_file_filters
+from pipeline.train.model import adapter_facts
+from pipeline.use.generate import adapter_directory, load_adapter
+from scrapers.filters import git_pathspecs
 
 GGUF_TYPES = ("f16", "q8_0")
 """f16 keeps the merged weights; q8_0 halves the file for a small loss. SmolLM2's 576-wide rows are not a
@@ -44,10 +49,6 @@ class Exported:
 def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> Exported:
     """Merge `adapter` into its base and write `output` (a .gguf file) and a Modelfile beside it; the
     file appears whole or not at all."""
-    from pipeline.evaluate.suggestion import saved_file_filters
-    from pipeline.train.model import adapter_facts
-    from pipeline.use.generate import adapter_directory, load_adapter
-    from scrapers.filters import git_pathspecs
 
     destination = Path(output).expanduser()
     if destination.suffix != ".gguf":
@@ -227,7 +228,6 @@ def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str) -> str:
     """An Ollama Modelfile for the GGUF beside it: the commit-message prompt exactly as training asked
     it (the model's chat template rendered around it, or the raw format), greedy, stopping at the end
     of the answer; its comment pipes the staged change with `staged` (the files training read)."""
-    from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 
     rendered = render_prompt(tokenizer, style, "message", PROMPT_MARK)
     system = SYSTEM_PROMPT if SYSTEM_PROMPT in rendered else None

@@ -5,9 +5,22 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_library_output
 from pipeline.config import EvalConfig
+from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
-from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR, CHECKPOINT_DIR, newest_checkpoint
+from pipeline.evaluate.decoding import generate_batched
+from pipeline.evaluate.retrieval import INDEX_DIR
+from pipeline.evaluate.suggestion import Suggester, saved_file_filters
+from pipeline.train.model import (
+    ADAPTER_DIR,
+    BASE_MODEL_DIR,
+    CHECKPOINT_DIR,
+    adapter_facts,
+    newest_checkpoint,
+    quantized_loading,
+)
+from scrapers.filters import as_trained
 
 
 def adapter_directory(path: str | Path) -> Path:
@@ -34,9 +47,6 @@ def load_adapter(path: str | Path, dense: bool = False):
     its tokenizer."""
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
-
-    from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_library_output
-    from pipeline.train.model import adapter_facts, quantized_loading
 
     quiet_library_output()
     directory = adapter_directory(path)
@@ -134,9 +144,6 @@ def _continuation(
     """The model's greedy answer to `prompt` (asked as training asked `task`, where one is given)."""
     if not prompt.strip():
         raise PipelineError("--prompt is empty: give the model text to continue (or - to read it from stdin)")
-    from pipeline.data.examples import answer_prefix, render_prompt
-    from pipeline.evaluate.decoding import generate_batched
-    from pipeline.train.model import adapter_facts
 
     model, tokenizer = load_adapter(path)
     given = ""
@@ -162,9 +169,6 @@ def _from_past(directory: Path, diff: str, system: str | None, count: int) -> tu
     past says which); the `count` best messages of the retrieval system (the lookup's or the selector's:
     the one chosen or asked for, else the run's); and whether the model is to answer: it was chosen or
     asked for, the adapter has no retrieval saved, or no past commit touched anything the diff touches."""
-    from pipeline.evaluate.retrieval import INDEX_DIR
-    from pipeline.evaluate.suggestion import Suggester, saved_file_filters
-    from scrapers.filters import as_trained
 
     saved = (directory / INDEX_DIR).is_dir()
     if not saved and system in ("lookup", "selector"):

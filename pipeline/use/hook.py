@@ -42,6 +42,10 @@ from pathlib import Path
 
 import orjson
 
+from pipeline.errors import PipelineError
+from pipeline.evaluate.suggestion import Suggester
+from pipeline.manifest import MANIFEST_FILE, trained_on
+from scrapers.errors import RepositoryError
 from scrapers.safe_git import run_safe_git
 
 HOOK = "prepare-commit-msg"
@@ -116,7 +120,6 @@ exit 0
 
 def check_alternatives(count: int) -> None:
     """`--alternatives` as the hook and `generate` take it: 0 to 9 messages more."""
-    from pipeline.errors import PipelineError
 
     if not 0 <= count <= 9:
         raise PipelineError(f"--alternatives {count}: give how many more messages to show, 0 to 9")
@@ -124,12 +127,12 @@ def check_alternatives(count: int) -> None:
 
 def install(repo: str | Path, adapter: str | Path, timeout: float, alternatives: int = ALTERNATIVES) -> str:
     """Write the hook into `repo`, keeping a hook that is already there (run first); what was done."""
-    from pipeline.errors import PipelineError
-    from pipeline.use.generate import adapter_directory
 
     if not 0 < timeout <= 600:
         raise PipelineError(f"--timeout {timeout}: give the seconds a suggestion may take (e.g. 5)")
     check_alternatives(alternatives)
+    from pipeline.use.generate import adapter_directory  # heavy: see `suggest`
+
     directory = adapter_directory(adapter).resolve()
     hooks, elsewhere, bare = hook_folders(repo)
     if bare:  # nobody commits there: a hook would never run
@@ -180,9 +183,7 @@ def _another_project(adapter: Path, repo: str | Path) -> str | None:
     one project with another's adapter suggests the other's messages: a slip more often than a choice);
     None where it holds one (the same clone, or another clone of it: the commit trained up to is there),
     or where the run's manifest is not beside the adapter to say."""
-    from pipeline.manifest import MANIFEST_FILE, trained_on
-    from scrapers.errors import RepositoryError
-    from scrapers.git import holds_any, open_repository
+    from scrapers.git import holds_any, open_repository  # heavy: GitPython, on every commit otherwise
 
     try:
         learned = trained_on(orjson.loads((adapter.parent / MANIFEST_FILE).read_bytes()))
@@ -196,7 +197,6 @@ def _another_project(adapter: Path, repo: str | Path) -> str | None:
 
 def installed_adapter(repo: str | Path) -> Path | None:
     """The adapter repotune's hook in `repo` suggests with; None where there is no such hook."""
-    from pipeline.errors import PipelineError
 
     try:
         own, run_from, _ = hook_folders(repo)
@@ -213,7 +213,6 @@ def installed_adapter(repo: str | Path) -> Path | None:
 
 def uninstall(repo: str | Path) -> str:
     """Remove repotune's hook and put back the one it set aside; what was done."""
-    from pipeline.errors import PipelineError
 
     hooks, elsewhere, _ = hook_folders(repo)
     hook = hooks / HOOK
@@ -251,7 +250,6 @@ def hook_folders(repo: str | Path) -> tuple[Path, Path, bool]:
     """The clone's own hooks directory, where repotune's hook goes (`.git/hooks`; a linked work tree's
     main repository's), the one git runs hooks from (the same, or the folder `core.hooksPath` names), and
     whether the repository is bare: one git call for all three."""
-    from pipeline.errors import PipelineError
 
     path = Path(repo).expanduser()
     try:
@@ -293,7 +291,6 @@ def suggest(argv: list[str]) -> None:
     diff = staged_diff()
     if not diff.strip():
         return
-    from pipeline.evaluate.suggestion import Suggester
 
     original = message_file.read_text(encoding="utf-8", errors="replace")
     prefix = comment_prefix(original)
@@ -305,6 +302,7 @@ def suggest(argv: list[str]) -> None:
     if found:
         _offer(message_file, found[0], found[1:], prefix, original, template_end)
     if suggester.system == "model":
+        # heavy: the model's loading code, on every commit otherwise; needed where the run chose the model
         from pipeline.use.generate import beside, generate
 
         written = generate(adapter, diff, task="message", system="model").strip()

@@ -14,7 +14,11 @@ import io
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import PipelineError
+from pipeline.evaluate.evaluation import registers
+from pipeline.manifest import load_manifest, write_text_output
 from pipeline.scores import difference, with_interval
+from pipeline.use.diff import CATEGORIES, compare
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #1d2330; }
@@ -64,7 +68,6 @@ def _page(title: str, sections: list[str]) -> str:
 
 def write_report(manifest_paths: list[Path], output: Path, names: list[str]) -> Path:
     """One run's page, or with several manifests the page that compares them."""
-    from pipeline.manifest import load_manifest, write_text_output
 
     manifests = [load_manifest(path) for path in manifest_paths]
     if len(manifests) == 1:
@@ -269,7 +272,6 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
     ]
     if system:
         parts.append(f'<p class="muted">suggestion system: {_e(system.get("reason"))}</p>')
-    from pipeline.evaluate.evaluation import registers  # no torch: scoring text only
 
     return parts + [f'<p class="muted">{_e(said)}</p>' for said in registers(tasks)]
 
@@ -578,8 +580,6 @@ def run_names(paths: list[Path], names: list[str]) -> list[str]:
     """What each run is called on a comparison page: its --name, else its output directory's name (made
     unique with its position when two share one)."""
     if names and len(names) != len(paths):
-        from pipeline.errors import PipelineError
-
         raise PipelineError(f"--name: give one per manifest ({len(paths)}), or none; got {len(names)}")
     chosen = names or [path.resolve().parent.name for path in paths]
     taken = {name for name in chosen if chosen.count(name) > 1}
@@ -698,7 +698,6 @@ def _overlaid_curves(names: list[str], manifests: list[dict[str, Any]]) -> str:
 def _differences(names: list[str], manifests: list[dict[str, Any]]) -> str:
     """Every path whose value differs between the runs, a column per run; params and metrics as `diff`
     shows them by default, the rest below."""
-    from pipeline.use.diff import CATEGORIES, compare
 
     first, *others = manifests
     pairs = [{change.path: change for change in compare(first, other)} for other in others]
