@@ -38,9 +38,9 @@ def main() -> int:
     import torch
 
     from pipeline.data.sources import read_sequences
-    from pipeline.evaluate.decoding import generate_batched
     from pipeline.evaluate.evaluation import CODE_TOKENS, task_prompts
-    from pipeline.evaluate.retrieval import past_commits
+    from pipeline.suggest.decoding import generate_batched
+    from pipeline.suggest.retrieval import past_commits
     from pipeline.train.model import adapter_facts
     from pipeline.use.generate import adapter_directory, load_adapter
 
@@ -98,7 +98,7 @@ def baseline(
     (messages), an answer that starts over is cut where it repeats a line, as the evaluation's are."""
     import torch
 
-    from pipeline.evaluate.decoding import finished
+    from pipeline.suggest.decoding import finished
     from pipeline.train.model import autocast
 
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]

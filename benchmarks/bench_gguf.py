@@ -58,7 +58,7 @@ def main() -> int:
     import torch
 
     from pipeline.data.examples import render_prompt
-    from pipeline.evaluate.decoding import generate_batched
+    from pipeline.suggest.decoding import generate_batched
     from pipeline.train.model import adapter_facts
     from pipeline.use.export import export
     from pipeline.use.generate import adapter_directory, load_adapter

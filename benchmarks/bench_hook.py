@@ -73,7 +73,7 @@ def breakdown(adapter: Path, repo: Path) -> dict[str, float]:
     probe = (
         "import sys, time; t0 = time.perf_counter(); sys.path[:0] = [sys.argv[1]];"
         "from pipeline.use.hook import OPTIONAL_IMPORTS, staged_diff; [sys.modules.setdefault(m, None) for m in OPTIONAL_IMPORTS];"
-        "from pipeline.evaluate.suggestion import Suggester; import lightgbm; t1 = time.perf_counter();"
+        "from pipeline.suggest.suggestion import Suggester; import lightgbm; t1 = time.perf_counter();"
         "from pathlib import Path; s = Suggester.load(Path(sys.argv[2])); t2 = time.perf_counter();"
         "d = staged_diff(); a = s.suggest(d); t3 = time.perf_counter();"
         "print(t1 - t0, t2 - t1, t3 - t2)"
@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--commits", type=int, default=20, help="newest commits to replay (default 20)")
     args = parser.parse_args()
 
-    from pipeline.evaluate.suggestion import Suggester
+    from pipeline.suggest.suggestion import Suggester
     from pipeline.use.generate import adapter_directory
     from pipeline.use.hook import install
 

@@ -60,7 +60,7 @@ def report(name: str, sequences: Path, repo: str) -> None:
     from dataclasses import replace
 
     from pipeline.config import load_config
-    from pipeline.evaluate.suggestion import Suggester, backtest, learn_past
+    from pipeline.suggest.suggestion import Suggester, backtest, learn_past
 
     config = load_config(None).config
     started = time.perf_counter()
@@ -141,8 +141,8 @@ def hook_reads(repo: str, suggester, held) -> str:
     import subprocess
 
     from pipeline.evaluate.evaluation import paired_difference, score_messages
-    from pipeline.evaluate.retrieval import changed_paths
     from pipeline.scores import difference
+    from pipeline.suggest.retrieval import changed_paths
     from pipeline.use.hook import DIFF_OPTIONS, MAX_DIFF_BYTES
     from scrapers.safe_git import SAFE_GIT_ENV
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# A model that begins this share of its answers with one word, and twice as many as the commits written
+# do, writes in one register, and the run says so: a fine-tuned model that learned the format before the
+# repository's words begins most of its answers alike (docs/evaluation.md); retrieval's follow the commits'.
+ONE_REGISTER_SHARE = 1 / 3
+
 
 def with_interval(scored: dict[str, Any], key: str, width: int = 0) -> str:
     """A score and its interval in brackets, one decimal each (no brackets where none was computed), the
@@ -21,3 +26,27 @@ def difference(versus: dict[str, Any], key: str) -> str:
     """A paired difference and its interval in brackets, signed, one decimal each."""
     low, high = versus.get(f"{key}_ci95") or (0, 0)
     return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"
+
+
+def registers(tasks: dict[str, Any]) -> list[str]:
+    """`one_register`'s line for each model, base and fine-tuned, that writes in one register
+    (`tasks`: the manifest's `.evaluation.tasks`): the run's scoreboard and the report page say them."""
+    found = (one_register(name, (tasks.get(name) or {}).get("message")) for name in ("before", "after"))
+    return [said for said in found if said]
+
+
+def one_register(name: str, scored: dict[str, Any] | None) -> str | None:
+    """What a model (`name`: before or after) writes in one register, from its message scores: the
+    word that begins most of its answers, where it begins at least ONE_REGISTER_SHARE of them and twice
+    as many as the commits written; else None (and for scores cached before they counted openings)."""
+    opening = (scored or {}).get("commonest_opening")
+    if not (scored and opening):
+        return None
+    answers, written = opening["answers"], opening["references"]
+    if answers < max(ONE_REGISTER_SHARE * scored["samples"], 2 * written):
+        return None
+    model = {"before": "base model", "after": "fine-tuned model"}[name]
+    return (
+        f'the {model} begins {answers} of its {scored["samples"]} answers with "{opening["word"]}", '
+        f"where {written} of the commits written do"
+    )

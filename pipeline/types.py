@@ -454,14 +454,14 @@ class PastCommit:
 @dataclass(frozen=True)
 class Past:
     """The repository's own past, indexed: every kept commit (newest first), and the suggestion system
-    learned from the ones that are not held out (`pipeline.evaluate.suggestion.Suggester`)."""
+    learned from the ones that are not held out (`pipeline.suggest.suggestion.Suggester`)."""
 
     commits: tuple[PastCommit, ...]
     suggester: Any
     facts: dict[str, Any]
     """Index size, build and selector times (the manifest's `retrieval`)."""
     whole_history: Any
-    """The index over every commit, held-out ones included (a `pipeline.evaluate.retrieval.Index`): what
+    """The index over every commit, held-out ones included (a `pipeline.suggest.retrieval.Index`): what
     the run leaves for new diffs."""
 
     def split(self, name: str) -> list[PastCommit]:

@@ -91,7 +91,7 @@ def module_source(index: int) -> str:
 def trained_diff(repo: GitRepo, message: str, out: Path) -> str:
     """Commit what `repo` has staged, scrape it into `out`, and give the diff training saw of it."""
     from pipeline.config import ScrapeConfig
-    from pipeline.evaluate.retrieval import past_commits
+    from pipeline.suggest.retrieval import past_commits
     from scrapers.scrape import scrape
 
     repo.git("commit", "--quiet", "-m", message)

@@ -7,8 +7,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.data.examples import render_prompt
-from pipeline.evaluate import decoding
-from pipeline.evaluate.decoding import (
+from pipeline.suggest import decoding
+from pipeline.suggest.decoding import (
     SHARED_PREFIX_MIN,
     _batches,
     _Ends,

@@ -14,22 +14,23 @@ import pytest
 
 from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
-from pipeline.evaluate.changelog import entry
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     _message_scoreboard,
     held_out_note,
     keep_base_scores,
     next_line,
-    one_register,
     paired_difference,
     score_code,
     score_messages,
     score_past,
     task_prompts,
 )
-from pipeline.evaluate.retrieval import Index, changed_paths, identifiers, past_commits
-from pipeline.evaluate.suggestion import (
+from pipeline.record.run import evaluation_seconds
+from pipeline.scores import one_register
+from pipeline.suggest.changelog import entry
+from pipeline.suggest.retrieval import Index, changed_paths, identifiers, past_commits
+from pipeline.suggest.suggestion import (
     FEATURES,
     RECENT_CANDIDATES,
     Suggester,
@@ -39,9 +40,8 @@ from pipeline.evaluate.suggestion import (
     selector_features,
     with_history,
 )
-from pipeline.evaluate.versions import anchors, moved
-from pipeline.evaluate.web_editor import defaults
-from pipeline.record.run import evaluation_seconds
+from pipeline.suggest.versions import anchors, moved
+from pipeline.suggest.web_editor import defaults
 from pipeline.types import PastCommit, Scores, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
@@ -695,7 +695,7 @@ def test_the_backtests_selectors_learn_from_the_grades_the_runs_selector_made(tm
     """Each training commit is graded once (its candidates, their features, their closeness to the
     message): the backtest's selectors learn on commits the run's selector graded, and learn the same
     as they would grading them again."""
-    import pipeline.evaluate.suggestion as suggestion
+    import pipeline.suggest.suggestion as suggestion
 
     topic_repo(tmp_path / "repo", commits=120)
     scraped(GitRepo(tmp_path / "repo"), tmp_path / "out", eval_commits=10, valid_commits=10)

@@ -71,7 +71,7 @@ def test_the_values_stages_pass_import_no_stage():
     assert project_imports()["pipeline.types"] == set()
 
 
-STAGES = ("data", "plan", "train", "evaluate", "record", "use", "recipes")
+STAGES = ("data", "plan", "train", "suggest", "evaluate", "record", "use", "recipes")
 """pipeline/'s subpackages in the order a run flows, then the recipes that run them in order; the modules
 directly in pipeline/ are the ground floor (the values, the config, the machine, the manifest's format)
 that every stage stands on."""
@@ -287,3 +287,16 @@ def test_project_imports_are_at_the_top_unless_they_load_something_heavy():
                         unmarked.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not unmarked, unmarked
     assert kept <= 15
+
+
+def test_use_imports_nothing_from_the_scoreboard():
+    """What users take home (use/) stands on the suggestion system (suggest/), never on the evaluation: a
+    new scored system changes evaluate/ and suggest/ alone."""
+    found = [
+        f"{module} imports {imported}"
+        for module, imports in project_imports().items()
+        if module.startswith("pipeline.use")
+        for imported in imports
+        if imported.startswith("pipeline.evaluate")
+    ]
+    assert not found, found

@@ -469,7 +469,7 @@ def test_where_the_model_answers_retrievals_answers_are_the_alternatives(
 def test_the_past_reads_a_new_diff_as_it_read_the_history(tiny_run, work_repo, monkeypatch):
     """A vendored copy of another module in the staged change: training never saw vendored files, and
     read whole, its names would pick that module's commit."""
-    from pipeline.evaluate.suggestion import Suggester
+    from pipeline.suggest.suggestion import Suggester
     from pipeline.use.hook import staged_diff
     from scrapers.config import ScrapeConfig
     from scrapers.filters import file_filters
@@ -580,7 +580,7 @@ def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):
     model's answer in evaluation.jsonl: the prompt cut where training cut it, the same greedy tokens, as
     many as the scoreboard let it write (by default)."""
     from pipeline.config import TrainConfig
-    from pipeline.evaluate.retrieval import past_commits
+    from pipeline.suggest.retrieval import past_commits
     from pipeline.train.model import adapter_facts
     from pipeline.use.generate import generate
 

@@ -42,10 +42,10 @@ import orjson
 from pipeline.builtin import cache_home
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
-from pipeline.evaluate.decoding import generate_batched
-from pipeline.evaluate.suggestion import backtest
 from pipeline.progress import Progress, say
-from pipeline.scores import difference, with_interval
+from pipeline.scores import difference, registers, with_interval
+from pipeline.suggest.decoding import generate_batched
+from pipeline.suggest.suggestion import backtest
 from pipeline.types import (
     Evaluation,
     ModelFacts,
@@ -74,11 +74,6 @@ CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data li
 CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
 CODE_MIN_CHARS = 4  # nor when it is shorter than this without its spaces (a brace, a blank line)
 CODE_TOKENS = 32  # most tokens generated for one line
-# A model that begins this share of its answers with one word, and twice as many as the commits written
-# do, writes in one register, and the run says so: after ten minutes on 2 cores the fine-tuned model began
-# 94 of requests' 100 answers with "add" (16 of the commits do), 88 of flask's with "update" (23), 82 of
-# commitizen's with "refactor" (6), 46 to 100% on seven repositories; retrieval's follow the commits'.
-ONE_REGISTER_SHARE = 1 / 3
 
 
 def task_prompts(
@@ -812,27 +807,3 @@ def _message_scoreboard(evaluation: dict[str, Any]) -> list[str]:
     if system:
         lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
     return lines + [f"  {said}" for said in registers(tasks)]
-
-
-def registers(tasks: dict[str, Any]) -> list[str]:
-    """`one_register`'s line for each model, base and fine-tuned, that writes in one register
-    (`tasks`: the manifest's `.evaluation.tasks`): the run's scoreboard and the report page say them."""
-    found = (one_register(name, (tasks.get(name) or {}).get("message")) for name in ("before", "after"))
-    return [said for said in found if said]
-
-
-def one_register(name: str, scored: dict[str, Any] | None) -> str | None:
-    """What a model (`name`: before or after) writes in one register, from its message scores: the
-    word that begins most of its answers, where it begins at least ONE_REGISTER_SHARE of them and twice
-    as many as the commits written; else None (and for scores cached before they counted openings)."""
-    opening = (scored or {}).get("commonest_opening")
-    if not (scored and opening):
-        return None
-    answers, written = opening["answers"], opening["references"]
-    if answers < max(ONE_REGISTER_SHARE * scored["samples"], 2 * written):
-        return None
-    model = {"before": "base model", "after": "fine-tuned model"}[name]
-    return (
-        f'the {model} begins {answers} of its {scored["samples"]} answers with "{opening["word"]}", '
-        f"where {written} of the commits written do"
-    )

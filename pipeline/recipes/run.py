@@ -27,12 +27,12 @@ from pipeline.evaluate.evaluation import (
     validation_answers,
     write_answers,
 )
-from pipeline.evaluate.suggestion import for_use, learn_past
 from pipeline.hardware import machine
 from pipeline.plan.planner import format_plan, plan_for, planned_again, time_left, tokenize_ahead
 from pipeline.progress import say
 from pipeline.record.card import model_card
 from pipeline.record.run import Record, open_run
+from pipeline.suggest.suggestion import for_use, learn_past
 from pipeline.train.model import (
     CHECKPOINT_DIR,
     DATA_LIBRARIES,

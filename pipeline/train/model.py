@@ -302,7 +302,7 @@ def save_adapter(
 ) -> Outputs:
     """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), the
     repository's past beside it (`retrieval/`: the index over the whole history, the selector and the
-    suggestion system the run chose: `pipeline.evaluate.suggestion.Suggester`), and its model card (`card`, in
+    suggestion system the run chose: `pipeline.suggest.suggestion.Suggester`), and its model card (`card`, in
     place of peft's empty template)."""
 
     adapter_dir = output_dir / ADAPTER_DIR

@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 from pipeline.errors import ExportError
-from pipeline.evaluate.suggestion import saved_file_filters
+from pipeline.suggest.suggestion import saved_file_filters
 from pipeline.train.model import adapter_facts
 from pipeline.use.generate import adapter_directory, load_adapter
 from scrapers.filters import git_pathspecs

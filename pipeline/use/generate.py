@@ -9,9 +9,9 @@ from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_li
 from pipeline.config import EvalConfig
 from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
-from pipeline.evaluate.decoding import generate_batched
-from pipeline.evaluate.retrieval import INDEX_DIR
-from pipeline.evaluate.suggestion import Suggester, saved_file_filters
+from pipeline.suggest.decoding import generate_batched
+from pipeline.suggest.retrieval import INDEX_DIR
+from pipeline.suggest.suggestion import Suggester, saved_file_filters
 from pipeline.train.model import (
     ADAPTER_DIR,
     BASE_MODEL_DIR,

@@ -43,8 +43,8 @@ from pathlib import Path
 import orjson
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate.suggestion import Suggester
 from pipeline.manifest import MANIFEST_FILE, trained_on
+from pipeline.suggest.suggestion import Suggester
 from scrapers.errors import RepositoryError
 from scrapers.safe_git import run_safe_git
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate.evaluation import registers
 from pipeline.manifest import load_manifest, write_text_output
-from pipeline.scores import difference, with_interval
+from pipeline.scores import difference, registers, with_interval
 from pipeline.use.diff import CATEGORIES, compare
 
 STYLE = """

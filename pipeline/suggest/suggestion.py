@@ -4,9 +4,9 @@ own past.
 The lookup (`Suggester.lookup`) offers the message of the most similar earlier commit. The selector
 offers the best of the `k` most similar ones, of the newest commits to the diff's files (how that
 part of the repository is described now), of the entry the diff adds to a changelog
-(`pipeline.evaluate.changelog`: the one candidate that knows the change, where the past cannot) and,
+(`pipeline.suggest.changelog`: the one candidate that knows the change, where the past cannot) and,
 where the repository writes them, of a web editor's messages for a change to one file
-(`pipeline.evaluate.web_editor`: "Update models.py"). Each candidate (a past message, its subject
+(`pipeline.suggest.web_editor`: "Update models.py"). Each candidate (a past message, its subject
 line alone when it has a body, the entry, the editor's message) is described by what retrieval knows
 (its BM25 score, rank and margin, its age, the files both commits touch, its length, how much the
 other candidates agree with it, how many of its words the new diff contains, whether it is the entry
@@ -14,7 +14,7 @@ or the editor's message) and a gradient-boosted ranker (LightGBM's lambdarank) o
 candidates by how close each is to the message that was really written. It learns on the
 repository's own older commits, each answered only from commits older than itself, so it never sees a
 validation or held-out commit. A past message it offers has its version numbers moved to the new
-diff's (`pipeline.evaluate.versions`: "Version 0.39.1" for a diff that writes 0.47.3 becomes
+diff's (`pipeline.suggest.versions`: "Version 0.39.1" for a diff that writes 0.47.3 becomes
 "Version 0.47.3").
 
 Which system a run offers (`lookup`, `selector`, or the fine-tuned model's own answer) is decided on
@@ -36,8 +36,9 @@ import orjson
 
 from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
-from pipeline.evaluate.changelog import entry
-from pipeline.evaluate.retrieval import (
+from pipeline.progress import say
+from pipeline.suggest.changelog import entry
+from pipeline.suggest.retrieval import (
     INDEX_DIR,
     Index,
     Neighbour,
@@ -47,9 +48,8 @@ from pipeline.evaluate.retrieval import (
     parse_all,
     past_commits,
 )
-from pipeline.evaluate.versions import moved
-from pipeline.evaluate.web_editor import WEB_EDITOR_SHARE, by_web_editor, defaults
-from pipeline.progress import say
+from pipeline.suggest.versions import moved
+from pipeline.suggest.web_editor import WEB_EDITOR_SHARE, by_web_editor, defaults
 from pipeline.types import Past, PastCommit
 from scrapers.config import ScrapeConfig
 from scrapers.filters import as_trained, file_filters
@@ -84,8 +84,8 @@ class Candidate:
 def candidates(neighbours: Sequence[Neighbour], diff: str, feature_names: Sequence[str]) -> list[Candidate]:
     """Each neighbour's message, and its subject line alone when it has a body (a body written for
     another change is often what a suggestion should leave out); then the entry `diff` adds to a
-    changelog, where it adds one (`pipeline.evaluate.changelog`), and a web editor's messages for it,
-    where it changes one file (`pipeline.evaluate.web_editor`). Each only where the selector reads its
+    changelog, where it adds one (`pipeline.suggest.changelog`), and a web editor's messages for it,
+    where it changes one file (`pipeline.suggest.web_editor`). Each only where the selector reads its
     feature (`feature_names`): not where the repository writes no editor's messages
     (`selector_features`), nor to a selector saved before it was offered."""
     found = []

@@ -9,7 +9,7 @@ commits most like a new diff.
   query names the newest commit its answers may come from (`older_than`), so a held-out commit is
   never answered from itself, from another held-out commit or from its future. It also finds the
   newest older commits to a diff's files (`newest_touching`), the selector's other candidates.
-- the lookup (`pipeline.evaluate.suggestion.Suggester.lookup`) every evaluation scores beside the model: the message of the most
+- the lookup (`pipeline.suggest.suggestion.Suggester.lookup`) every evaluation scores beside the model: the message of the most
   similar earlier commit. A second for a whole history, no model.
 
 Saved beside the adapter (`retrieval/`): bm25s' arrays and the commits' messages, paths and version
@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from pipeline.data.examples import prompt_content
-from pipeline.evaluate import versions
+from pipeline.suggest import versions
 from pipeline.types import PastCommit
 from scrapers.formats import prompt_and_response
 
@@ -187,7 +187,7 @@ class Neighbour:
 
 class Index:
     """BM25 over the identifiers of each commit's diff, newest first, with the commits' messages, paths
-    and version anchors (`pipeline.evaluate.versions`) beside it: what the lookup and the suggestion
+    and version anchors (`pipeline.suggest.versions`) beside it: what the lookup and the suggestion
     system answer from."""
 
     def __init__(
