@@ -28,7 +28,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,8 @@ def nearest_and_recent(
 
 def features(
     index: Index, query: list[str], query_paths: list[str], position: int, found: list[Candidate]
-) -> list[list[float]]:
-    """One row of FEATURES per candidate; `position`: the query's place in the index (-1 for a diff
+) -> list[dict[str, float]]:
+    """One row per candidate, each of FEATURES by name; `position`: the query's place in the index (-1 for a diff
     that is newer than every indexed commit)."""
     from rapidfuzz.distance import Levenshtein
 
@@ -149,25 +149,25 @@ def features(
         words = {word.lower() for word in _WORDS.findall(candidate.message)}
         in_diff = len(words & terms)
         rows.append(
-            [
-                neighbour.score,
-                candidate.rank,
-                neighbour.score / top if top else 0.0,
-                margin,
-                math.log1p(max(0, neighbour.position - position)),
-                len(paths & theirs) / len(paths | theirs) if paths | theirs else 0.0,
-                len(candidate.message),
-                candidate.message.count("\n") + 1,
-                agreement,
-                math.log1p(len(query)),
-                len(query_paths),
-                float(candidate.subject_only),
-                in_diff / len(words) if words else 0.0,
-                in_diff,
-                len(words),
-                float(candidate.made == "changelog"),
-                _WEB_DEFAULT.get(candidate.made, 0.0),
-            ]
+            {
+                "bm25_score": neighbour.score,
+                "rank": candidate.rank,
+                "score_share_of_top": neighbour.score / top if top else 0.0,
+                "top_margin": margin,
+                "age_commits_log": math.log1p(max(0, neighbour.position - position)),
+                "shared_paths": len(paths & theirs) / len(paths | theirs) if paths | theirs else 0.0,
+                "chars": len(candidate.message),
+                "lines": candidate.message.count("\n") + 1,
+                "agreement": agreement,
+                "query_terms_log": math.log1p(len(query)),
+                "query_files": len(query_paths),
+                "subject_only": float(candidate.subject_only),
+                "words_in_diff_share": in_diff / len(words) if words else 0.0,
+                "words_in_diff": in_diff,
+                "words": len(words),
+                "changelog": float(candidate.made == "changelog"),
+                "web_default": _WEB_DEFAULT.get(candidate.made, 0.0),
+            }
         )
     return rows
 
@@ -186,17 +186,6 @@ def closeness(outputs: Sequence[str], reference: str) -> list[float]:
         + chrf.corpus_score([output], None).score / 2
         for output in outputs
     ]
-
-
-@dataclass(frozen=True)
-class SelectorConfig:
-    k: int
-    """Past commits retrieved for each diff."""
-    history: int
-    """The newest training commits the selector learns from."""
-    seed: int
-    features: tuple[str, ...]
-    """What it reads, and so which candidates made from a diff it is offered (`candidates`)."""
 
 
 Grades = tuple[list[list[float]], list[int]]
@@ -218,27 +207,26 @@ def _grade(index: Index, commit: PastCommit, position: int, k: int, names: Seque
     return _columns(features(index, query, paths, position, found), names), grades
 
 
-def _columns(rows: list[list[float]], names: Sequence[str]) -> list[list[float]]:
-    """FEATURES rows cut to `names`, in their order."""
-    if tuple(names) == FEATURES:
-        return rows
-    kept = [FEATURES.index(name) for name in names]
-    return [[row[i] for i in kept] for row in rows]
+def _columns(rows: list[dict[str, float]], names: Sequence[str]) -> list[list[float]]:
+    """The rows as a selector reads them: `names`' values, in their order."""
+    return [[row[name] for name in names] for row in rows]
 
 
 def fit_selector(
     index: Index,
     commits: Sequence[PastCommit],
-    config: SelectorConfig,
+    config: RetrievalConfig,
+    seed: int,
+    names: tuple[str, ...],
     graded: Graded,
     start: int = 0,
 ):
-    """A LightGBM ranker over FEATURES that orders each commit's candidates by `closeness`, learned on the
-    newest `config.history` training commits of `commits` (at their index positions: the index's own
-    order) from position `start` on, each answered from the commits older than itself, and how many it
-    learned from; None when there are too few to learn from. `graded` keeps each commit's rows and
-    grades for the next selector on the same index and k: the backtest's learn on commits the run's has
-    graded (junegunn/fzf, 2 cores: the backtest took 13.8 s grading them anew, 7.5 s reusing them)."""
+    """A LightGBM ranker over the features `names` that orders each commit's candidates by `closeness`,
+    learned on the newest `config.selector_history` training commits of `commits` (at their index
+    positions: the index's own order) from position `start` on, each answered from the commits older than
+    itself, and how many it learned from; None when there are too few to learn from. `graded` keeps each
+    commit's rows and grades for the next selector on the same index and k: the backtest's learn on
+    commits the run's has graded, which saves grading them again (most of a backtest's time)."""
     import lightgbm
     import numpy as np
 
@@ -250,7 +238,7 @@ def fit_selector(
         if commit.split != "train" or position < start:
             continue
         if position not in graded:
-            graded[position] = _grade(index, commit, position, config.k, config.features)
+            graded[position] = _grade(index, commit, position, config.k, names)
         entry = graded[position]
         if entry is None:
             continue
@@ -259,7 +247,7 @@ def fit_selector(
         labels += grades
         groups.append(len(grades))
         learned += 1
-        if learned == config.history:
+        if learned == config.selector_history:
             break
     if learned < MIN_SELECTOR_COMMITS:
         return None, learned
@@ -267,12 +255,12 @@ def fit_selector(
         np.asarray(rows, dtype=np.float64),
         np.asarray(labels),
         group=groups,
-        feature_name=list(config.features),
+        feature_name=list(names),
     )
-    return lightgbm.train(_ranking(config), data, num_boost_round=200), learned
+    return lightgbm.train(_ranking(config, seed), data, num_boost_round=200), learned
 
 
-def _ranking(config: SelectorConfig) -> dict[str, Any]:
+def _ranking(config: RetrievalConfig, seed: int) -> dict[str, Any]:
     """The selector's LightGBM parameters. Ranking, not regression: only the order of one diff's
     candidates decides what is suggested, and a regressor spends itself predicting how hard each commit
     is (it scored better on the older commits of every repository measured: docs/evaluation.md)."""
@@ -288,7 +276,7 @@ def _ranking(config: SelectorConfig) -> dict[str, Any]:
         "feature_fraction": 1.0,
         "deterministic": True,
         "num_threads": 1,
-        "seed": config.seed,
+        "seed": seed,
         "verbosity": -1,
     }
 
@@ -446,9 +434,7 @@ def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history
     known = [commit for commit in commits if commit.split != "eval"]
     names = selector_features([c for c in known if c.split == "train"][: config.selector_history])
     selector, learned = (
-        fit_selector(index, known, SelectorConfig(config.k, config.selector_history, seed, names), graded)
-        if config.selector_history
-        else (None, 0)
+        fit_selector(index, known, config, seed, names, graded) if config.selector_history else (None, 0)
     )
     seconds = round(time.perf_counter() - started, 3)
     built = index.to_manifest()
@@ -482,8 +468,8 @@ def selector_features(commits: Sequence[PastCommit]) -> tuple[str, ...]:
 def _indexes(commits: Sequence[PastCommit]) -> tuple[Index, Index]:
     """The index over the commits that are not held out (the scoreboard's: its seconds count reading
     the diffs) and the one over all of them, held-out commits included (the newest past a new diff has:
-    what the run leaves, `for_use`). Each diff is read once for both: on rails/rails' 70,413 commits
-    reading took 24 s and indexing 16."""
+    what the run leaves, `for_use`). Each diff is read once for both: reading a diff costs about as much
+    as indexing it."""
     started = time.perf_counter()
     parsed = parse_all(commits)
     known = [position for position, commit in enumerate(commits) if commit.split != "eval"]
@@ -498,8 +484,6 @@ def with_history(new: Sequence[PastCommit], history: Sequence[PastCommit]) -> tu
     validation commits than the full run would, the newest older commits take their place, so the system
     is chosen on as many commits as a full run chooses it on (the full run's newest are what the parent
     held out, never trained on)."""
-    from dataclasses import replace
-
     shas = {commit.sha for commit in new}
     older = [commit for commit in history if commit.sha not in shas]
     wanted = sum(commit.split == "valid" for commit in history) - sum(
@@ -537,11 +521,11 @@ def backtest(past: Past, config: RetrievalConfig, seed: int) -> list[dict[str, A
             break
         selector = suggester.selector
         if block:  # the run's selector learned on these commits: learn one on older ones only
-            history = SelectorConfig(
-                config.k, min(config.selector_history, BACKTEST_HISTORY), seed, suggester.feature_names
-            )
+            fewer = replace(config, selector_history=min(config.selector_history, BACKTEST_HISTORY))
             selector, _ = (
-                fit_selector(suggester.index, known, history, suggester.graded, start=high)
+                fit_selector(
+                    suggester.index, known, fewer, seed, suggester.feature_names, suggester.graded, high
+                )
                 if config.selector_history
                 else (None, 0)
             )
