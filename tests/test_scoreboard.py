@@ -197,7 +197,6 @@ def test_the_selector_is_also_offered_the_newest_older_commits_to_the_same_files
     assert index.newest_touching(paths, 0, index.scores(query)) == []
 
 
-
 def test_every_candidate_is_described_by_each_feature_by_name(tmp_path):
     """A row is keyed by FEATURES' names, so a selector reads each feature by the name it learned it by,
     in whatever order or subset it learned them."""
@@ -208,6 +207,7 @@ def test_every_candidate_is_described_by_each_feature_by_name(tmp_path):
     assert len(rows) == len(found) > 1 and all(list(row) == list(FEATURES) for row in rows)
     assert [row["rank"] for row in rows] == [c.rank for c in found]
     assert [row["chars"] for row in rows] == [len(c.message) for c in found]
+
 
 def release(repo: GitRepo, version: str) -> None:
     """A release commit as many projects write them: the number in the package and in the changelog."""
