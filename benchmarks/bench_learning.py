@@ -27,6 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
+
+from pipeline.scores import difference, with_interval  # noqa: E402  (after the path it is found on)
+
 GOAL_POINTS = 3.0  # chrF and edit-similarity points the suggestion must gain over the lookup and the model
 SYSTEMS = {
     "before": "base model",
@@ -110,7 +113,7 @@ def report(budget: str, output: Path, shown: int) -> bool:
             continue
         versus = scored.get("vs_nearest_commit") or {}
         print(
-            f"{label:<20}{_ci(scored, 'chrf'):>22}{_ci(scored, 'edit_similarity'):>22}"
+            f"{label:<20}{with_interval(scored, 'chrf'):>22}{with_interval(scored, 'edit_similarity'):>22}"
             f"{_delta(versus, 'chrf'):>24}{_delta(versus, 'edit_similarity'):>24}"
         )
     asked = [row for row in answers if row["task"] == "message"]
@@ -127,9 +130,9 @@ def report(budget: str, output: Path, shown: int) -> bool:
         versus = code["after"].get("vs_before") or {}
         print(
             f"\nnext line of a change, {code['after']['samples']} held-out commits: exact match "
-            f"{_ci(code['before'], 'exact_match_pct')} → {_ci(code['after'], 'exact_match_pct')} "
-            f"({_delta(versus, 'exact_match_pct')}), edit similarity {_ci(code['before'], 'edit_similarity')} → "
-            f"{_ci(code['after'], 'edit_similarity')} ({_delta(versus, 'edit_similarity')})"
+            f"{with_interval(code['before'], 'exact_match_pct')} → {with_interval(code['after'], 'exact_match_pct')} "
+            f"({_delta(versus, 'exact_match_pct')}), edit similarity {with_interval(code['before'], 'edit_similarity')} → "
+            f"{with_interval(code['after'], 'edit_similarity')} ({_delta(versus, 'edit_similarity')})"
         )
     before, after = evaluation["before"], evaluation["after"]
     if before and after:
@@ -167,15 +170,8 @@ def _cost(manifest: dict, cached: bool) -> str:
     return f"{spent:.0f} s ({share:.1f}% of the run{' (base model cached)' if cached else ''})"
 
 
-def _ci(scored: dict, key: str) -> str:
-    low, high = scored[f"{key}_ci95"]
-    return f"{scored[key]:.1f} [{low:.1f}, {high:.1f}]"
-
-
 def _delta(versus: dict, key: str) -> str:
-    from pipeline.evaluate.evaluation import difference_text
-
-    return difference_text(versus, key) if key in versus else "-"
+    return difference(versus, key) if key in versus else "-"
 
 
 def _line(text: str) -> str:

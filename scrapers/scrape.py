@@ -303,7 +303,7 @@ def _run_shards(tasks: list[ShardTask], total: int, label: str, cores: int) -> l
     if len(tasks) <= 1:
         with _progress_bar(counter, total, label):
             return [_scrape_or_error(task, counter) for task in tasks]
-    # fork shares the loaded modules with the workers (spawn would re-import torch-free code at 0.3 s each).
+    # fork shares the loaded modules with the workers (spawn would import them again in each).
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
     pool = context.Pool(min(len(tasks), cores), initializer=_set_worker_progress, initargs=(counter,))

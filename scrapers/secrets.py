@@ -1935,8 +1935,8 @@ def _literal_start(hint: str) -> tuple[str, bool]:
 class _HintIndex:
     """Every rule's hints, found in a batch in one pass of an Aho-Corasick automaton over their
     literal beginnings (two: the text as it is, and lowered for the rules that ignore case), each
-    hint's regex then tried only where its literal is: what a scan of the batch per hint found (93
-    hints: 0.72 s of requests' redaction, now 0.22 s)."""
+    hint's regex then tried only where its literal is: what a scan of the batch per hint found, in one
+    pass instead of one per hint."""
 
     def __init__(self, rules: Sequence[Rule]):
         import ahocorasick_rs

@@ -568,9 +568,9 @@ def _model_against(
 ) -> tuple[bool, dict[str, float], dict[str, Any], str]:
     """Whether the fine-tuned model beats the `retrieval` system on the validation commits (`block`), its
     scores there, its gain in the mean of chrF and edit similarity with the interval, and what to say.
-    Only a gain clear of its interval counts: on 100 commits a model that merely ties can come out ahead,
-    and on pallets/flask five fine-tunes ahead of the selector by 0.3-1.6 points on the validation
-    commits (intervals from -2.8 to +5.3) lost 2.0-5.4 points to it on the held-out ones."""
+    Only a gain clear of its interval counts: on a validation block of a hundred commits a model that
+    merely ties can come out ahead, and fine-tunes that did so lost to the selector on the held-out
+    commits (docs/evaluation.md)."""
     theirs = block.get(retrieval) or block["lookup"]
     model = score_messages(answers, block["references"])
     other = score_messages(theirs, block["references"])

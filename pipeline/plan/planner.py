@@ -62,24 +62,23 @@ CHECKPOINTS = 10  # aim for this many checkpoints per run
 EVALUATIONS = 10  # aim for this many validations per run
 PATIENCE = 3  # validations in a row without a new best before training stops (of about EVALUATIONS)
 CPU_SEQUENCE_TOKENS = (
-    512  # longest answer-with-prompt on a CPU (measured on 2 cores: 11% more tokens/s than 1024)
+    512  # longest answer-with-prompt on a CPU: more tokens/s than 1024 (docs/development.md)
 )
 CPU_EVAL_BLOCKS = (
-    4  # held-out blocks per format scored for loss on a CPU (about 30 s for two formats without bf16)
+    4  # held-out blocks per format scored for loss on a CPU, where each costs a forward pass of seconds
 )
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
 BUDGET_TRAIN_SHARE = 0.8  # of a budget, what training fills until the run knows what it spends outside it
 TRAINING_TIME_LIMIT = 0.9  # of it, where training then stops; after, training fills 8/9 of its deadline
-AFTER_TRAINING_S = 10.0  # the past's backtest and saving the adapter and manifest (2 to 5 s on 2 cores)
+AFTER_TRAINING_S = 10.0  # the past's backtest and saving the adapter and manifest, with room to spare
 UNMEASURED_AFTER_SHARE = 0.1  # of a budget: scoring the fine-tuned model, where no scoring was timed
 # The fine-tuned model answering the validation commits (eval.validate_model), over its scoring on the
 # held-out ones: messages alone, where scoring also answers next lines and takes the held-out loss (about
 # half; docs/planning.md).
 VALIDATION_SHARE = 0.5
-AHEAD_TOKENS_PER_S = 2000  # what a run tokenizes ahead of a budget assumes: 10× what 2 cores train (130-190)
-# A validation (a forward pass alone, with the adapters) over a training step's tokens/s: measured on 2 EPYC
-# cores, 2.4× in bf16 (8,192 tokens in 4.9 s, steps at 707 tokens/s) and 2.7× in fp32 (12.5 s, steps at
-# 245). The lower, so that a validation is not planned cheaper than it runs (at 3×, 3.9 s where it took 4.9).
+AHEAD_TOKENS_PER_S = 2000  # what a run tokenizes ahead of a budget assumes: well above what 2 cores train
+# A validation (a forward pass alone, with the adapters) over a training step's tokens/s: the lower of what
+# bf16 and fp32 measured (docs/development.md), so that a validation is not planned cheaper than it runs.
 FORWARD_SPEEDUP = 2.4
 EVAL_COST_RATIO = 20  # an evaluation inside training may cost at most 1/20 of the time between two
 CHECKPOINT_INTERVAL_S = 60.0  # at most one checkpoint per minute of training

@@ -50,7 +50,9 @@ def update(parent: Parent, loaded: LoadedConfig, argv: list[str]) -> Record:
             record.step("scrape_past", scrape_past, parent.repo, loaded.config.scrape, parent.new_head, past)
             outcome, suggester = train_and_evaluate(record, loaded, data, model, False, past / SEQUENCES_FILE)
         finally:  # read once, by this run alone: the index saved beside the adapter holds what use needs of it
-            shutil.rmtree(past, ignore_errors=True)  # (rails: 526 MB), and a failed update leaves none behind
+            shutil.rmtree(
+                past, ignore_errors=True
+            )  # (hundreds of MB), and a failed update leaves none behind
         after = on_the_parents_held_out(record, loaded, model, data, earlier, before=False)
         record.add(parent.lineage(forgetting(kept, after)))
         say(describe_forgetting(parent.directory, kept, after))

@@ -30,16 +30,15 @@ from collections.abc import Callable, Sequence
 from pipeline.train.model import causal_lm, scoring
 
 SHARED_PREFIX_MIN = 16  # a common beginning shorter than this is not worth a copy per batch
-# Tokens per prefill forward on a CPU (measured on 2 cores, smollm2-135m: 540 tokens/s at 512 to 2,048,
-# 448 at 8,192, 403 at 16,384); a GPU prefills a whole batch in one forward.
+# Tokens per prefill forward on a CPU, where longer forwards prefill fewer tokens a second
+# (docs/evaluation.md, the decoding); a GPU prefills a whole batch in one forward.
 CPU_PREFILL_TOKENS = 1024
-# KV-cache tokens (rows × (longest prompt + answer)) of one batch on a CPU (1.5 GB for smollm2-135m): a
-# batch pays its longest answer's steps once, for all its rows (100 commits' messages are one batch).
+# KV-cache tokens (rows × (longest prompt + answer)) of one batch on a CPU: a batch pays its longest
+# answer's steps once, for all its rows, so the held-out commits' messages are one batch.
 CPU_BATCH_TOKENS = 32768
 GPU_BATCH_ROWS = 16  # a GPU's memory is what a larger batch could run out of
 # Rows whose answers ended are taken out of a batch once they are this share of it: a row left in costs a
-# step's share of compute, taking rows out a copy of the whole cache (measured on 2 cores, 64 rows of 340
-# positions, smollm2-135m: 0.6 s a copy, about 8 ms a row a step).
+# step's share of compute, taking rows out a copy of the whole cache (docs/evaluation.md, the decoding).
 LEFT_SHARE = 0.25
 
 
@@ -358,7 +357,7 @@ def _reserved_layer():
 
     class Reserved(DynamicLayer):
         """A decoding step writes its position in place, where DynamicLayer copies the whole cache to
-        append it (64 rows of 300 positions, smollm2-135m: 0.9 GB, 0.28 s of a 0.88-s step)."""
+        append it, which was a third of a step (docs/evaluation.md, the decoding)."""
 
         def __init__(self, parts: list, shared: int, width: int, room: int):
             super().__init__()

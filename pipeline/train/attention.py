@@ -6,10 +6,9 @@ key (1024² per head and layer) and then throws most of them away. `segments` in
 each packed sequence: the same result (every token attends to the earlier tokens of its own sequence,
 and to nothing else), with the work of the sequences alone and no mask to build.
 
-Within a sequence, PyTorch's fused CPU kernel is slow for short ones (measured on 2 cores, 9 heads of
-64, bf16, forward and backward: 15.0 ms at 512 tokens, 4.4 ms at 256), so up to `COMPOSED_MAX` tokens
-the attention is composed of two matmuls and a softmax (6.7 and 2.1 ms); longer sequences take the
-fused kernel, which wins from about 768. While generating, a new token attends over the KV cache
+Within a sequence, PyTorch's fused CPU kernel is slow for short ones, so up to `COMPOSED_MAX` tokens
+the attention is composed of two matmuls and a softmax, which is faster there; longer sequences take
+the fused kernel, which wins beyond it (docs/development.md, measurements). While generating, a new token attends over the KV cache
 with two matmuls (`_next_token`); a padded prompt goes to transformers' own SDPA.
 
 Importing this module registers the implementation under `SEGMENTS` with transformers.
@@ -58,8 +57,7 @@ def segments_attention(
 def _next_token(query, key, value, mask, scale: float):
     """One new token's attention over the KV cache while generating (`mask` [batch, 1, 1, keys], True
     where it may attend; None when nothing is padded). transformers' SDPA call for it costs twice these
-    two matmuls when nothing is padded (measured on 2 cores, smollm2-135m, 32 prompts of 256 tokens:
-    225 ms a generated token against 103). Each group of query heads shares its key head as one batched
+    two matmuls when nothing is padded (docs/evaluation.md, the decoding). Each group of query heads shares its key head as one batched
     matrix, without copies of the cache."""
     batch, heads, _, dim = query.shape
     grouped = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)

@@ -47,7 +47,7 @@ def newest_checkpoint(checkpoints: Path) -> Path | None:
 
 
 DATA_LIBRARIES = ("torch", "transformers", "datasets")  # what tokenizing and planning use
-TRAINING_LIBRARIES = ("peft",)  # and what attaching LoRA adds (2.5 s here, with bitsandbytes): not for `plan`
+TRAINING_LIBRARIES = ("peft",)  # and what attaching LoRA adds (seconds, with bitsandbytes): not for `plan`
 
 
 def load_libraries(modules: tuple[str, ...]) -> None:

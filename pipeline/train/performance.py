@@ -12,9 +12,8 @@ DATA_BOUND_SHARE = (
     0.2  # waiting for batches more than this share of step time means the input pipeline limits
 )
 LOW_GPU_UTILISATION_PCT = 70
-# torch.compile repays only a long run: on an H200 (a 0.5B-shaped model, micro-batches of 16 × 1,024 tokens)
-# it compiled for 106 s before the first step, where the whole run trained in 31 s uncompiled, and stalled
-# again at the epoch's last, smaller micro-batch (each new shape compiles anew).
+# torch.compile repays only a long run: it compiles for longer than a short run trains before its first
+# step, and again at the epoch's last, smaller micro-batch (each new shape compiles anew; docs/training.md).
 COMPILE_REPAYS_AFTER_S = 1800
 # What a CPU run would gain on a GPU, estimated from arithmetic: a LoRA step costs about 4 FLOPs per base
 # parameter per token (the forward's 2, the backward's 2 for input gradients; frozen weights get none), and

@@ -97,13 +97,11 @@ def cuda_step(model, dataset, precision: str, largest: int) -> Callable[[int], t
 SPEED_BLOCKS = (
     3  # training blocks timed, spread over the data: blocks differ (a long change, many short messages)
 )
-# A first pass shorter than this warms every timed micro-batch, not only the first. On an H200, passes
-# timed after one warm-up took 0.61 s where training's steps took 0.19 s, and each new micro-batch size
-# cost the batch probe about 0.3 s once (0.29 s at 2 blocks, 0.32 s at 16; its very first pass 1.9 s):
-# a shape's first pass seems to pay for loading and choosing its kernels. With each warmed, a fresh H200
-# timed 97,651 tokens/s where training then ran at 72,966 (the optimizer and validations are not in a
-# pass), and planned the 3 epochs that fit where it had planned 1. On 2 fp32 cores a pass costs about
-# 7 s and its first one only allocates: two more would add 14 s to a run for nothing.
+# A first pass shorter than this warms every timed micro-batch, not only the first: on a GPU a shape's
+# first pass pays for loading and choosing its kernels, and timed after a single warm-up the passes took
+# several times what training's steps then took, so the plan trained a fraction of what fit. On a CPU a
+# pass costs seconds and its first one only allocates: more warm-ups would cost a run for nothing
+# (docs/training.md).
 WARM_EVERY_BELOW_S = 3.0
 
 
@@ -186,9 +184,8 @@ def speed_key(hardware, model_name: str, plan: Plan) -> str:
 
 
 SAME_LOAD_CORES = 0.5  # a remembered speed holds while other processes take within this many cores of then
-# The same 2 cores trained 103 tokens/s one afternoon and 142 three hours later, with no other process
-# on them (a virtual machine's host is shared too): a remembered speed planned 325 s of a budget's 480.
-# So the cores' pace is timed before training and kept beside the speed; where it moved further than
+# The same cores can train a third faster or slower hours apart, with no other process on them (a virtual
+# machine's host is shared too), and a remembered speed then plans far short of the budget. So the cores' pace is timed before training and kept beside the speed; where it moved further than
 # its own noise (PACE_NOISE), the machine changed: the speed is measured again.
 PACE_SECONDS = 2.0
 # The first products in a process ran 77 GFLOP/s where the next two seconds ran 136: a product or two
@@ -345,9 +342,9 @@ def measure(
                 plan.gradient_checkpointing,
                 plan.loss_average == "answer",
                 plan.cpu_threads,
-                # A GPU's speed grows with the micro-batch: timed one block at a time, an H100 measured
-                # 2,777 tokens/s where training at micro-batch 5 ran 9,379, and a 4-minute budget trained
-                # 57 s. A CPU's barely does, and each of its passes costs seconds.
+                # A GPU's speed grows with the micro-batch: timed one block at a time, it measures a
+                # fraction of what training runs at, and a budget trains a fraction of its time. A CPU's
+                # barely does, and each of its passes costs seconds.
                 plan.batch_size if plan.device == "cuda" else 1,
             )
             speed = replace(speed, how=speed.how + stale, cores_gflops=pace)

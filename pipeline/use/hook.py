@@ -284,8 +284,8 @@ def suggest(argv: list[str]) -> None:
     count = int(argv[3]) if len(argv) > 3 else ALTERNATIVES
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, timeout)
-    # lightgbm imports pandas and scikit-learn when they are installed (measured: 0.5 s and 1.2 s more
-    # on 2 cores, half of a commit's wait) and needs neither to predict: hide them from this process.
+    # lightgbm imports pandas and scikit-learn when they are installed, most of a commit's wait where
+    # they are, and needs neither to predict: hide them from this process.
     for optional in OPTIONAL_IMPORTS:
         sys.modules.setdefault(optional, None)  # type: ignore[arg-type]  # None: `import` raises ImportError
     diff = staged_diff()
