@@ -244,6 +244,10 @@ _FIGURE = re.compile(
     r"\[[+−-]?\d+\.\d+, ?[+−-]?\d+\.\d+\]"  # an interval: [+0.9, +2.2]
     r"|(?<![\w.])[+−]\d+\.\d+ ?/ ?[+−]\d+\.\d+"  # a pair of differences: +1.1 / +0.6
     r"|\b\d+(?:\.\d+)? (?:s|ms|minutes) (?:of|where|against|instead of) \d"  # one timing set against another
+    r"|\b\d+\.\d+ ?(?:s|ms|MB|GB)\b"  # a timing or a size to the decimal: 0.61 s, 1.5 GB
+    r"|\b\d[\d,]* (?:tokens/s|MB|GB)\b"  # a speed or a size: 2,777 tokens/s, 526 MB
+    r"|\b\d+(?:\.\d+)?× (?:as fast|faster|slower)"  # a ratio: 2.0× as fast
+    r"|\bmeasured(?: on \d|: \d)"  # measured on 2 cores, measured: 0.5 s
 )
 """A measured figure as they were pasted into docstrings and comments."""
 

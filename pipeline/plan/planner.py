@@ -693,8 +693,7 @@ def _micro_limit(
         reason = f"largest micro-batch the probe fitted with {plan.probe_headroom:.0%} memory headroom"
     elif device == "cpu":
         # A CPU trains a larger micro-batch no faster per token, and slower where its activations outgrow
-        # the caches: smollm2-135m on 2 bf16 cores (psf/requests, the same effective batch, 2 rounds each),
-        # 1 × 1,024 tokens 604 and 611 tokens/s, 3 × 1,024 559 and 565; fp32 243 and 258 against 218 and 225.
+        # the caches (the reason below says by how much; docs/development.md keeps the runs).
         limit = max(1, plan.batch_reference_tokens // length)
         reason = (
             f"cpu: about {plan.batch_reference_tokens} tokens a micro-batch ({limit} × {length}), the tier "
@@ -803,8 +802,9 @@ def _fits(gpu, memory: Footprint, micro: int, checkpointing: bool) -> bool:
 
 def _cpu_threads(p: Decisions, hardware: Hardware) -> None:
     """torch's intra-op threads wait for each other at every operation: one on a core another process
-    keeps busy stalls them all (smollm2-135m on 2 cores with one taken: 57 tokens/s on 2 threads, 113 on
-    1; 200 alone), so the threads are the cores left free, and training follows the load as it changes."""
+    keeps busy stalls them all (one thread on the free core trained twice as fast as two on both:
+    docs/planning.md), so the threads are the cores left free, and training follows the load as it
+    changes."""
     cores = hardware.usable_cores
     if not p.is_auto(lambda cfg: cfg.plan.cpu_threads):
         p.from_config("cpu_threads", lambda cfg: cfg.plan.cpu_threads)

@@ -185,7 +185,7 @@ def attach_lora(model, lora_config, base_modules_to_train: list[str], dropout: f
             f"lora.target_modules {lora_config.target_modules!r} does not fit this model: {err}"
         ) from None
     # peft casts every adapted layer's input to the adapters' fp32 and back (two copies of each activation
-    # per layer, measured: 6% of a bf16 CPU step); the plan's autocast around every forward casts the
+    # per layer, a share of a bf16 CPU step: docs/development.md); the plan's autocast around every forward casts the
     # small adapter weights instead. In fp32 there is nothing to cast.
     for module in model.modules():
         if hasattr(module, "cast_input_dtype_enabled"):

@@ -36,7 +36,7 @@ def throughput_report(
     tokens_per_s = processed / runtime if runtime else None
     # What a time budget's plan measures (passes, no validation) and plans the validations beside: the
     # speed the next run here plans with. Counting the validations in it made a run that validated often
-    # plan the next at 546 tokens/s where its steps ran 763.
+    # plan the next well below what its steps ran at.
     stepping = runtime - history.validation_s
     step_tokens_per_s = processed / stepping if runtime and stepping > 0 else None
     verdict, suggestion = _bottleneck(
