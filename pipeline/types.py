@@ -8,10 +8,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Step(Protocol):
+    """How a stage's part runs inside a run: timed under `name` in the manifest's `.timings`, its result
+    recorded (`pipeline.record.run.Record.step`). A stage that runs several parts takes one."""
+
+    def __call__(self, name: str, stage: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
 
 
 @dataclass(frozen=True)
@@ -543,6 +553,13 @@ class Evaluation:
     """How many held-out commits were scored, and why fewer than asked when they were."""
     model_validation: Scores | None = None
     """The fine-tuned model's answers to the validation commits (when the plan has it answer them)."""
+    held_out: dict[str, Any] = field(default_factory=dict)
+    """The held-out blocks of each format the losses are measured on: the same before and after."""
+
+    @property
+    def chosen(self) -> str | None:
+        """The system the run suggests with (None where the past was not scored)."""
+        return self.system["name"] if self.system else None
 
 
 @dataclass(frozen=True)

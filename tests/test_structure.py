@@ -304,3 +304,15 @@ def test_use_imports_nothing_from_the_scoreboard():
         if imported.startswith("pipeline.evaluate")
     ]
     assert not found, found
+
+
+def test_the_run_reaches_the_evaluation_through_its_entry_points():
+    """The recipes and the entry point call `before_training` and `after_training` (an update's forgetting
+    check `evaluate` too), so a new scored system touches evaluate/ and suggest/, never the CLI."""
+    allowed = {"before_training", "after_training", "evaluate"}
+    found = []
+    for path in [ROOT / "run_pipeline.py", *sorted((ROOT / "pipeline" / "recipes").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline.evaluate"):
+                found += [f"{path.name}: {alias.name}" for alias in node.names if alias.name not in allowed]
+    assert not found, found

@@ -35,14 +35,14 @@ def test_a_signal_before_training_names_the_stage_and_what_is_kept(cli, sample_r
 def test_a_signal_after_training_offers_its_checkpoint_and_resume_scores_it(
     cli, sample_repo, tmp_path, monkeypatch
 ):
-    from pipeline.recipes import run
+    from pipeline.evaluate import scoreboard
 
-    score_past = run.score_past
+    score_past = scoreboard.score_past
 
     def terminated(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(run, "score_past", terminated)
+    monkeypatch.setattr(scoreboard, "score_past", terminated)
     out = tmp_path / "out"
     result = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING)
     assert result.code == 143
@@ -56,7 +56,7 @@ def test_a_signal_after_training_offers_its_checkpoint_and_resume_scores_it(
             "with --resume to start from it instead of training again)"
         )
     )
-    monkeypatch.setattr(run, "score_past", score_past)
+    monkeypatch.setattr(scoreboard, "score_past", score_past)
     resumed = cli("--repo", sample_repo.path, "--output-dir", out, *FAST_TRAINING, "--resume")
     assert resumed.code == 0, resumed.err
     manifest = read_json(out / "MANIFEST.json")

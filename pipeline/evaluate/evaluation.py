@@ -348,8 +348,8 @@ def evaluate(
 @contextmanager
 def merged(model, quantization: str) -> Iterator[None]:
     """The LoRA weights folded into the base weights while evaluating, and taken out after: the same
-    function, without a second small matmul and peft's Python per adapted layer (measured: a third of
-    the time of generating 100 commit messages). A quantized base is left as it is: folding into 4 or
+    function, without a second small matmul and peft's Python per adapted layer on every generated token.
+    A quantized base is left as it is: folding into 4 or
     8 bits would round the adapter away."""
     fold = hasattr(model, "merge_adapter") and quantization == "none" and getattr(model, "peft_config", None)
     if fold:
@@ -371,7 +371,8 @@ def base_scores_key(
     """What the base model's scores depend on: the model, the held-out blocks' tokens, the questions,
     how they are answered and scored (EVALUATION_FORMAT, the answers' length), the precision. Not
     the token cache's key: it names the tool's commit, and a new version of repotune that scores the
-    same tokens the same way would pay for the base model again (a minute of a 10-minute run on 2 cores)."""
+    same tokens the same way would pay for the base model's answers again, the longest part of a
+    short run's evaluation."""
     payload = {
         "format": EVALUATION_FORMAT,
         "model": prepared.facts.name,

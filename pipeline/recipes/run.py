@@ -9,30 +9,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pipeline.config import LoadedConfig
-from pipeline.data.dataset import held_out_blocks, keep_newest, pack, validation_blocks
+from pipeline.data.dataset import keep_newest, pack, validation_blocks
 from pipeline.data.sources import scrape as scrape_sources
 from pipeline.data.token_cache import prepare
-from pipeline.evaluate.evaluation import (
-    EVALUATION_FILE,
-    base_scores_cache,
-    evaluate,
-    evaluate_base,
-    format_evaluation,
-    held_out_note,
-    score_past,
-    task_prompts,
-    validation_answers,
-    write_answers,
-)
+from pipeline.evaluate.scoreboard import after_training, before_training
 from pipeline.hardware import machine
 from pipeline.plan.planner import format_plan, plan_for, planned_again, time_left, tokenize_ahead
 from pipeline.progress import say
 from pipeline.record.card import model_card
 from pipeline.record.run import Record, open_run
-from pipeline.suggest.suggestion import for_use, learn_past
+from pipeline.suggest.suggestion import Suggester, for_use, learn_past
 from pipeline.train.model import (
     CHECKPOINT_DIR,
     DATA_LIBRARIES,
@@ -43,7 +31,7 @@ from pipeline.train.model import (
     save_adapter,
 )
 from pipeline.train.probe import measure, remember_speed, resumed_speed, resumed_train_time
-from pipeline.types import Data, Evaluation, Loaded, Past, Scores, TrainOutcome
+from pipeline.types import Data, Loaded, Scores, TrainOutcome
 
 
 def run(loaded: LoadedConfig, argv: list[str], repos: list[str], resume: bool) -> Record:
@@ -105,11 +93,11 @@ def fit_to_machine(
 
 def train_and_evaluate(
     record: Record, loaded: LoadedConfig, data: Data, model: Loaded, resume: bool, history: Path | None = None
-) -> tuple[TrainOutcome, Any]:
+) -> tuple[TrainOutcome, Suggester | None]:
     """Index the repository's past (with an update's `history`: the whole history's scrape, where its own
     holds the new commits alone), evaluate on the held-out commits, plan training for what the time budget
-    has left, train, evaluate again beside the lookup and the suggestion system; the training's outcome and
-    the suggestion system to save beside the adapter (None on ranks that do not write)."""
+    has left, train, evaluate again beside the past's systems; the training's outcome and the suggestion
+    system to save beside the adapter (None on ranks that do not write)."""
     config = loaded.config
     past = (
         record.step(
@@ -118,37 +106,16 @@ def train_and_evaluate(
         if record.writes
         else None
     )
-    prompts = held_out_prompts(past, data, loaded)
-    held_out = held_out_blocks(data.packed, data.plan.eval_blocks)
-    cache = base_scores_cache(config.eval, data.prepared.facts, loaded.continues is not None)
-    before = record.step(
-        "evaluate_before", evaluate_base, model.model, held_out, prompts, data.plan, data.prepared, config.eval,
-        cache,
-    )  # fmt: skip
-    record.add(Evaluation(before, None, [], prompts))
-    data = fit_to_time_left(record, loaded, data, before, resume)
+    evaluation = before_training(record.step, model, data, past, loaded)
+    record.add(evaluation)
+    data = fit_to_time_left(record, loaded, data, evaluation.before, resume)
     outcome = train(record, loaded, data, model, resume)
-    after = record.step(
-        "evaluate_after", evaluate, model.model, held_out, prompts, outcome.plan, data.prepared, config.eval,
-        "the fine-tuned model",
-    )  # fmt: skip
-    evaluation = Evaluation(before, after, outcome.evaluations, prompts)
-    suggester = None
-    if past:
-        evaluation, system = against_the_past(record, loaded, data, model, outcome, past, evaluation)
-        suggester = for_use(past, system, config.scrape)
-    keep_evaluation(record, evaluation, outcome, data)
-    return outcome, suggester
-
-
-def held_out_prompts(past: Past | None, data: Data, loaded: LoadedConfig) -> tuple:
-    """The task prompts of the held-out commits (none on ranks that do not write)."""
-    if not past:
-        return ()
-    return task_prompts(
-        past.split("eval"), data.prepared.tokenizer, data.prepared.style, data.plan.eval_samples,
-        loaded.config.train.max_prompt_tokens,
-    )  # fmt: skip
+    kept_in = record.output_dir if record.writes else None
+    evaluation = after_training(record.step, model, data, outcome, past, evaluation, config, kept_in)
+    record.add(evaluation)
+    if record.writes:
+        remember_speed(outcome, data.machine, data.prepared.facts.name)
+    return outcome, for_use(past, evaluation.chosen, config.scrape) if past and evaluation.chosen else None
 
 
 def fit_to_time_left(record: Record, loaded: LoadedConfig, data: Data, before: Scores, resume: bool) -> Data:
@@ -196,44 +163,10 @@ def train(record: Record, loaded: LoadedConfig, data: Data, model: Loaded, resum
     return record.step("train", train_within_memory, job, replan)
 
 
-def against_the_past(
-    record: Record, loaded: LoadedConfig, data: Data, model: Loaded, outcome: TrainOutcome, past: Past,
-    evaluation: Evaluation,
-) -> tuple[Evaluation, str]:  # fmt: skip
-    """The fine-tuned model's answers to the validation commits (where the plan asks), the lookup's and the
-    suggestion system's scores beside it, and the name of the system the run chooses."""
-    config, plan = loaded.config, data.plan
-    answers = None
-    if plan.validate_model:
-        answers = record.step(
-            "evaluate_validation", validation_answers, model.model, past, data.prepared, outcome.plan,
-            config.eval, config.train.max_prompt_tokens,
-        )  # fmt: skip
-    scored = record.step(
-        "evaluate_past", score_past, past, evaluation.prompts, evaluation.after, config.retrieval,
-        outcome.plan.seed, answers,
-    )  # fmt: skip
-    note = held_out_note(len(past.split("eval")), plan.eval_samples, data.scraped.summary)
-    evaluation = replace(
-        evaluation, nearest_commit=scored.nearest_commit, selector=scored.selector, suggested=scored.suggested,
-        system=scored.system, held_out_commits=note, model_validation=answers,
-    )  # fmt: skip
-    return evaluation, scored.system["name"]
-
-
-def keep_evaluation(record: Record, evaluation: Evaluation, outcome: TrainOutcome, data: Data) -> None:
-    """Record the evaluation, say it, and write its answers and the speed measured beside the run."""
-    record.add(evaluation)
-    for line in format_evaluation(evaluation):
-        say(line)
-    if record.writes:
-        write_answers(record.output_dir / EVALUATION_FILE, evaluation)
-        remember_speed(outcome, data.machine, data.prepared.facts.name)
-
-
 def save(
-    record: Record, loaded: LoadedConfig, model: Loaded, data: Data, outcome: TrainOutcome, suggester
-) -> None:
+    record: Record, loaded: LoadedConfig, model: Loaded, data: Data, outcome: TrainOutcome,
+    suggester: Suggester | None,
+) -> None:  # fmt: skip
     """The adapter, its tokenizer, its suggestion system and its model card, in the output directory."""
     record.step(
         "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir,

@@ -1,0 +1,96 @@
+"""The evaluation a run does, in two calls that each return the `Evaluation` so far.
+
+`before_training` scores the base model (an update: the adapter it continues) on the held-out commits;
+`after_training` scores the fine-tuned model on the same ones, beside what the repository's past offers
+(the lookup, the selector and the system the run chooses, `pipeline.suggest`), says the scoreboard and
+writes every answer. A new scored system is added here and in `pipeline.suggest`: the recipes take the
+`Evaluation` as it comes, and the record writes it as `evaluation_report` shapes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from pipeline.config import Config, LoadedConfig
+from pipeline.data.dataset import held_out_blocks
+from pipeline.evaluate.evaluation import (
+    EVALUATION_FILE,
+    base_scores_cache,
+    evaluate,
+    evaluate_base,
+    format_evaluation,
+    held_out_note,
+    score_past,
+    task_prompts,
+    validation_answers,
+    write_answers,
+)
+from pipeline.progress import say
+from pipeline.types import Data, Evaluation, Loaded, Past, Step, TaskPrompt, TrainOutcome
+
+
+def before_training(
+    step: Step, model: Loaded, data: Data, past: Past | None, loaded: LoadedConfig
+) -> Evaluation:
+    """The base model's held-out loss and its answers to the held-out commits' questions (none without
+    `past`: ranks that do not write ask none), read from an earlier run's where the same model answered
+    the same questions on the same blocks."""
+    config, prepared = loaded.config, data.prepared
+    prompts: tuple[TaskPrompt, ...] = ()
+    if past:
+        prompts = task_prompts(
+            past.split("eval"), prepared.tokenizer, prepared.style, data.plan.eval_samples,
+            config.train.max_prompt_tokens,
+        )  # fmt: skip
+    held_out = held_out_blocks(data.packed, data.plan.eval_blocks)
+    cache = base_scores_cache(config.eval, data.prepared.facts, loaded.continues is not None)
+    before = step(
+        "evaluate_before", evaluate_base, model.model, held_out, prompts, data.plan, data.prepared, config.eval,
+        cache,
+    )  # fmt: skip
+    return Evaluation(before, None, [], prompts, held_out=held_out)
+
+
+def after_training(
+    step: Step, model: Loaded, data: Data, outcome: TrainOutcome, past: Past | None, evaluation: Evaluation,
+    config: Config, output_dir: Path | None,
+) -> Evaluation:  # fmt: skip
+    """`evaluation` with the fine-tuned model's loss and answers on the same questions, and (with `past`)
+    the past's systems beside it and the one the run chooses; the scoreboard said, and every answer
+    written to `output_dir`'s EVALUATION_FILE (None: a rank that writes nothing)."""
+    after = step(
+        "evaluate_after", evaluate, model.model, evaluation.held_out, evaluation.prompts, outcome.plan,
+        data.prepared, config.eval, "the fine-tuned model",
+    )  # fmt: skip
+    evaluation = replace(evaluation, after=after, history=outcome.evaluations)
+    if past:
+        evaluation = against_the_past(step, model, data, outcome, past, evaluation, config)
+    for line in format_evaluation(evaluation):
+        say(line)
+    if output_dir is not None:
+        write_answers(output_dir / EVALUATION_FILE, evaluation)
+    return evaluation
+
+
+def against_the_past(
+    step: Step, model: Loaded, data: Data, outcome: TrainOutcome, past: Past, evaluation: Evaluation,
+    config: Config,
+) -> Evaluation:  # fmt: skip
+    """The fine-tuned model's answers to the validation commits (where the plan asks), the lookup's and the
+    selector's scores beside it, and the system the run chooses, with the scores that chose it."""
+    answers = None
+    if data.plan.validate_model:
+        answers = step(
+            "evaluate_validation", validation_answers, model.model, past, data.prepared, outcome.plan,
+            config.eval, config.train.max_prompt_tokens,
+        )  # fmt: skip
+    scored = step(
+        "evaluate_past", score_past, past, evaluation.prompts, evaluation.after, config.retrieval,
+        outcome.plan.seed, answers,
+    )  # fmt: skip
+    note = held_out_note(len(past.split("eval")), data.plan.eval_samples, data.scraped.summary)
+    return replace(
+        evaluation, nearest_commit=scored.nearest_commit, selector=scored.selector, suggested=scored.suggested,
+        system=scored.system, held_out_commits=note, model_validation=answers,
+    )  # fmt: skip
