@@ -4,8 +4,9 @@
     python benchmarks/bench_decoding.py RUN_DIR [--rounds 2]
 
 Loads RUN_DIR's adapter (merged, as the evaluation merges it) and asks the run's held-out commits both
-tasks as the run asked them (`task_prompts` with the run's `eval.samples`, `train.max_prompt_tokens` and
-`eval.message_tokens`): the commit messages, then the next lines. Each task is answered by the baseline,
+tasks as the run asked them (`task_prompts` with the run's `eval.samples`, `train.max_prompt_tokens`,
+`eval.message_tokens`, its code cases and the files at its split point): the commit messages, then the
+next lines alone and with context (the first token one that begins with a line break, in both). Each task is answered by the baseline,
 `model.generate` in batches of 64 prompts of similar length (at most 1.5× padding, as the evaluation
 called it before `decoding.py`), and by `decoding.generate_batched`, taking turns which goes first.
 Prints each task's seconds, the ratio, and how many answers are the same (all of them, in fp32).
@@ -39,24 +40,32 @@ def main() -> int:
 
     from pipeline.data.sources import read_sequences
     from pipeline.evaluate.evaluation import CODE_TOKENS, task_prompts
+    from pipeline.suggest.completion import CodeIndex, read_cases
     from pipeline.suggest.decoding import generate_batched
     from pipeline.suggest.retrieval import past_commits
     from pipeline.train.model import adapter_facts
     from pipeline.use.generate import adapter_directory, load_adapter
+    from scrapers.completions import COMPLETIONS_FILE
+    from scrapers.files import FILES_FILE
 
     config = orjson.loads((args.run / "MANIFEST.json").read_bytes())["config"]["effective"]
     model, tokenizer = load_adapter(args.run)
     model.merge_adapter()
     style = adapter_facts(adapter_directory(args.run)).style
     held_out = [c for c in past_commits(read_sequences(args.run / "sequences.jsonl")) if c.split == "eval"]
+    asked_commits = held_out[: config["eval"]["samples"]]
+    cases = read_cases(args.run / COMPLETIONS_FILE, "eval", [c.sha for c in asked_commits])
+    files = list(read_sequences(args.run / FILES_FILE)) if (args.run / FILES_FILE).exists() else []
     prompts = task_prompts(
-        held_out, tokenizer, style, config["eval"]["samples"], config["train"]["max_prompt_tokens"]
-    )
+        asked_commits, tokenizer, style, len(asked_commits), config["train"]["max_prompt_tokens"],
+        cases[: config["eval"]["code_cases"]], CodeIndex(files) if files else None,
+    )  # fmt: skip
     print(f"{args.run}: {len(held_out)} held-out commits, {torch.get_num_threads()} threads")
     totals = {"generate": 0.0, "decoding": 0.0}
     for task, tokens, newline in (
         ("message", config["eval"]["message_tokens"], False),
         ("code", CODE_TOKENS, True),
+        ("code_context", CODE_TOKENS, True),
     ):
         asked = [p.text for p in prompts if p.task == task]
         seconds: dict[str, list[float]] = {"generate": [], "decoding": []}
@@ -64,11 +73,13 @@ def main() -> int:
         for round_ in range(args.rounds):
             order = ("generate", "decoding") if round_ % 2 == 0 else ("decoding", "generate")
             for name in order:
-                answer = baseline if name == "generate" else generate_batched
                 started = time.perf_counter()
-                answers[name] = answer(
-                    model, tokenizer, asked, tokens, "fp32", newline, cut_loops=not newline
-                )
+                if name == "generate":
+                    answers[name] = baseline(model, tokenizer, asked, tokens, "fp32", newline, not newline)
+                else:
+                    answers[name] = generate_batched(
+                        model, tokenizer, asked, tokens, "fp32", cut_loops=not newline, next_line=newline
+                    )
                 seconds[name].append(time.perf_counter() - started)
         mean = {name: sum(values) / len(values) for name, values in seconds.items()}
         for name in totals:
@@ -95,29 +106,36 @@ def baseline(
     cut_loops: bool,
 ):
     """`model.generate`, greedy, in batches of similar-length prompts with left padding; with `cut_loops`
-    (messages), an answer that starts over is cut where it repeats a line, as the evaluation's are."""
+    (messages), an answer that starts over is cut where it repeats a line, as the evaluation's are; with
+    `newline` (code), the answer the line after the line break its first token begins with."""
     import torch
 
-    from pipeline.suggest.decoding import finished
+    from pipeline.suggest.decoding import finished, line_breaks
     from pipeline.train.model import autocast
 
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     outputs = [""] * len(prompts)
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    stopping = {"stop_strings": ["\n"], "tokenizer": tokenizer} if newline else {}
+    stopping: dict = {}
+    first, everything = (line_breaks(tokenizer), list(range(len(tokenizer)))) if newline else ([], [])
     try:
         for chosen in similar_lengths([len(tokens) for tokens in encoded]):
             batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt")
+            if newline:
+                width = batch["input_ids"].shape[1]
+                stopping["prefix_allowed_tokens_fn"] = lambda row, ids, width=width: (
+                    first if len(ids) == width else everything
+                )
             with torch.no_grad(), autocast("cpu", precision):
                 generated = model.generate(
-                    **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id, **stopping,
+                    **batch, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id, **{"max_new_tokens": max_new_tokens, **stopping},
                 )  # fmt: skip
             for row, index in enumerate(chosen):
                 text = tokenizer.decode(
                     generated[row, batch["input_ids"].shape[1] :], skip_special_tokens=True
                 )
-                outputs[index] = finished(text, newline, cut_loops)
+                outputs[index] = finished(text, newline, cut_loops, next_line=newline)
     finally:
         tokenizer.padding_side = side
     return outputs

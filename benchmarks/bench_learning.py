@@ -13,7 +13,13 @@ intervals, and the paired differences that decide the goal:
 
     suggested ≥ lookup + 3 chrF and + 3 edit similarity, and ≥ the fine-tuned model + 3 on both.
 
-Also the next-line code task and held-out perplexity, before → after. Exit 0 when every budget meets
+Then the code scoreboard (the next line at lines the held-out commits added: the base and fine-tuned
+models alone and with retrieved context, and the lookup for code) and its goal:
+
+    fine-tuned + context ≥ base + context + 5 exact-match and + 5 edit-similarity points, intervals above
+    zero, and above each ingredient alone (the fine-tuned model alone, the lookup for code).
+
+And held-out perplexity, before → after. Exit 0 when every budget meets
 the goal, 1 when one does not, 2 when a run fails. Use a real history (psf/requests, pallets/flask):
 the newest 100 kept commits are held out, the 100 before them validate every choice.
 """
@@ -31,6 +37,7 @@ sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the o
 from pipeline.scores import difference, with_interval  # noqa: E402  (after the path it is found on)
 
 GOAL_POINTS = 3.0  # chrF and edit-similarity points the suggestion must gain over the lookup and the model
+CODE_GOAL_POINTS = 5.0  # exact-match and edit-similarity points fine-tuned + context must gain
 SYSTEMS = {
     "before": "base model",
     "after": "fine-tuned model",
@@ -81,7 +88,7 @@ def report(budget: str, output: Path, shown: int) -> bool:
     """One budget's scoreboard and goal lines; True when the goal is met."""
     import orjson
 
-    from pipeline.evaluate.evaluation import EVALUATION_FILE, paired_difference
+    from pipeline.evaluate.evaluation import EVALUATION_FILE, code_scoreboard, paired_difference
 
     manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
     answers = [orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line]
@@ -125,15 +132,9 @@ def report(budget: str, output: Path, shown: int) -> bool:
         f"{'suggested vs fine-tuned':<20}{'':>44}{_delta(over_model, 'chrf'):>24}{_delta(over_model, 'edit_similarity'):>24}"
     )
 
-    code = {name: (tasks.get(name) or {}).get("code") for name in ("before", "after")}
-    if code["before"] and code["after"]:
-        versus = code["after"].get("vs_before") or {}
-        print(
-            f"\nnext line of a change, {code['after']['samples']} held-out commits: exact match "
-            f"{with_interval(code['before'], 'exact_match_pct')} → {with_interval(code['after'], 'exact_match_pct')} "
-            f"({_delta(versus, 'exact_match_pct')}), edit similarity {with_interval(code['before'], 'edit_similarity')} → "
-            f"{with_interval(code['after'], 'edit_similarity')} ({_delta(versus, 'edit_similarity')})"
-        )
+    print()
+    for line in code_scoreboard(tasks):
+        print(line)
     before, after = evaluation["before"], evaluation["after"]
     if before and after:
         print(f"held-out perplexity {before['perplexity']} → {after['perplexity']}")
@@ -153,10 +154,41 @@ def report(budget: str, output: Path, shown: int) -> bool:
         (f"suggested vs fine-tuned: chrF {_delta(over_model, 'chrf')}, ES {_delta(over_model, 'edit_similarity')} (goal ≥ +{GOAL_POINTS:g} each)",
          over_model["chrf"] >= GOAL_POINTS and over_model["edit_similarity"] >= GOAL_POINTS),
     ]  # fmt: skip
+    goals += code_goals(answers)
     print()
     for text, met in goals:
         print(f"{'met' if met else 'NOT met'} ({budget}): {text}")
     return all(met for _, met in goals)
+
+
+def code_goals(answers: list[dict]) -> list[tuple[str, bool]]:
+    """Fine-tuned + context against base + context, the fine-tuned model alone and the lookup for code, on
+    the same lines (paired, resampled by commit): each gain at least CODE_GOAL_POINTS, its interval above zero."""
+    from pipeline.evaluate.evaluation import paired_difference
+
+    bare = [row for row in answers if row["task"] == "code"]
+    contextual = [row for row in answers if row["task"] == "code_context"]
+    if not contextual:
+        return [("the code goal: no case with context was scored (no file at the split point)", False)]
+    references, commits = [row["reference"] for row in contextual], [row["commit"] for row in contextual]
+    ours = [row["fine_tuned"] for row in contextual]
+    against = {
+        "base + context": [row["base"] for row in contextual],
+        "fine-tuned alone": [row["fine_tuned"] for row in bare],
+        "lookup for code": [row["nearest_commit"] for row in contextual],
+    }
+    goals = []
+    for name, theirs in against.items():
+        versus = paired_difference("code", theirs, ours, references, commits)
+        met = all(
+            versus[key] >= CODE_GOAL_POINTS and versus[f"{key}_ci95"][0] > 0
+            for key in ("exact_match_pct", "edit_similarity")
+        )
+        goals.append(
+            (f"fine-tuned + context vs {name}: EM {_delta(versus, 'exact_match_pct')}, ES "
+             f"{_delta(versus, 'edit_similarity')} (goal ≥ +{CODE_GOAL_POINTS:g} each, intervals above zero)", met)
+        )  # fmt: skip
+    return goals
 
 
 def _cost(manifest: dict, cached: bool) -> str:

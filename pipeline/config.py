@@ -27,6 +27,7 @@ from scrapers.config import (
     POSITIVE,
     POSITIVE_OR_NULL,
     SEQUENCE_FORMATS,
+    SHARE_OR_AUTO,
     Auto,
     ScrapeConfig,
 )
@@ -117,6 +118,10 @@ class TrainConfig:
     """Train on this many of the newest training sequences alone (a commit gives one per format); null: all,
     or what a time budget fits. Every commit is still indexed, retrieved from and scored on, unlike
     `scrape.max_commits`, which reads fewer commits for all of them."""
+    files_share: float | Auto = field(default="auto", metadata=SHARE_OR_AUTO)
+    """Of what a time budget trains, the share of tokens from the repository's files at the split point
+    (the rest: its history); auto is half where there are files. Where one kind runs out, the other takes
+    the rest; without a budget both are trained whole."""
     learning_rate: float | Auto = field(default="auto", metadata=POSITIVE)
     """Peak learning rate; auto is 5e-3 for the random tiny model and 2e-4 for a pretrained one."""
     lr_scheduler: Literal["linear", "cosine", "constant_with_warmup"] = "cosine"
@@ -167,6 +172,10 @@ class EvalConfig:
     held-out loss only."""
     message_tokens: int = field(default=48, metadata=POSITIVE)
     """Most tokens generated for a commit message."""
+    code_cases: int = field(default=300, metadata=NON_NEGATIVE)
+    """Most next-line cases scored (lines the asked commits added, a few a commit: `scrapers.completions`),
+    each asked of every model with and without retrieved context; 300 from 100 commits gives intervals
+    narrow enough to decide."""
     max_blocks: int | Auto = field(default="auto", metadata=POSITIVE)
     """Held-out blocks per format scored for loss; auto: all on a GPU, bounded by time on a CPU."""
     validate_model: bool | Auto = "auto"

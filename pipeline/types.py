@@ -289,6 +289,8 @@ class Plan:
     measured_tokens_per_s: float | None
     train_seconds: float | None
     train_sequences: int
+    files_share: float
+    train_files: int
     effective_batch_size: int
     drop_last: bool
     steps_per_epoch: int
@@ -395,6 +397,8 @@ class Prepared:
     tokenized: int | None = None
     """How many training sequences, newest first, are in the cache when not all are (tokenized ahead of a
     time budget: the statistics of the others are estimates); None: all, or a sample."""
+    files: DataStats = field(default_factory=lambda: DataStats({}))
+    """Token lengths of the files at the split point, most recently changed first (none: none read)."""
 
 
 @dataclass(frozen=True)
@@ -555,6 +559,8 @@ class Evaluation:
     """The fine-tuned model's answers to the validation commits (when the plan has it answer them)."""
     held_out: dict[str, Any] = field(default_factory=dict)
     """The held-out blocks of each format the losses are measured on: the same before and after."""
+    code_lookup: list[str] = field(default_factory=list)
+    """The lookup for code's answers to the code cases (the line after the most similar lines elsewhere)."""
 
     @property
     def chosen(self) -> str | None:

@@ -30,6 +30,7 @@ NON_NEGATIVE = rule(_non_negative, "must be >= 0")
 POSITIVE_OR_NULL = rule(lambda v: v is None or v > 0, "must be > 0 or null")
 FRACTION = rule(lambda v: 0 <= v < 1, "must be in [0, 1)")
 FRACTION_OR_AUTO = rule(lambda v: v == "auto" or 0 <= v < 1, "must be in [0, 1) or auto")
+SHARE_OR_AUTO = rule(lambda v: v == "auto" or 0 <= v <= 1, "must be in [0, 1] or auto")
 
 
 SEQUENCE_FORMATS = ("diff", "message", "rich")
@@ -119,6 +120,9 @@ class ScrapeConfig:
     holdout_max_share: float = field(default=0.1, metadata=FRACTION)
     """Most of the kept commits each of the two held-out splits may take, so a small history still trains
     on most of itself (the held-out split keeps at least one commit from 20 up)."""
+    files: bool = True
+    """Read the repository's files as they stood at the split point (the parent of the oldest held-out
+    commit, never newer), through the same filters and redaction: what completing its code learns from."""
     workers: int | Auto = field(default="auto", metadata=POSITIVE)
     """Parallel git log processes, each over its share of the commits; auto follows the cores and history size."""
 

@@ -23,15 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from tqdm import tqdm
 
+from scrapers.completions import COMPLETIONS_FILE, CasesRead, write_cases
 from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
+from scrapers.files import FILES_FILE, FilesRead, read_files, split_point
 from scrapers.git import (
     RepositoryInfo,
     describe_repository,
     lacking_content,
     open_repository,
+    repository_at,
     rev_list,
     shallow_boundaries,
 )
@@ -55,6 +59,10 @@ class RepositoryScrape:
     eval_commits: int
     workers: int
     duration_s: float
+    files_at: str | None = None
+    """The split point, whose files training may read (None: none)."""
+    files: FilesRead | None = None
+    """What the files at the split point gave (None: `files` is off)."""
 
     def to_manifest(self) -> dict[str, Any]:
         return {
@@ -82,6 +90,31 @@ class ScrapeResult:
     duration_s: float
     failed: list[dict[str, str]]
     """Repositories that could not be scraped (path and error), skipped."""
+    files_path: Path | None = None
+    """The files at the split point (FILES_FILE; None: `files` is off)."""
+    cases: CasesRead | None = None
+    """The code-completion cases of the held-out and validation commits (COMPLETIONS_FILE beside the
+    sequences)."""
+
+    def files_manifest(self) -> dict[str, Any] | None:
+        """What the files at the split point gave, all repositories together."""
+        if self.files_path is None:
+            return None
+        read = [(r.name, r.files) for r in self.repositories if r.files is not None]
+        skipped: Counter = Counter()
+        redactions: Counter = Counter()
+        for _, part in read:
+            skipped.update(part.skipped)
+            redactions.update(part.redactions)
+        return {
+            "path": str(self.files_path),
+            "files": sum(part.files for _, part in read),
+            "bytes": sum(part.bytes for _, part in read),
+            "skipped": dict(sorted(skipped.items())),
+            "redactions": dict(sorted(redactions.items())),
+            "at": {name: part.commit for name, part in read},
+            "unreadable": {name: part.unreadable for name, part in read if part.unreadable},
+        }
 
     def to_manifest(self) -> dict[str, Any]:
         commits = self.stats.commits_seen
@@ -103,6 +136,11 @@ class ScrapeResult:
             "sequences_path": str(self.sequences_path),
             "per_repository": [r.to_manifest() for r in self.repositories],
             "failed_repositories": self.failed,
+            "files": self.files_manifest(),
+            "completions": {
+                "path": str(self.sequences_path.with_name(COMPLETIONS_FILE)),
+                **(self.cases or CasesRead()).to_manifest(),
+            },
         }
 
 
@@ -166,12 +204,56 @@ def scrape(
         partial.unlink(missing_ok=True)
         raise RepositoryError("; ".join(failure["error"] for failure in failed) or "no repository given")
     os.replace(partial, path)
+    files_path = _read_files(listed, repositories, config, output_dir) if config.files else None
+    cases = _write_cases(listed, repositories, config, path)
     total = ScrapeStats()
     for scraped in repositories:
         total.add(scraped.stats)
     return ScrapeResult(
-        path, repositories, total, config.formats, written, time.perf_counter() - started, failed
-    )
+        path, repositories, total, config.formats, written, time.perf_counter() - started, failed, files_path,
+        cases,
+    )  # fmt: skip
+
+
+def _write_cases(
+    listed: list[_Listed], repositories: list[RepositoryScrape], config: ScrapeConfig, sequences: Path
+) -> CasesRead:
+    """The code-completion cases of every repository's held-out and validation commits, beside `sequences`
+    (which they are read from: one record a commit), atomically."""
+    held_out: dict[str, dict[str, dict[str, Any]]] = {}
+    with sequences.open("rb") as records:
+        for line in records:
+            if b'"split":"train"}' in line[-20:]:
+                continue  # most lines: not parsed
+            record = orjson.loads(line)
+            held_out.setdefault(record["repo"], {}).setdefault(record["commit"], record)
+    path = sequences.with_name(COMPLETIONS_FILE)
+    partial = path.with_name(path.name + ".partial")
+    opened = {repository.name: repository for repository in listed}
+    read = CasesRead()
+    with partial.open("wb") as out:
+        for scraped in repositories:
+            source = opened[scraped.name]
+            repo = repository_at(source.git_dir, source.tasks[0].work_tree if source.tasks else None)
+            read.add(write_cases(repo, scraped.name, held_out.get(scraped.name, {}).values(), config, out))
+    os.replace(partial, path)
+    return read
+
+
+def _read_files(
+    listed: list[_Listed], repositories: list[RepositoryScrape], config: ScrapeConfig, output_dir: Path
+) -> Path:
+    """Each scraped repository's files at its split point into `output_dir`'s FILES_FILE, atomically."""
+    path = output_dir / FILES_FILE
+    partial = path.with_name(path.name + ".partial")
+    opened = {repository.name: repository for repository in listed}
+    with partial.open("wb") as out:
+        for scraped in repositories:
+            source = opened[scraped.name]
+            repo = repository_at(source.git_dir, source.tasks[0].work_tree if source.tasks else None)
+            scraped.files = read_files(repo, scraped.files_at, config, scraped.name, out)
+    os.replace(partial, path)
+    return path
 
 
 def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[str], cores: int) -> _Listed:
@@ -210,6 +292,10 @@ def _merge(
     split = _assign_splits(shas, results, config, seen_keys, stats)
     _write_sequences(shas, repository.tasks, results, split, len(config.formats), out, written)
     counts = Counter(split.values())
+    work_tree = repository.tasks[0].work_tree if repository.tasks else None
+    files_at = (
+        split_point(repository_at(repository.git_dir, work_tree), shas, split) if config.files else None
+    )
     return RepositoryScrape(
         name=repository.name,
         info=repository.info,
@@ -219,6 +305,7 @@ def _merge(
         eval_commits=counts["eval"],
         workers=len(repository.tasks),
         duration_s=sum(result.seconds for result in results),
+        files_at=files_at,
     )
 
 

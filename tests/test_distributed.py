@@ -64,7 +64,8 @@ def test_two_processes_train_one_adapter_with_the_planned_steps(tmp_path):
     assert [node["node"] for node in manifest["training_report"]["hardware"]["nodes"]] == [0]
     # One of everything: one manifest, one adapter, one scrape (no rank scraped twice).
     assert sorted(path.name for path in out.iterdir() if not path.name.startswith(".")) == [
-        "MANIFEST.json", "adapter", "base_model", "cache", "checkpoints", "evaluation.jsonl", "sequences.jsonl",
+        "MANIFEST.json", "adapter", "base_model", "cache", "checkpoints", "completions.jsonl", "evaluation.jsonl",
+        "files.jsonl", "sequences.jsonl",
     ]  # fmt: skip
     assert len((out / "sequences.jsonl").read_text().splitlines()) == manifest["scrape"]["sequences"]
     assert len(list(out.rglob("adapter_model.safetensors"))) == 1 + len(

@@ -19,7 +19,6 @@ from pipeline.evaluate.evaluation import (
     _message_scoreboard,
     held_out_note,
     keep_base_scores,
-    next_line,
     paired_difference,
     score_code,
     score_messages,
@@ -29,6 +28,7 @@ from pipeline.evaluate.evaluation import (
 from pipeline.record.run import evaluation_seconds
 from pipeline.scores import one_register
 from pipeline.suggest.changelog import entry
+from pipeline.suggest.completion import CodeCase, CodeIndex
 from pipeline.suggest.retrieval import Index, changed_paths, identifiers, past_commits
 from pipeline.suggest.suggestion import (
     FEATURES,
@@ -511,8 +511,8 @@ def test_intervals_and_paired_differences():
     }
     better = paired_difference("message", ["x"] * 20, outputs, references)
     assert better["chrf"] > 0 and better["chrf_ci95"][0] > 0 and better["edit_similarity_ci95"][0] > 0
-    code = score_code(["    return a", "pass"], ["return a", "return b"])
-    assert (code["exact_match_pct"], code["samples"]) == (50.0, 2)
+    code = score_code(["    return a", "pass"], ["return a", "return b"], ["c1", "c2"])
+    assert (code["exact_match_pct"], code["samples"], code["commits"]) == (50.0, 2, 2)
     assert (
         paired_difference("code", ["pass", "pass"], ["return a", "pass"], ["return a", "return b"])[
             "exact_match_pct"
@@ -546,38 +546,48 @@ def test_a_model_that_writes_in_one_register_is_named():
     assert one_register("before", cached) is None  # scores cached before openings were counted
 
 
-DIFF = (
-    "diff --git a/pkg/cache.py b/pkg/cache.py\n--- a/pkg/cache.py\n+++ b/pkg/cache.py\n"
-    "@@ -10,4 +10,6 @@ class Cache:\n"
-    "     def get(self, key):\n"
-    "         value = self.store.get(key)\n"
-    "+        if value is None:\n"
-    "+            self.misses += 1\n"
-    "+        }\n"
-    "         return value\n"
-)
+def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_and_with_context():
+    """The file before the cursor after `<filename>` (alone) or after other files' chunks in the repository
+    format (with context), ending before the last line break, which the answer begins with."""
+    commit = PastCommit("ab" * 20, "Count cache misses", "diff --git a/pkg/cache.py b/pkg/cache.py\n", "eval")
+    case = CodeCase(
+        commit.sha,
+        "eval",
+        "shop",
+        "pkg/cache.py",
+        "class Cache:\n    def get(self, key):\n",
+        "        return 1",
+    )
+    index = CodeIndex(
+        [
+            {
+                "path": "pkg/store.py",
+                "text": "class Store:\n    def get(self, key):\n        return self.data[key]\n",
+            },
+            {"path": "pkg/cache.py", "text": "class Cache:\n    def get(self, key):\n        return 0\n"},
+        ]
+    )
+    [message, bare, contextual] = task_prompts([commit], None, RAW, 100, None, [case], index)
+    assert (message.task, bare.task, contextual.task) == ("message", "code", "code_context")
+    assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):"
+    assert contextual.text.startswith("<repo_name>shop<file_sep>pkg/store.py\nclass Store:")
+    assert contextual.text.endswith("<file_sep>pkg/cache.py\nclass Cache:\n    def get(self, key):")
+    assert "return 0" not in contextual.text  # never the file being edited
+    assert bare.reference == contextual.reference == "        return 1"
+    assert index.lookup(case) == "        return self.data[key]"  # the line after the most similar lines
 
 
-def test_the_code_task_asks_one_added_line_after_its_path_heading_and_the_lines_before_it():
-    commit = PastCommit("ab" * 20, "Count cache misses", DIFF, "eval")
-    before, line = next_line(commit)
-    assert line in ("        if value is None:", "            self.misses += 1")  # `}` is too short
-    assert before.startswith(
-        "diff --git a/pkg/cache.py b/pkg/cache.py\n--- a/pkg/cache.py\n+++ b/pkg/cache.py\n@@ -10,4"
-    )
-    assert before.endswith("         value = self.store.get(key)\n") or before.endswith(
-        "+        if value is None:\n"
-    )
-    assert next_line(commit) == (before, line)  # the commit's hash chooses, every run the same
-    assert next_line(PastCommit("cd" * 20, "Touch", "diff --git a/x b/x\n@@ -1 +1 @@\n+a\n", "eval")) is None
-    [message, code] = task_prompts([commit], None, RAW, 100, None)
-    assert (message.task, message.reference, code.task, code.reference) == (
-        "message",
-        commit.message,
-        "code",
-        line,
-    )
-    assert code.text == before + "+"  # plain text: the path, the hunk heading, the lines before it
+def test_code_intervals_resample_commits_not_lines():
+    """Ten lines of one commit are one observation: resampled by commit, their interval is as wide as one
+    commit's, where resampled by line it would look ten times surer."""
+    references = ["return a"] * 20
+    outputs = ["return a"] * 10 + ["pass"] * 10
+    by_line = score_code(outputs, references, [f"c{i}" for i in range(20)])
+    by_commit = score_code(outputs, references, ["c1"] * 10 + ["c2"] * 10)
+    assert by_line["exact_match_pct"] == by_commit["exact_match_pct"] == 50.0
+    low, high = by_commit["exact_match_pct_ci95"]
+    assert (low, high) == (0.0, 100.0)  # two commits: all right, all wrong, or half
+    assert by_line["exact_match_pct_ci95"][0] > 20 and by_line["exact_match_pct_ci95"][1] < 80
 
 
 def test_the_model_suggests_only_where_its_gain_on_the_validation_commits_clears_its_interval(tmp_path):
@@ -794,7 +804,12 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
         and ") and all 60 for new diffs (" in result.err
     )
     answers = [orjson.loads(line) for line in (out / EVALUATION_FILE).read_bytes().splitlines()]
-    assert len(answers) == 6 + tasks["after"]["code"]["samples"]
+    assert len(answers) == 6 + tasks["after"]["code"]["samples"] + tasks["after"]["code_context"]["samples"]
+    assert tasks["after"]["code_context"]["vs_before"] and tasks["after"]["code"]["vs_nearest_commit"]
+    assert (
+        tasks["nearest_commit"]["code"]["samples"] == tasks["after"]["code"]["samples"]
+    )  # the lookup for code
+    assert "lookup for code" in result.err and "fine-tuned + context" in result.err
     assert {"base", "fine_tuned", "nearest_commit", "suggested"} <= set(answers[0])
     assert evaluation["cost"]["before_cached"] is False  # a random base is never cached
     # What the scoreboard cost, as a share of the run (the goal is 10%): every evaluate_* stage timed.

@@ -170,7 +170,8 @@ def test_scrape_writes_one_sequence_per_kept_commit(sample_repo, tmp_path):
     assert "\nindex " not in first["text"]  # blob hashes teach nothing
     info = result.repositories[0].info
     assert (info.commit_count, info.branch) == (12, "main")
-    assert [path.name for path in out.iterdir()] == ["sequences.jsonl"]  # no part files left behind
+    written = sorted(path.name for path in out.iterdir())
+    assert written == ["completions.jsonl", "files.jsonl", "sequences.jsonl"]  # no part file left
 
 
 def test_renames_unicode_and_spaces_in_paths(tmp_path):

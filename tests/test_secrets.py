@@ -396,7 +396,7 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
     decoded = [
         text
         for cache in out.rglob("tokens-*")
-        for split in ("train", "valid", "eval")
+        for split in ("train", "valid", "eval", "files")
         if (cache / split).exists()
         for text in AutoTokenizer.from_pretrained(cache / "tokenizer").batch_decode(
             read_split(cache, split).column("input_ids").to_pylist()

@@ -179,6 +179,8 @@ CONSUMED_ELSEWHERE = {
     "measured_tokens_per_s": "the manifest (what the budget was planned on)",
     "train_seconds": "train.trainer (the deadline)",
     "train_sequences": "data.dataset.keep_newest",
+    "files_share": "plan (the order train_sequences and train_files are kept in)",
+    "train_files": "data.dataset.keep_newest",
     "effective_batch_size": "the batch size times the accumulation (both passed to the Trainer)",
     "steps_per_epoch": "the manifest (what the epochs come to)",
     "total_steps": "train.trainer (the progress line, the scheduler's horizon through the epochs)",

@@ -36,10 +36,13 @@ def tiny_run(tmp_path_factory) -> Path:
         repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
     out = root / "out"
     # fp32 on every CPU: `generate` answers in fp32, and the scoreboard, on a CPU with avx512_bf16, in bf16
-    # and in a batch, whose rounding changes some greedy answers (on a 2-core EPYC, 1 of this run's 3).
+    # and in a batch, whose rounding changes some greedy answers (on a 2-core EPYC, 1 of this run's 3). The
+    # history alone: the scoreboard answers through training's attention kernel and `generate` through
+    # sdpa, and the random model's near-flat logits flip a greedy token on that rounding in some trainings
+    # (this one's, with the files).
     argv = [
         "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=1",
-        "--set", "plan.precision=fp32",
+        "--set", "plan.precision=fp32", "--set", "scrape.files=false",
     ]  # fmt: skip
     assert run_pipeline.main(argv) == 0
     return out

@@ -66,16 +66,18 @@ def test_held_out_loss_falls_and_samples_are_recorded(trained_run):
     assert 0 < throughput["validation_s"] < manifest["timings"]["train_s"]
     assert throughput["step_tokens_per_s"] > throughput["tokens_per_s"]
     samples = evaluation["samples"]
-    # Three held-out commits (10% of 30), each asked its message from its diff and a line of its change.
-    assert [sample["task"] for sample in samples["after"]] == ["message"] * 3 + ["code"] * 3
-    assert len(samples["before"]) == len(samples["nearest_commit"]) + 3 == 6
+    # Three held-out commits (10% of 30), each asked its message from its diff and lines it added, the
+    # file before each given alone and after other files' chunks.
+    tasks = [sample["task"] for sample in samples["after"]]
+    assert tasks[:3] == ["message"] * 3 and set(tasks[3:]) == {"code", "code_context"}
     message, code = samples["after"][0], samples["after"][3]
     assert message["reference"] == "Add compute_30 and describe_30"
     assert message["prompt"].startswith("diff --git a/pkg/feature_30.py")
     assert code["commit"] == message["commit"] and code["reference"] in module_source(30)
-    assert code["prompt"].endswith("\n") and "@@" in code["prompt"]
-    tasks = evaluation["tasks"]["after"]
-    assert tasks["message"]["samples"] == tasks["code"]["samples"] == 3
+    assert code["prompt"].startswith("pkg/feature_30.py\n") and "@@" not in code["prompt"]
+    scored = evaluation["tasks"]["after"]
+    assert scored["message"]["samples"] == 3
+    assert scored["code"]["samples"] == scored["code_context"]["samples"] and scored["code"]["commits"] == 3
 
 
 def test_packing_throughput_and_bottleneck_are_reported(trained_run):

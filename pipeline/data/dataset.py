@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.data.examples import FILE_FORMAT
 from pipeline.data.packing import IGNORE_INDEX, layout
-from pipeline.data.token_cache import read_split
+from pipeline.data.token_cache import FILES, read_split
 from pipeline.progress import say
 from pipeline.types import Packed, PackedSplit, Plan, Prepared
 
@@ -90,7 +91,11 @@ def pack_arrays(
     offsets = column.offsets.to_numpy()
     lengths = np.diff(offsets)
     if truncate_at:
-        lengths = np.minimum(lengths, truncate_at)
+        kinds = table.column("format").to_pylist() if "format" in table.column_names else []
+        files = (
+            np.asarray(kinds, dtype=object) == FILE_FORMAT if kinds else np.zeros(len(lengths), dtype=bool)
+        )
+        lengths = np.where(files, lengths, np.minimum(lengths, truncate_at))
     piece_start, piece_length = _pieces(offsets, lengths, block_size)
     piece_block, piece_offset, fill = _placement(piece_length, block_size)
     arrays = _scatter(
@@ -219,7 +224,7 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
     cache, length, cut = prepared.cache, plan.sequence_length, plan.truncate_at
     pad = prepared.tokenizer.pad_token_id
     started = time.perf_counter()
-    train = packed_blocks(cache.directory, read_split(cache.directory, "train"), "train", length, pad, cut)
+    train = packed_blocks(cache.directory, training_table(cache.directory), "train", length, pad, cut)
     held_out, validation = (
         held_out_splits(cache.directory, read_split(cache.directory, split), length, pad, cut, split)
         if prepared.counts[f"{split}_tokens"]
@@ -239,8 +244,9 @@ def pack(prepared: Prepared, plan: Plan) -> Packed:
     # A sample's blocks are not the data's; the newest sequences' are (keep_newest takes those it trains).
     sample = prepared.estimate is not None and prepared.tokenized is None
     if not sample:  # one vectorised pass (a fraction of a second on thousands of commits): a line, no bar
+        files = f" and {prepared.files.sequences:,} files" if prepared.files.sequences else ""
         say(
-            f"packed {prepared.tokenized or prepared.counts['train_sequences']:,} training sequences into "
+            f"packed {prepared.tokenized or prepared.counts['train_sequences']:,} training sequences{files} into "
             f"{train.blocks:,} blocks of {length} tokens ({train.efficiency:.1%} filled) in "
             f"{time.perf_counter() - started:.2f} s"
         )
@@ -267,16 +273,29 @@ def held_out_splits(
     }
 
 
+def training_table(directory: Path, history: int | None = None, files: int | None = None):
+    """The newest `history` training sequences and the `files` most recently changed files (None: all), as
+    one table to pack: the plan mixes the two."""
+    import pyarrow as pa
+
+    parts = [read_split(directory, "train").slice(0, history)]
+    if (tokenized_files := read_split(directory, FILES)) is not None:
+        parts.append(tokenized_files.slice(0, files))
+    return pa.concat_tables(parts)
+
+
 def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:
-    """The training blocks the plan keeps: all, or those of the newest sequences a time budget fits or
-    `train.newest_sequences` keeps (packed apart and cached under their count)."""
+    """The training blocks the plan keeps: all, or those of the newest sequences and the most recently
+    changed files a time budget fits or `train.newest_sequences` keeps (packed apart and cached under their
+    counts)."""
     kept, total = plan.train_sequences, prepared.stats.sequences
-    if kept >= total:
+    kept_files, files = plan.train_files, prepared.files
+    if kept >= total and kept_files >= files.sequences:
         return packed
     newest = packed_blocks(
         prepared.cache.directory,
-        read_split(prepared.cache.directory, "train").slice(0, kept),
-        f"train-newest-{kept}",
+        training_table(prepared.cache.directory, kept, kept_files),
+        f"train-newest-{kept}" + (f"-files-{kept_files}" if files.sequences else ""),
         plan.sequence_length,
         prepared.tokenizer.pad_token_id,
         plan.truncate_at,
@@ -286,6 +305,8 @@ def keep_newest(packed: Packed, prepared: Prepared, plan: Plan) -> Packed:
     left_out = {
         "sequences": total - kept,
         "tokens": prepared.stats.tokens - sum(prepared.stats.newest_first[:kept]),
+        "files": files.sequences - kept_files,
+        "file_tokens": files.tokens - sum(files.newest_first[:kept_files]),
         "reason": "time budget (train.time_budget)" if decided.source == "planned" else decided.reason,
     }
     return replace(packed, train=newest, left_out=left_out)

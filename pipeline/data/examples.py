@@ -13,6 +13,10 @@
   loss covers every token, or with `loss_on: response` only the part after
   the prompt (the change for `diff`, the message for `message`).
 
+- `file` (the repository's files at the split point, whatever the style): the
+  file as code models are pretrained on it (`code_document`), then EOS, every
+  token learned: completing the code is the model's pretraining task, not a chat.
+
 Evaluation prompts are rendered by the same functions, so the model is asked
 exactly what it was trained to answer.
 """
@@ -38,9 +42,16 @@ INSTRUCTIONS = {
 }
 MIN_PROMPT_TOKENS = 64  # a prompt is never cut below this, even for a very long answer
 HEAD_CHARACTERS_PER_TOKEN = 4  # a first guess at the text that holds a prompt (doubled until it does)
+FILE_FORMAT = "file"
 ANSWER_PREFIX = {"diff": "diff --git a/", "rich": "diff --git a/"}
 """How a chat answer for a change always begins. It is given with the prompt, so the model is never
 asked to choose between writing a diff and writing a message: the prompt says which."""
+
+
+def code_document(path: str, text: str) -> str:
+    """A file as StarCoder's and SmolLM2's pretraining saw one: the `<filename>` token, its path, its text
+    (a tokenizer without the token reads it as text)."""
+    return f"<filename>{path}\n{text}"
 
 
 def style_key(style: TextStyle) -> dict[str, Any]:
@@ -126,13 +137,14 @@ def _render(tokenizer, style: TextStyle, format_name: str, content: str) -> str:
 def encode_batch(
     tokenizer, style: TextStyle, formats: list[str], texts: list[str], max_tokens: int, max_prompt_tokens: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids and loss masks (1 where a token carries a loss) for a batch of records."""
-    if style.style == "chat":
-        return _encode_chat(tokenizer, style, formats, texts, max_tokens, max_prompt_tokens)
+    """Token ids and loss masks (1 where a token carries a loss) for a batch of records (of files, or of
+    the history: the two are tokenized apart)."""
     eos = tokenizer.eos_token_id
-    if style.loss_on == "all":
+    if formats[:1] == [FILE_FORMAT] or (style.style != "chat" and style.loss_on == "all"):
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [[*row, eos] for row in ids], [[1] * (len(row) + 1) for row in ids]
+    if style.style == "chat":
+        return _encode_chat(tokenizer, style, formats, texts, max_tokens, max_prompt_tokens)
     parts = [prompt_and_response(name, text) for name, text in zip(formats, texts, strict=True)]
     prompts = tokenizer([p for p, _ in parts], add_special_tokens=False)["input_ids"]
     answers = tokenizer([r for _, r in parts], add_special_tokens=False)["input_ids"]

@@ -13,6 +13,7 @@ from pipeline.hardware import usable_cores
 from pipeline.manifest import provenance_hash, tool_info
 from pipeline.progress import say
 from pipeline.types import Scraped
+from scrapers.completions import COMPLETIONS_FILE
 from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
 from scrapers.filters import KEEPS
@@ -51,6 +52,13 @@ def scrape(
             else ""
         )
     )
+    if files := scraped.summary.get("files"):
+        at = ", ".join(f"{commit[:12]}" for commit in files["at"].values() if commit) or "no commit"
+        say(
+            f"  read {files['files']} files as they stood at {at}, before every held-out commit "
+            f"(left out: {describe_counts(files['skipped'])})"
+            + "".join(f"; {name}: {why}" for name, why in files["unreadable"].items())
+        )
     if cut := stats.skipped.get("shallow_boundary"):
         say(
             f"  a shallow clone (`git clone --depth`): its history stops where it holds no parents "
@@ -111,6 +119,19 @@ def provenance(repos: list[str], config: ScrapeConfig) -> str:
 def skipped(scraped: Scraped) -> str:
     """Commits skipped by reason, for messages."""
     return describe_counts(scraped.summary["skipped"])
+
+
+def completions_path(scraped: Scraped) -> Path:
+    """Where the scrape wrote the held-out commits' code-completion cases (`scrapers.completions`)."""
+    return scraped.sequences_path.with_name(COMPLETIONS_FILE)
+
+
+def read_files(scraped: Scraped) -> list[dict[str, Any]]:
+    """The files at the split point the scrape read (`scrapers.files`), most recently changed first; none
+    where it read none (`scrape.files` off, or an earlier scrape's output without them)."""
+    where = (scraped.summary.get("files") or {}).get("path")
+    path = Path(where) if where else None
+    return list(read_sequences(path)) if path and path.exists() else []
 
 
 def read_sequences(path: Path) -> Iterator[dict[str, Any]]:

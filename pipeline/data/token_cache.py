@@ -13,6 +13,7 @@ Layout of one entry (`cache_dir/tokens-<key>/`):
     tokenizer/          the tokenizer (tiny's is trained on the corpus, so it is part of the cache)
     train/, valid/, eval/  Arrow datasets: input_ids, loss_mask (1 where a token carries a loss), length,
                         commit, format (see pipeline.data.examples for how a record becomes tokens)
+    files/              the same for the files at the split point, most recently changed first
     blocks-<L>/         packed blocks for block size L (see pipeline.data.dataset)
     meta.json           the key's inputs and counts
 """
@@ -43,8 +44,8 @@ from pipeline.base_models import (
     train_tiny_tokenizer,
 )
 from pipeline.config import LoadedConfig, ScrapeConfig
-from pipeline.data.examples import encode_batch, style_key, text_style
-from pipeline.data.sources import read_sequences, skipped
+from pipeline.data.examples import FILE_FORMAT, code_document, encode_batch, style_key, text_style
+from pipeline.data.sources import read_files, read_sequences, skipped
 from pipeline.errors import OutputDirError
 from pipeline.hardware import usable_cores
 from pipeline.manifest import provenance_hash
@@ -54,10 +55,11 @@ from scrapers.errors import RepositoryError
 from scrapers.filters import what_keeps
 from scrapers.scrape import SPLITS, ending_quietly
 
-CACHE_FORMAT = 4  # bump when the layout or the tokenization changes
+CACHE_FORMAT = 5  # bump when the layout or the tokenization changes
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
 TOKENIZE_CHUNK = 256  # sequences per unit of work (and of progress)
 PLAN_SAMPLE = 1000  # training sequences `plan` tokenizes to estimate a larger history it has not cached
+FILES = "files"  # the cache's split of the files at the split point, trained beside the history's
 AHEAD_CHARS_PER_TOKEN = 4  # to choose what holds a budget's tokens: code averages about 3.2 (smollm2-135m)
 
 
@@ -151,8 +153,8 @@ def tokenize_sequences(
     from datasets import Dataset
 
     datasets.disable_progress_bars()  # saving is quick; the progress that matters is tokenizing's own
-    counts = {f"{split}_{what}": 0 for split in SPLITS for what in ("sequences", "tokens")}
-    for split in SPLITS:
+    counts = {f"{split}_{what}": 0 for split in (*SPLITS, FILES) for what in ("sequences", "tokens")}
+    for split in (*SPLITS, FILES):
         rows = [record for record in records if record["split"] == split]
         if not rows:
             continue
@@ -287,7 +289,16 @@ def prepare(
     config = model_config(model_name, tokenizer)
     stats, counts, estimate, tokenized = _statistics(cache, every, scraped.summary["split"])
     facts = describe_model(model_name, config, tokenizer)
-    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate, tokenized)
+    files = file_stats(cache, every)
+    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate, tokenized, files)
+
+
+def file_stats(cache: TokenCache, every: int = 1) -> DataStats:
+    """Token lengths of the files tokenized, most recently changed first (each standing for the `every`
+    files around it where they are a sample); none where there are none."""
+    table = read_split(cache.directory, FILES)
+    lengths = table.column("length").to_pylist() if table is not None else []
+    return DataStats.from_lengths(length for length in lengths for _ in range(every))
 
 
 def _newest_held(cache_root: Path, key: str, newest: int) -> int:
@@ -333,11 +344,28 @@ def _build(
         else train_tiny_tokenizer(record["text"] for record in records if record["split"] == "train")
     )
     tokenizer.save_pretrained(staging / "tokenizer")
-    counts: dict[str, Any] = tokenize_sequences(records, tokenizer, style, max_tokens, staging)
+    files = _file_records(
+        scraped, every, newest and sum(len(r["text"]) for r in records if r["split"] == "train")
+    )
+    counts: dict[str, Any] = tokenize_sequences([*records, *files], tokenizer, style, max_tokens, staging)
     if rest:
         lengths = read_split(staging, "train").column("length").to_numpy()
         counts["estimated_lengths"] = _estimated_lengths(records[:newest], lengths, rest)
     return counts
+
+
+def _file_records(scraped: Scraped, every: int, characters: int | None) -> list[dict[str, Any]]:
+    """The files at the split point as records of the FILES split, most recently changed first: every
+    `every`-th of them (a sample), or those within about `characters` (tokenized ahead of a time budget,
+    which trains at most that much of anything); none where the scrape read none."""
+    files, total = [], 0
+    for record in read_files(scraped)[::every]:
+        if characters and total >= characters:
+            break
+        total += len(record["text"])
+        text = code_document(record["path"], record["text"])
+        files.append({"split": FILES, "format": FILE_FORMAT, "text": text, "commit": record["commit"]})
+    return files
 
 
 def _estimated_lengths(tokenized: list[dict[str, Any]], lengths, rest: list[dict[str, Any]]) -> list[int]:
@@ -370,7 +398,11 @@ def _statistics(
     are tokenized, and then how), one line saying where they came from, and how many training sequences
     are tokenized when not all are."""
     meta = cache_meta(cache)
-    counts = {f"{name}_{what}": meta[f"{name}_{what}"] for name in SPLITS for what in ("sequences", "tokens")}
+    counts = {
+        f"{name}_{what}": meta[f"{name}_{what}"]
+        for name in (*SPLITS, FILES)
+        for what in ("sequences", "tokens")
+    }
     stats, estimate = cache_stats(cache), None
     if "estimated_lengths" in meta:
         tokenized, rest = stats.sequences, meta["estimated_lengths"]

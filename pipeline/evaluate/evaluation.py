@@ -10,15 +10,17 @@ the same questions about them, greedy (deterministic) where a model writes:
   "gain" that is only a shorter output shows. Answered by the base model (`before`), the fine-tuned
   model (`after`), the lookup (`nearest_commit`: the message of the most similar earlier commit) and
   the suggestion system the run chose (`suggested`).
-- `code`: the next line of a change, given its file's path, the hunk heading and up to six lines
-  before it in the hunk (at most CODE_CONTEXT_CHARS), as plain text that the model continues, as code
-  completion is asked and scored (exact match and edit similarity of the line). Plain text, not the
-  chat template: a template and the commit message would double what each question costs. One line
-  per commit, chosen by the commit's hash among its added lines, so every run asks the same.
+- `code` and `code_context`: the next line at lines the asked commits added (`scrapers.completions`: a
+  few a commit, the file as an editor holds it then), every model prompted as code models are
+  pretrained, alone (`code`) and after chunks of other files retrieved from the files at the split point
+  (`code_context`), with the line break healed (`pipeline.suggest.completion`); the lookup for code
+  (the line after the most similar lines elsewhere) beside them. Exact match and edit similarity of
+  the line, spaces at its ends ignored, as completion is scored.
 
-Each score has a 95% bootstrap interval over the commits (`*_ci95`), and each system's message
-scores the paired difference to the lookup (`vs_nearest_commit`), the fine-tuned model's code its
-difference to the base model (`vs_before`): a gain inside its interval is noise.
+Each score has a 95% bootstrap interval resampled by commit (`*_ci95`: a commit's lines are not
+independent), and each system's message scores the paired difference to the lookup
+(`vs_nearest_commit`), the fine-tuned model's code its difference to the base model given the same
+prompt (`vs_before`): a gain inside its interval is noise.
 
 Held-out loss is computed over the packed held-out blocks in batches, token-weighted, per format,
 with the standard error over blocks. The base model's scores are cached per model and held-out set
@@ -32,8 +34,8 @@ import importlib.metadata
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,8 @@ from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
 from pipeline.progress import Progress, say
 from pipeline.scores import difference, registers, with_interval
-from pipeline.suggest.decoding import generate_batched
+from pipeline.suggest.completion import CodeCase, CodeIndex, bare_prompt, context_prompt
+from pipeline.suggest.decoding import generate_batched, merged
 from pipeline.suggest.suggestion import backtest
 from pipeline.types import (
     Evaluation,
@@ -59,8 +62,10 @@ from pipeline.types import (
     TextStyle,
 )
 
-TASKS = ("message", "code")
-TASK_NAMES = {"message": "commit messages", "code": "next lines"}  # as the progress lines count them
+TASKS = ("message", "code", "code_context")
+CODE_TASKS = ("code", "code_context")
+# As the progress lines count them.
+TASK_NAMES = {"message": "commit messages", "code": "next lines", "code_context": "next lines with context"}
 SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
 BOOTSTRAP_RESAMPLES = 1000
@@ -68,19 +73,23 @@ BOOTSTRAP_RESAMPLES = 1000
 FEWEST_FOR_AN_INTERVAL = 10
 EVALUATION_FILE = "evaluation.jsonl"
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = 6  # 6: a phrase said three times running in a line is cut (`unlooped`)
-CODE_CONTEXT_LINES = 6  # lines of the hunk before the one asked: prompts are most of the cost
-CODE_CONTEXT_CHARS = 400  # and at most this much of them (a minified or data line would be the whole prompt)
-CODE_MIN_CONTEXT = 2  # a line is asked only after at least this many lines of its hunk
-CODE_MIN_CHARS = 4  # nor when it is shorter than this without its spaces (a brace, a blank line)
+EVALUATION_FORMAT = 7  # 7: the code tasks are the file's next line, prompted as code models are pretrained
 CODE_TOKENS = 32  # most tokens generated for one line
 
 
 def task_prompts(
-    commits: Sequence[PastCommit], tokenizer, style: TextStyle, count: int, prompt_tokens: int | None
+    commits: Sequence[PastCommit],
+    tokenizer,
+    style: TextStyle,
+    count: int,
+    prompt_tokens: int | None,
+    cases: Sequence[CodeCase] = (),
+    index: CodeIndex | None = None,
 ) -> tuple[TaskPrompt, ...]:
-    """Both tasks' questions about the newest `count` of `commits` (held-out commits, newest first),
-    rendered as in training (a diff given as a prompt is cut to `prompt_tokens`; None: whole)."""
+    """The tasks' questions about the newest `count` of `commits` (held-out commits, newest first): each
+    one's message rendered as in training (a diff given as a prompt is cut to `prompt_tokens`; None:
+    whole); the next line of `cases` (theirs), alone and, given an `index` of the files at the split
+    point, after the chunks it retrieves."""
     prompts = []
     for commit in commits[:count]:
         prompts.append(
@@ -93,41 +102,15 @@ def task_prompts(
                 commit.diff,
             )
         )
-        asked = next_line(commit)
-        if asked is not None:
-            before, line = asked
-            prompts.append(TaskPrompt("code", commit.sha, before + "+", before[-SHOWN_CHARS:], line))
+    for case in cases:
+        given = f"{case.path}\n{case.before[-SHOWN_CHARS:]}"
+        prompts.append(TaskPrompt("code", case.commit, bare_prompt(case), given, case.line))
+    if index is not None:
+        for case in cases:
+            given = f"{case.path}\n{case.before[-SHOWN_CHARS:]}"
+            asked = context_prompt(case, index.context(case))
+            prompts.append(TaskPrompt("code_context", case.commit, asked, given, case.line))
     return tuple(prompts)
-
-
-def next_line(commit: PastCommit) -> tuple[str, str] | None:
-    """The line of `commit`'s change the code task asks for, and what comes before it (its file's diff
-    header, the hunk heading and up to CODE_CONTEXT_LINES lines of the hunk, CODE_CONTEXT_CHARS at
-    most); None when no added line qualifies. The choice depends on the commit's hash alone."""
-    eligible: list[tuple[str, str]] = []
-    header: list[str] = []
-    hunk: list[str] = []
-    for line in commit.diff.splitlines():
-        if line.startswith("diff --git "):
-            header, hunk = [line], []
-        elif line.startswith("@@"):
-            hunk = [line]
-        elif not hunk:
-            header.append(line)
-        elif line.startswith("\\"):
-            continue
-        else:
-            if (
-                line.startswith("+")
-                and len(hunk) > CODE_MIN_CONTEXT
-                and len(line[1:].strip()) >= CODE_MIN_CHARS
-            ):
-                lines = "\n".join(hunk[1:][-CODE_CONTEXT_LINES:])[-CODE_CONTEXT_CHARS:]
-                eligible.append(("\n".join([*header, hunk[0], lines]) + "\n", line[1:].rstrip()))
-            hunk.append(line)
-    if not eligible:
-        return None
-    return eligible[int(commit.sha[:12], 16) % len(eligible)]
 
 
 def _chrf_statistics(outputs: Sequence[str], references: Sequence[str]):
@@ -156,6 +139,18 @@ def _resamples(count: int):
     return np.random.default_rng(0).integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
 
 
+def _resampled_means(values, commits: Sequence[str]):
+    """`values`' mean in each of BOOTSTRAP_RESAMPLES resamples of their commits (a commit drawn k times
+    counts each of its values k times): the interval of a mean over cases that share commits."""
+    import numpy as np
+
+    names = list(dict.fromkeys(commits))
+    of_case = np.asarray([names.index(commit) for commit in commits]) if names else np.zeros(0, dtype=int)
+    drawn = _resamples(len(names))
+    weights = np.stack([np.bincount(row, minlength=len(names)) for row in drawn])[:, of_case]
+    return (weights @ np.asarray(values, dtype=float)) / np.maximum(weights.sum(axis=1), 1)
+
+
 def _interval(values) -> list[float]:
     import numpy as np
 
@@ -163,8 +158,10 @@ def _interval(values) -> list[float]:
     return [round(float(low), 2), round(float(high), 2)]
 
 
-def score_messages(outputs: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """The message task's metrics over its samples, with 95% bootstrap intervals."""
+def score_messages(
+    outputs: Sequence[str], references: Sequence[str], commits: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The message task's metrics over its samples (one a commit), with 95% bootstrap intervals."""
     produced = [o.strip() for o in outputs]
     wanted = [r.strip() for r in references]
     metric, statistics = _chrf_statistics(produced, wanted)
@@ -186,22 +183,22 @@ def score_messages(outputs: Sequence[str], references: Sequence[str]) -> dict[st
     }
 
 
-def score_code(outputs: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """The code task's metrics (exact match and edit similarity of the line, spaces at its ends
-    ignored), with 95% bootstrap intervals."""
+def score_code(outputs: Sequence[str], references: Sequence[str], commits: Sequence[str]) -> dict[str, Any]:
+    """A code task's metrics (exact match and edit similarity of the line, spaces at its ends ignored),
+    with 95% bootstrap intervals resampled by commit."""
     import numpy as np
 
     produced = [o.strip() for o in outputs]
     wanted = [r.strip() for r in references]
     exact = 100 * np.asarray([o == r for o, r in zip(produced, wanted, strict=True)], dtype=float)
     similarity = edit_similarities(produced, wanted)
-    resamples = _resamples(len(wanted))
     return {
         "samples": len(wanted),
+        "commits": len(set(commits)),
         "exact_match_pct": round(float(exact.mean()), 2),
-        "exact_match_pct_ci95": _interval(exact[resamples].mean(axis=1)),
+        "exact_match_pct_ci95": _interval(_resampled_means(exact, commits)),
         "edit_similarity": round(float(similarity.mean()), 2),
-        "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
+        "edit_similarity_ci95": _interval(_resampled_means(similarity, commits)),
         "whitespace_only": sum(not o for o in produced),
         "output_chars_mean": round(sum(len(o) for o in produced) / len(wanted), 1),
         "reference_chars_mean": round(sum(len(r) for r in wanted) / len(wanted), 1),
@@ -209,12 +206,17 @@ def score_code(outputs: Sequence[str], references: Sequence[str]) -> dict[str, A
 
 
 def paired_difference(
-    task: str, baseline: Sequence[str], system: Sequence[str], references: Sequence[str]
+    task: str,
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str],
+    commits: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """`system` − `baseline` on the same samples, with 95% paired bootstrap intervals: chrF and edit
-    similarity for messages, exact match and edit similarity for code."""
+    similarity for messages, exact match and edit similarity for code (resampled by `commits` where
+    given: a commit's lines are not independent)."""
     result: dict[str, Any] = {}
-    for key, (point, resampled) in _paired_resampled(task, baseline, system, references).items():
+    for key, (point, resampled) in _paired_resampled(task, baseline, system, references, commits).items():
         result[key], result[f"{key}_ci95"] = round(point, 2), _interval(resampled)
     return result
 
@@ -228,16 +230,25 @@ def mean_gain(baseline: Sequence[str], system: Sequence[str], references: Sequen
 
 
 def _paired_resampled(
-    task: str, baseline: Sequence[str], system: Sequence[str], references: Sequence[str]
+    task: str,
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str],
+    commits: Sequence[str] | None = None,
 ) -> dict[str, tuple[float, Any]]:
-    """Each metric's paired difference, and its value in each of the run's bootstrap resamples."""
+    """Each metric's paired difference, and its value in each of the run's bootstrap resamples (of
+    `commits` where given, else of the samples)."""
     import numpy as np
 
     wanted = [r.strip() for r in references]
     ours, theirs = [o.strip() for o in system], [o.strip() for o in baseline]
     resamples = _resamples(len(wanted))
+
+    def resampled(values):
+        return _resampled_means(values, commits) if commits else values[resamples].mean(axis=1)
+
     similarity = edit_similarities(ours, wanted) - edit_similarities(theirs, wanted)
-    result = {"edit_similarity": (float(similarity.mean()), similarity[resamples].mean(axis=1))}
+    result = {"edit_similarity": (float(similarity.mean()), resampled(similarity))}
     if task == "message":
         metric, mine = _chrf_statistics(ours, wanted)
         _, other = _chrf_statistics(theirs, wanted)
@@ -250,7 +261,7 @@ def _paired_resampled(
             np.asarray([o == r for o, r in zip(ours, wanted, strict=True)], dtype=float)
             - np.asarray([o == r for o, r in zip(theirs, wanted, strict=True)], dtype=float)
         )
-        result["exact_match_pct"] = (float(exact.mean()), exact[resamples].mean(axis=1))
+        result["exact_match_pct"] = (float(exact.mean()), resampled(exact))
     return result
 
 
@@ -283,7 +294,7 @@ def _pct(count: int, total: int) -> float:
     return round(100 * count / total, 1)
 
 
-SCORERS = {"message": score_messages, "code": score_code}
+SCORERS = {"message": score_messages, "code": score_code, "code_context": score_code}
 
 
 def score_outputs(prompts: Sequence[TaskPrompt], outputs: dict[str, list[str]]) -> dict[str, Any]:
@@ -291,8 +302,11 @@ def score_outputs(prompts: Sequence[TaskPrompt], outputs: dict[str, list[str]]) 
     scored = {}
     for task in TASKS:
         references = [p.reference for p in prompts if p.task == task]
+        commits = [p.commit for p in prompts if p.task == task]
         answers = outputs.get(task)
-        scored[task] = SCORERS[task](answers, references) if references and answers is not None else None
+        scored[task] = (
+            SCORERS[task](answers, references, commits) if references and answers is not None else None
+        )
     return scored
 
 
@@ -301,15 +315,15 @@ def answer_tasks(
 ) -> dict[str, list[str]]:
     """A model's answers to every prompt, by task, in the prompts' order; how far it has come is shown
     as `who` answering (minutes on a CPU)."""
-    tokens = {"message": config.message_tokens, "code": CODE_TOKENS}
+    tokens = {"message": config.message_tokens, "code": CODE_TOKENS, "code_context": CODE_TOKENS}
     outputs = {}
     with Progress(f"{who} answering", len(prompts), "question") as progress:
         for task in TASKS:
             asked = [p.text for p in prompts if p.task == task]
             if asked:
                 outputs[task] = generate_batched(
-                    model, tokenizer, asked, tokens[task], precision, task == "code", progress.update,
-                    cut_loops=task == "message",
+                    model, tokenizer, asked, tokens[task], precision, progress=progress.update,
+                    cut_loops=task == "message", next_line=task in CODE_TASKS,
                 )  # fmt: skip
     return outputs
 
@@ -343,22 +357,6 @@ def evaluate(
             return Scores(loss, None, {}, time.perf_counter() - started)
         outputs = answer_tasks(model, prepared.tokenizer, prompts, config, plan.precision, who)
     return Scores(loss, score_outputs(prompts, outputs), outputs, time.perf_counter() - started)
-
-
-@contextmanager
-def merged(model, quantization: str) -> Iterator[None]:
-    """The LoRA weights folded into the base weights while evaluating, and taken out after: the same
-    function, without a second small matmul and peft's Python per adapted layer on every generated token.
-    A quantized base is left as it is: folding into 4 or
-    8 bits would round the adapter away."""
-    fold = hasattr(model, "merge_adapter") and quantization == "none" and getattr(model, "peft_config", None)
-    if fold:
-        model.merge_adapter()
-    try:
-        yield
-    finally:
-        if fold:
-            model.unmerge_adapter()
 
 
 def base_scores_key(
@@ -634,22 +632,24 @@ def _references(prompts: Sequence[TaskPrompt], task: str) -> list[str]:
 
 def _compared(evaluation: Evaluation, scores: Scores | None) -> dict[str, Any] | None:
     """A system's task metrics, each with its paired difference to the baseline it must beat: the
-    lookup for messages, the base model for code."""
+    lookup for messages; for code, the base model given the same prompt, and the lookup for code."""
     if scores is None or scores.tasks is None:
         return None
     prompts, result = evaluation.prompts, dict[str, Any]()
-    lookup = evaluation.nearest_commit.outputs.get("message") if evaluation.nearest_commit else None
-    base = evaluation.before.outputs.get("code")
+    lookup = evaluation.nearest_commit.outputs if evaluation.nearest_commit else {}
+    base = evaluation.before.outputs
     for task, metrics in scores.tasks.items():
         if metrics is None:
             result[task] = None
             continue
         metrics = dict(metrics)
-        ours = scores.outputs.get(task) or []
-        if task == "message" and lookup is not None and scores is not evaluation.nearest_commit:
-            metrics["vs_nearest_commit"] = paired_difference(task, lookup, ours, _references(prompts, task))
-        if task == "code" and base is not None and scores is not evaluation.before:
-            metrics["vs_before"] = paired_difference(task, base, ours, _references(prompts, task))
+        ours, references = scores.outputs.get(task) or [], _references(prompts, task)
+        commits = [p.commit for p in prompts if p.task == task] if task in CODE_TASKS else None
+        if lookup.get(task) is not None and scores is not evaluation.nearest_commit:
+            metrics["vs_nearest_commit"] = paired_difference(task, lookup[task], ours, references, commits)
+        baseline = scores is evaluation.before or scores is evaluation.nearest_commit
+        if task in CODE_TASKS and base.get(task) is not None and not baseline:
+            metrics["vs_before"] = paired_difference(task, base[task], ours, references, commits)
         result[task] = metrics
     return result
 
@@ -761,18 +761,44 @@ def format_evaluation(result: Evaluation) -> list[str]:
                 )
     tasks = evaluation["tasks"]
     lines += _message_scoreboard(evaluation)
-    codes = {name: (tasks.get(name) or {}).get("code") for name in ("before", "after")}
-    if codes["before"] and codes["after"]:
-        was, now = codes["before"], codes["after"]
-        lines.append(
-            f"next line of a change ({now['samples']} held-out commits): exact match "
-            f"{was['exact_match_pct']:.1f}% → {now['exact_match_pct']:.1f}%, edit similarity "
-            f"{was['edit_similarity']:.1f} → {now['edit_similarity']:.1f}"
-            + (f" ({difference(now['vs_before'], 'edit_similarity')})" if now.get("vs_before") else "")
-        )
+    lines += code_scoreboard(tasks)
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
         lines.append(held["note"])
+    return lines
+
+
+CODE_SYSTEMS = {  # (system, task) → label, in the order the scoreboard says them
+    ("before", "code"): "base model",
+    ("before", "code_context"): "base + context",
+    ("after", "code"): "fine-tuned",
+    ("after", "code_context"): "fine-tuned + context",
+    ("nearest_commit", "code"): "lookup for code",
+}
+
+
+def code_scoreboard(tasks: dict[str, Any]) -> list[str]:
+    """The next-line tasks as a scoreboard (`tasks`: the manifest's `.evaluation.tasks`): every system's
+    exact match and edit similarity with intervals, a model's gain over the base model given the same
+    prompt, and over the lookup for code."""
+    scored = {key: ((tasks.get(key[0]) or {}).get(key[1]), label) for key, label in CODE_SYSTEMS.items()}
+    present = [metrics for metrics, _ in scored.values() if metrics]
+    if not present:
+        return []
+    first = present[0]
+    lines = [
+        f"next line at {first['samples']} lines {first.get('commits', '?')} held-out commits added (exact match %, "
+        "edit similarity [95% interval, resampled by commit]):"
+    ]
+    for (system, _), (metrics, label) in scored.items():
+        if not metrics:
+            continue
+        line = f"  {label:<24} EM {with_interval(metrics, 'exact_match_pct', 5)}  ES {with_interval(metrics, 'edit_similarity', 5)}"
+        for key, against in (("vs_before", "base"), ("vs_nearest_commit", "lookup")):
+            if system == "after" and metrics.get(key):
+                versus = metrics[key]
+                line += f"  vs {against} {difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
+        lines.append(line)
     return lines
 
 

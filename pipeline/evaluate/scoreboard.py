@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.config import Config, LoadedConfig
 from pipeline.data.dataset import held_out_blocks
+from pipeline.data.sources import completions_path, read_files
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     base_scores_cache,
@@ -21,12 +22,14 @@ from pipeline.evaluate.evaluation import (
     evaluate_base,
     format_evaluation,
     held_out_note,
+    score_outputs,
     score_past,
     task_prompts,
     validation_answers,
     write_answers,
 )
 from pipeline.progress import say
+from pipeline.suggest.completion import CodeIndex, read_cases
 from pipeline.types import Data, Evaluation, Loaded, Past, Step, TaskPrompt, TrainOutcome
 
 
@@ -38,18 +41,24 @@ def before_training(
     the same questions on the same blocks."""
     config, prepared = loaded.config, data.prepared
     prompts: tuple[TaskPrompt, ...] = ()
+    lookup: list[str] = []
     if past:
+        commits = past.split("eval")[: data.plan.eval_samples]
+        cases = read_cases(completions_path(data.scraped), "eval", [commit.sha for commit in commits])
+        cases = cases[: config.eval.code_cases]
+        files = read_files(data.scraped)
+        index = CodeIndex(files) if files else None
         prompts = task_prompts(
-            past.split("eval"), prepared.tokenizer, prepared.style, data.plan.eval_samples,
-            config.train.max_prompt_tokens,
+            commits, prepared.tokenizer, prepared.style, len(commits), config.train.max_prompt_tokens, cases, index
         )  # fmt: skip
+        lookup = [index.lookup(case) for case in cases] if index else []
     held_out = held_out_blocks(data.packed, data.plan.eval_blocks)
     cache = base_scores_cache(config.eval, data.prepared.facts, loaded.continues is not None)
     before = step(
         "evaluate_before", evaluate_base, model.model, held_out, prompts, data.plan, data.prepared, config.eval,
         cache,
     )  # fmt: skip
-    return Evaluation(before, None, [], prompts, held_out=held_out)
+    return Evaluation(before, None, [], prompts, held_out=held_out, code_lookup=lookup)
 
 
 def after_training(
@@ -90,7 +99,12 @@ def against_the_past(
         outcome.plan.seed, answers,
     )  # fmt: skip
     note = held_out_note(len(past.split("eval")), data.plan.eval_samples, data.scraped.summary)
+    nearest = scored.nearest_commit
+    if evaluation.code_lookup:  # the lookup for code answers both code tasks: it reads no prompt
+        lookup = evaluation.code_lookup
+        outputs = {**nearest.outputs, "code": lookup, "code_context": lookup}
+        nearest = replace(nearest, outputs=outputs, tasks=score_outputs(evaluation.prompts, outputs))
     return replace(
-        evaluation, nearest_commit=scored.nearest_commit, selector=scored.selector, suggested=scored.suggested,
+        evaluation, nearest_commit=nearest, selector=scored.selector, suggested=scored.suggested,
         system=scored.system, held_out_commits=note, model_validation=answers,
     )  # fmt: skip

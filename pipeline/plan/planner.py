@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.config import LoadedConfig, budget_seconds
@@ -85,6 +85,7 @@ CHECKPOINT_INTERVAL_S = 60.0  # at most one checkpoint per minute of training
 LORA_DROPOUT = 0.05  # on the adapters' input, as the LoRA and QLoRA papers train small models
 CONTINUED_LR_SHARE = 0.5  # an update's peak learning rate, of its parent's
 CONTINUED_WARMUP_RATIO = 0.03  # an update's warmup: the adapter is trained, the optimizer state is new
+FILES_SHARE = 0.5  # of a budget's tokens, from the files: an even mix until validation measures better
 MIN_BUDGET_STEPS = 96  # optimizer steps a bounded run should take to learn from what it sees
 # Activation memory per token per layer is about 34 × hidden bytes in 16-bit training (Korthikanti et al.,
 # "Reducing Activation Recomputation in Large Transformer Models", with memory-efficient attention).
@@ -128,6 +129,12 @@ class Context:
     blocks: int = 0
     all_sequences: int = 0
     """Training sequences before `train.newest_sequences` kept the newest alone."""
+    files: DataStats = field(default_factory=lambda: DataStats({}))
+    """The files at the split point, most recently changed first (none: none read)."""
+    training: DataStats = field(default_factory=lambda: DataStats({}))
+    """History and files in the order a time budget keeps them (`mix` says which is which)."""
+    mix: tuple[bool, ...] = ()
+    """For each of `training`'s sequences, whether it is a file."""
     quantization: str = "none"
     micro: int = 1
     accumulation: int = 1
@@ -146,6 +153,7 @@ def make_plan(
     valid_tokens: int = 0,
     speed: Speed | None = None,
     train_time: TrainTime | None = None,
+    files: DataStats | None = None,
 ) -> Plan:
     """Every rule in order, each deciding its parameters from the context and what the rules before it
     decided: the same inputs give the same plan."""
@@ -161,6 +169,7 @@ def make_plan(
         speed,
         train_time,
         Decisions(loaded),
+        files=files or DataStats({}),
     )
     for rule in RULES:
         rule(context)
@@ -218,14 +227,54 @@ def _blocks(c: Context) -> None:
     cut = _truncate_at(c.p, c.style, c.sequence_length, c.device, c.data)
     if cut:
         c.data = c.data.truncated(cut)
-    c.blocks = count_blocks(c.data.length_counts, c.sequence_length)
-    data = c.data
+    share = _files_share(c.p, c.files)
+    c.training, c.mix = _mixed(c.data, c.files if share else DataStats({}), share)
+    c.blocks = count_blocks(c.training.length_counts, c.sequence_length)
+    data, files = c.training, sum(c.mix)
     c.p.planned(
         "train_blocks",
         c.blocks,
-        f"{data.tokens} tokens in {data.sequences} sequences packed into blocks of {c.sequence_length} "
-        f"({data.tokens / max(1, c.blocks * c.sequence_length):.0%} filled)",
+        f"{data.tokens} tokens in {data.sequences - files} sequences"
+        + (f" and {files} files" if files else "")
+        + f" packed into blocks of {c.sequence_length} ({data.tokens / max(1, c.blocks * c.sequence_length):.0%} "
+        "filled)",
     )
+
+
+def _files_share(p: Decisions, files: DataStats) -> float:
+    """Of the tokens a time budget trains, the share from the files at the split point."""
+    if not p.is_auto(lambda cfg: cfg.train.files_share):
+        return p.from_config("files_share", lambda cfg: cfg.train.files_share)
+    if not files.sequences:
+        return p.planned("files_share", 0.0, "no file to train on (scrape.files off, or none kept)")
+    return p.planned(
+        "files_share",
+        FILES_SHARE,
+        "completing the code learns from the files as they stand, a commit message from the history: "
+        "half of each until validation measures a better mix",
+    )
+
+
+def _mixed(history: DataStats, files: DataStats, share: float) -> tuple[DataStats, tuple[bool, ...]]:
+    """The newest history sequences and the most recently changed files interleaved so that every prefix
+    holds about `share` of its tokens from files (a budget keeps a prefix; the newest commit first), the
+    rest of one kind after the other runs out; and which of them are files."""
+    if len(history.newest_first) != history.sequences:  # lengths without their order (counts alone): no mix
+        return history, ()
+    order: list[tuple[int, bool]] = []
+    h, f, from_history, from_files = 0, 0, 0, 0
+    while h < len(history.newest_first) or f < len(files.newest_first):
+        total = from_history + from_files
+        take_file = f < len(files.newest_first) and (
+            h >= len(history.newest_first) or from_files < share * total
+        )
+        if take_file:
+            order.append((files.newest_first[f], True))
+            from_files, f = from_files + files.newest_first[f], f + 1
+        else:
+            order.append((history.newest_first[h], False))
+            from_history, h = from_history + history.newest_first[h], h + 1
+    return DataStats.from_lengths(length for length, _ in order), tuple(is_file for _, is_file in order)
 
 
 def _memory(c: Context) -> None:
@@ -241,12 +290,13 @@ def _budget(c: Context) -> None:
     budget = _time_budget(p, c.device, c.speed)
     seconds = _train_seconds(p, budget, c.train_time)
     if seconds and c.speed:
-        fitted, epochs = _fit_budget(p, c.data, c.sequence_length, c.blocks, c.epochs, seconds, c.speed)
+        fitted, epochs = _fit_budget(p, c, seconds, c.speed)
         if (fitted, epochs) != (c.blocks, c.epochs):
             c.micro, c.accumulation = _short_run_batch(p, fitted * epochs, c.micro, c.accumulation, c.world)
         c.blocks, c.epochs = fitted, epochs
     else:
         p.planned("train_sequences", c.data.sequences, f"all {c.data.sequences} training sequences")
+        _all_files(p, c, "no time budget")
     if c.data.sequences < c.all_sequences:
         decided, older = p.decisions["train_sequences"], c.all_sequences - c.data.sequences
         p.because_of(
@@ -412,6 +462,7 @@ def plan_for(
         prepared.counts["valid_tokens"],
         speed,
         train_time,
+        prepared.files,
     )
 
 
@@ -1097,24 +1148,34 @@ def deadline_s(train_seconds: float | None) -> float | None:
     return train_seconds * TRAINING_TIME_LIMIT / BUDGET_TRAIN_SHARE if train_seconds else None
 
 
-def _fit_budget(
-    p: Decisions, data: DataStats, length: int, blocks: int, epochs: int, seconds: float, speed: Speed
-) -> tuple[int, int]:
+def _all_files(p: Decisions, c: Context, why: str) -> None:
+    files = sum(c.mix)
+    p.planned(
+        "train_files", files, f"all {files} files ({why})" if files else "no file (files_share 0, or none)"
+    )
+
+
+def _fit_budget(p: Decisions, c: Context, seconds: float, speed: Speed) -> tuple[int, int]:
     """Blocks and epochs that fit the training seconds at the measured speed: every pass that fits, else
-    one pass over the newest sequences that fit (the rest are left out, and said so)."""
+    one pass over the newest sequences and most recently changed files that fit, mixed as `files_share`
+    says (the rest are left out, and said so)."""
+    data, length, blocks, epochs = c.training, c.sequence_length, c.blocks, c.epochs
+    history = c.data.sequences
     affordable = max(1, int(speed.tokens_per_s * seconds) // length)
     at_speed = f"{seconds:.0f} s × {speed.tokens_per_s:.0f} tokens/s"
     if affordable >= blocks * epochs:
-        p.planned("train_sequences", data.sequences, f"all {data.sequences}: {epochs} passes fit {at_speed}")
+        p.planned("train_sequences", history, f"all {history}: {epochs} passes fit {at_speed}")
+        _all_files(p, c, f"{epochs} passes fit")
         return blocks, epochs
     if affordable >= blocks:
         passes = p.planned(
             "epochs", affordable // blocks, f"{affordable // blocks} of {epochs} passes fit {at_speed}"
         )
-        p.planned("train_sequences", data.sequences, f"all {data.sequences}: {passes} passes fit {at_speed}")
+        p.planned("train_sequences", history, f"all {history}: {passes} passes fit {at_speed}")
+        _all_files(p, c, f"{passes} passes fit")
         return blocks, passes
     p.planned("epochs", 1, f"not one pass over all {blocks} blocks fits {at_speed}: one over the newest")
-    # The most newest-first sequences whose packed blocks fit (packing is monotone in what it is given).
+    # The longest prefix of the mixed order whose packed blocks fit (packing is monotone in what it is given).
     low, high = 1, len(data.newest_first)
     while low < high:
         middle = (low + high + 1) // 2
@@ -1122,16 +1183,31 @@ def _fit_budget(
             low = middle
         else:
             high = middle - 1
-    kept = Counter(data.newest_first[:low])
-    used = count_blocks(kept, length)
-    tokens = sum(data.newest_first[:low])
+    used = count_blocks(Counter(data.newest_first[:low]), length)
+    files, every_file = sum(c.mix[:low]), sum(c.mix)
+    kept, tokens = low - files, sum(data.newest_first[:low])
+    file_tokens = sum(size for size, is_file in zip(data.newest_first[:low], c.mix, strict=False) if is_file)
     p.planned(
         "train_sequences",
-        low,
-        f"the newest {low} of {data.sequences} sequences ({tokens} tokens) fit {at_speed}; "
-        f"the {data.sequences - low} older ones ({data.tokens - tokens} tokens) are left out",
+        kept,
+        f"the newest {kept} of {history} sequences ({tokens - file_tokens} tokens) fit {at_speed}"
+        + (" beside the files" if every_file else "")
+        + f"; the {history - kept} older ones ({c.data.tokens - tokens + file_tokens} tokens) are left out",
     )
-    p.planned("train_blocks", used, f"{tokens} tokens of the newest {low} sequences in blocks of {length}")
+    if every_file and not files:
+        p.planned("train_files", 0, f"none of the {every_file} files fits beside the newest sequences")
+    elif every_file:
+        p.planned(
+            "train_files",
+            files,
+            f"the {files} most recently changed of {every_file} files ({file_tokens} tokens, "
+            f"{file_tokens / max(1, tokens):.0%} of what fits); the {every_file - files} older ones are left out",
+        )
+    else:
+        _all_files(p, c, "")
+    p.planned(
+        "train_blocks", used, f"{tokens} tokens of the first {low} sequences and files in blocks of {length}"
+    )
     return used, 1
 
 

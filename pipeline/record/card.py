@@ -150,6 +150,12 @@ def _data(manifest: dict[str, Any], params: dict[str, Any]) -> list[str]:
         trained += (
             f" (the newest; the {left.get('sequences')} older ones left out by the {left.get('reason')})"
         )
+    if dataset.get("files_sequences"):
+        at = ", ".join(str(commit)[:12] for commit in ((scrape.get("files") or {}).get("at") or {}).values())
+        trained += (
+            f", and {params.get('train_files')} of the {dataset['files_sequences']} files as they stood at {at} "
+            "(before every held-out commit; the most recently changed first)"
+        )
     rows.append(f"| trained on | {trained} |")
     lineage = manifest.get("lineage")
     if lineage:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from pipeline.train.model import causal_lm, scoring
 
@@ -42,6 +43,22 @@ GPU_BATCH_ROWS = 16  # a GPU's memory is what a larger batch could run out of
 LEFT_SHARE = 0.25
 
 
+@contextmanager
+def merged(model, quantization: str) -> Iterator[None]:
+    """The LoRA weights folded into the base weights while answering, and taken out after: the same
+    function, without a second small matmul and peft's Python per adapted layer on every generated token
+    (the scoreboard and `generate` both answer so, and give the same answers). A quantized base is left
+    as it is: folding into 4 or 8 bits would round the adapter away."""
+    fold = hasattr(model, "merge_adapter") and quantization == "none" and getattr(model, "peft_config", None)
+    if fold:
+        model.merge_adapter()
+    try:
+        yield
+    finally:
+        if fold:
+            model.unmerge_adapter()
+
+
 def generate_batched(
     model,
     tokenizer,
@@ -51,12 +68,17 @@ def generate_batched(
     stop_at_newline: bool = False,
     progress: Callable[[int], None] | None = None,
     cut_loops: bool = False,
+    next_line: bool = False,
 ) -> list[str]:
     """Greedy continuations of `prompts` (at most `max_new_tokens` each, ending at the end-of-sequence
     token; with `stop_at_newline`, at their first line break, which is left out; with `cut_loops`, for
-    commit messages, where they start over: `unlooped`; code and diffs repeat lines). `progress` is told how
-    many prompts each prefill forward read (most of the time on a CPU), and 0 after each step that writes
-    the answers, for a progress line that keeps coming while they are written."""
+    commit messages, where they start over: `unlooped`; code and diffs repeat lines). With `next_line`,
+    each prompt ends where a line of code does, before its line break, and the answer is the next line:
+    the first token is one that begins with a line break (BPE tokenizers merge a line break with the next
+    line's indentation, so a prompt ending in a bare one is off their distribution: token healing), and
+    the answer is what follows it up to the next. `progress` is told how many prompts each prefill
+    forward read (most of the time on a CPU), and 0 after each step that writes the answers, for a
+    progress line that keeps coming while they are written."""
     if not prompts:
         return []
     device = next(model.parameters()).device
@@ -70,20 +92,26 @@ def generate_batched(
         if on_cpu
         else _batches(lengths, max_new_tokens, GPU_BATCH_ROWS, None)
     )
-    ends = _Ends(tokenizer, stop_at_newline, cut_loops)
+    ends = _Ends(tokenizer, stop_at_newline or next_line, cut_loops, next_line)
+    first = line_breaks(tokenizer) if next_line else None
     outputs: list[str] = [""] * len(prompts)
     with scoring(model, precision):
         prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
         for chosen in batches:
             rows = [encoded[i][shared:] for i in chosen]
             prefilled = _prefilled(
-                model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, progress
+                model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, progress, first
             )
             answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
             for index, answer in zip(chosen, answers, strict=True):
                 text = tokenizer.decode(answer, skip_special_tokens=True)
-                outputs[index] = finished(text, stop_at_newline, cut_loops)
+                outputs[index] = finished(text, stop_at_newline or next_line, cut_loops, next_line)
     return outputs
+
+
+def line_breaks(tokenizer) -> list[int]:
+    """The tokens whose text begins with a line break: what a line's continuation may begin with."""
+    return [token for token in range(len(tokenizer)) if tokenizer.decode([token]).startswith("\n")]
 
 
 def _batches(lengths: Sequence[int], answer: int, rows: int, tokens: int | None) -> list[list[int]]:
@@ -114,10 +142,12 @@ def _shared_prefix(encoded: Sequence[Sequence[int]]) -> int:
     return length if length >= SHARED_PREFIX_MIN else 0
 
 
-def finished(text: str, stop_at_newline: bool, cut_loops: bool) -> str:
+def finished(text: str, stop_at_newline: bool, cut_loops: bool, next_line: bool = False) -> str:
     """A generated continuation as an answer: its first line with `stop_at_newline` (code), cut where it
-    starts over with `cut_loops` (commit messages). `model.generate`'s text, finished so, is what the
-    decoder's answers are held to."""
+    starts over with `cut_loops` (commit messages); with `next_line`, the line after the line break it
+    begins with. `model.generate`'s text, finished so, is what the decoder's answers are held to."""
+    if next_line:
+        text = text.removeprefix("\n")
     if stop_at_newline:
         text = text.split("\n", 1)[0]
     return unlooped(text) if cut_loops else text
@@ -168,9 +198,9 @@ class _Ends:
     """Whether a generated token ends its answer (each token's text decoded once; with `cut_loops`, the
     answer's text again at each of its line breaks)."""
 
-    def __init__(self, tokenizer, at_newline: bool, cut_loops: bool = False):
+    def __init__(self, tokenizer, at_newline: bool, cut_loops: bool = False, next_line: bool = False):
         self.tokenizer, self.at_newline, self.eos = tokenizer, at_newline, tokenizer.eos_token_id
-        self.cut_loops = cut_loops
+        self.cut_loops, self.next_line = cut_loops, next_line
         self.newline: dict[int, bool] = {}
 
     def kept(self, token: int) -> bool:
@@ -183,6 +213,8 @@ class _Ends:
         wrote, where `unlooped` cuts it anyway (the steps a loop would take are saved)."""
         if not (self.at_newline or self.cut_loops):
             return False
+        if self.next_line and len(answer) == 1:  # the line break it begins with: ends if a second follows
+            return "\n" in self.tokenizer.decode([token])[1:]
         if token not in self.newline:
             self.newline[token] = "\n" in self.tokenizer.decode([token])
         if not self.newline[token]:
@@ -257,14 +289,15 @@ def _mask(rows: list[list[int]], shared: int, width: int, device):
 
 
 def _prefilled(
-    model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int, progress
-):
+    model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int, progress,
+    first: list[int] | None = None,
+):  # fmt: skip
     """The batch's KV cache (each row left-padded to the longest, after the `shared` tokens `prefix`
     holds) and each row's first answer token. `joinable` (a CPU, every cached layer plain attention): a
     few rows a forward, each forward padded only to its own longest row, their caches copied into one
     with `room` more positions for the answers; else the batch in one forward (a sliding window's or a
     recurrent layer's cache cannot be padded after the fact). `progress` (None: nobody) is told each
-    forward's rows."""
+    forward's rows; `first` (None: any): the tokens a first answer token may be."""
     import torch
 
     device = next(model.parameters()).device
@@ -280,6 +313,10 @@ def _prefilled(
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, shared:], cache=cache, use_cache=True,
         )  # fmt: skip
         caches.append(cache)
+        if first is not None:
+            allowed = torch.full_like(logits[0], float("-inf"))
+            allowed[first] = 0.0
+            logits = logits + allowed
         tokens.append(logits.argmax(-1))
         if progress is not None:
             progress(len(chosen))

@@ -45,7 +45,7 @@ _PATH_PART = re.compile(r"[/._\-]+")
 RECENT_SCAN = 300
 
 
-def _import_bm25s() -> Any:
+def import_bm25s() -> Any:
     """bm25s without JAX. Where JAX is installed, importing bm25s imports it and runs a JAX top-k. JAX
     then takes 75% of every GPU's memory at its first use (on an H100 training ran out of memory), and
     the data loader forks its workers from a process running JAX's threads (on an H200 JAX warned of a
@@ -135,6 +135,14 @@ def identifiers(diff: str) -> list[str]:
     return terms
 
 
+def name_terms(text: str) -> list[str]:
+    """The names in `text` as BM25 terms, as `identifiers` reads a diff's changed lines (code: a file's
+    chunk, the lines before a cursor)."""
+    terms: list[str] = []
+    _add_names(terms, [text])
+    return terms
+
+
 def _add_names(terms: list[str], lines: list[str]) -> None:
     if lines:  # a name never spans a line break, so the lines are searched as one text
         for name in _IDENTIFIER.findall("\n".join(lines)):
@@ -207,7 +215,7 @@ class Index:
     def build(cls, commits: Sequence[PastCommit], parsed: Sequence[Parsed] | None = None) -> Index:
         """The index over `commits`, from their `parse` where it was read already (its seconds then
         count the indexing alone)."""
-        bm25s = _import_bm25s()
+        bm25s = import_bm25s()
         started = time.perf_counter()
         if parsed is None:
             parsed = parse_all(commits)
@@ -246,7 +254,7 @@ class Index:
             return []
         mask = np.zeros(len(self), dtype=np.float32)
         mask[older_than + 1 :] = 1.0
-        best, positions = _import_bm25s().selection.topk(
+        best, positions = import_bm25s().selection.topk(
             (self.scores(query) if scores is None else scores) * mask, k=min(k, allowed), sorted=True,
             backend="numpy",
         )  # fmt: skip
@@ -282,7 +290,7 @@ class Index:
 
     @classmethod
     def load(cls, directory: Path) -> Index:
-        retriever = _import_bm25s().BM25.load(str(directory), show_progress=False, verbosity=0)
+        retriever = import_bm25s().BM25.load(str(directory), show_progress=False, verbosity=0)
         commits = orjson.loads((directory / COMMITS_FILE).read_bytes())
         # An index saved before version anchors existed moves no numbers.
         saved_anchors = commits.get("anchors") or [[] for _ in commits["shas"]]

@@ -119,3 +119,6 @@ class _AttachManifest(TrainerCallback):
 
             if wandb.run is not None:
                 wandb.save(str(self.manifest_path), base_path=str(self.manifest_path.parent), policy="now")
+                # Ended here, not when the process exits: the run's file is whole once training is (a longer
+                # run's last steps were still unwritten when the run returned), and a second run is a new one.
+                wandb.finish()

@@ -9,7 +9,7 @@ from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_li
 from pipeline.config import EvalConfig
 from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
-from pipeline.suggest.decoding import generate_batched
+from pipeline.suggest.decoding import generate_batched, merged
 from pipeline.suggest.retrieval import INDEX_DIR
 from pipeline.suggest.suggestion import Suggester, saved_file_filters
 from pipeline.train.model import (
@@ -161,7 +161,11 @@ def _continuation(
             f"--max-new-tokens {max_new_tokens}: the model reads at most {positions:,} positions and the prompt "
             f"takes {asked:,}: give at most {max(positions - asked, 0):,}"
         )
-    return given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
+    quantization = "none" if getattr(model.config, "quantization_config", None) is None else "quantized"
+    with merged(model, quantization):
+        return (
+            given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
+        )
 
 
 def _from_past(directory: Path, diff: str, system: str | None, count: int) -> tuple[str, list[str], bool]:

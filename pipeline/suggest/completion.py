@@ -1,0 +1,134 @@
+"""Completing a repository's code: the next line at a cursor, by a model or by the repository's own lines.
+
+- **The prompt** is what code models are pretrained on: the file as `<filename>path` then its text up to
+  the cursor (`bare_prompt`); with retrieved context, the repository format, `<repo_name>`, then each
+  retrieved chunk of another file and the file itself after `<file_sep>path` (`context_prompt`). It ends
+  before the line break that ends the last line, and the answer begins with one (`generate_batched`'s
+  `next_line`: token healing).
+- **The context** is BM25 over chunks of the files as they stood at the split point (`CodeIndex`), other
+  files than the one being edited, queried with the names in the lines before the cursor.
+- **The lookup for code** needs no model: the line that follows the most similar lines elsewhere in the
+  repository (the no-model floor every model must beat).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.suggest.retrieval import import_bm25s, name_terms
+
+CHUNK_LINES = 20  # a retrieved chunk of another file, as the published retrieval baselines cut them
+CONTEXT_CHUNKS = 2  # chunks a prompt carries
+QUERY_LINES = 20  # the lines before the cursor that query the chunks
+LOOKUP_LINES = 3  # the lines before the cursor the lookup matches, and before a line of another file
+PROMPT_CHARS = 2400  # the lines before the cursor a prompt keeps, at most (a minified line would be all)
+CHUNK_CHARS = 1200  # of a retrieved chunk
+
+
+@dataclass(frozen=True)
+class CodeCase:
+    """A line a held-out (or validation) commit added, with its file as an editor holds it then."""
+
+    commit: str
+    split: str
+    repo: str
+    path: str
+    before: str
+    """The file's lines before the cursor, each ending in its line break."""
+    line: str
+    """The line that was written there."""
+    after: str = ""
+    """The file's lines after it."""
+
+
+def read_cases(path: Path, split: str, commits: Sequence[str] | None = None) -> list[CodeCase]:
+    """The cases of `split` in COMPLETIONS_FILE (newest commit first), of `commits` only where given; none
+    where the scrape wrote none."""
+    if not path.exists():
+        return []
+    wanted = set(commits) if commits is not None else None
+    cases = []
+    for line in path.read_bytes().splitlines():
+        record = orjson.loads(line)
+        if record["split"] == split and (wanted is None or record["commit"] in wanted):
+            cases.append(
+                CodeCase(
+                    record["commit"], split, record["repo"], record["path"], record["before"], record["line"],
+                    record["after"],
+                )
+            )  # fmt: skip
+    return cases
+
+
+def bare_prompt(case: CodeCase) -> str:
+    """The file up to the cursor as a code model was pretrained on one file, ending before its last
+    line break."""
+    return f"<filename>{case.path}\n{_before(case)}"
+
+
+def context_prompt(case: CodeCase, chunks: Sequence[tuple[str, str]]) -> str:
+    """The file up to the cursor after `chunks` (path, text) of other files, in the repository format."""
+    parts = [f"<repo_name>{case.repo}"]
+    parts += [f"<file_sep>{path}\n{text[:CHUNK_CHARS]}" for path, text in chunks]
+    return "".join(parts) + f"<file_sep>{case.path}\n{_before(case)}"
+
+
+def _before(case: CodeCase) -> str:
+    return case.before[-PROMPT_CHARS:].removesuffix("\n")
+
+
+class CodeIndex:
+    """The files at the split point for completion: BM25 over their CHUNK_LINES-line chunks (the context),
+    and over each line's LOOKUP_LINES predecessors (the lookup), with where each came from."""
+
+    def __init__(self, files: Iterable[dict[str, Any]]):
+        bm25s = import_bm25s()
+        self.chunks: list[tuple[str, str]] = []
+        self.lines: list[tuple[str, str]] = []  # (path, the line that follows)
+        chunk_terms: list[list[str]] = []
+        line_terms: list[list[str]] = []
+        for record in files:
+            path, lines = record["path"], record["text"].splitlines()
+            for start in range(0, len(lines), CHUNK_LINES):
+                text = "\n".join(lines[start : start + CHUNK_LINES]) + "\n"
+                self.chunks.append((path, text))
+                chunk_terms.append(name_terms(text) or [""])
+            for number in range(1, len(lines)):
+                if lines[number].strip():
+                    self.lines.append((path, lines[number]))
+                    before = lines[max(0, number - LOOKUP_LINES) : number]
+                    line_terms.append(name_terms("\n".join(before)) or [""])
+        self.chunk_index = bm25s.BM25() if chunk_terms else None
+        if self.chunk_index is not None:
+            self.chunk_index.index(chunk_terms, show_progress=False)
+        self.line_index = bm25s.BM25() if line_terms else None
+        if self.line_index is not None:
+            self.line_index.index(line_terms, show_progress=False)
+
+    def context(self, case: CodeCase, k: int = CONTEXT_CHUNKS) -> list[tuple[str, str]]:
+        """The `k` chunks of other files most like the lines before the cursor, best first."""
+        query = name_terms("".join(case.before.splitlines(keepends=True)[-QUERY_LINES:]))
+        return [self.chunks[i] for i in self._best(self.chunk_index, self.chunks, query, case.path, k)]
+
+    def lookup(self, case: CodeCase) -> str:
+        """The line after the lines of another file most like the LOOKUP_LINES before the cursor ("" where
+        none shares a name with them)."""
+        query = name_terms("".join(case.before.splitlines(keepends=True)[-LOOKUP_LINES:]))
+        best = self._best(self.line_index, self.lines, query, case.path, 1)
+        return self.lines[best[0]][1] if best else ""
+
+    @staticmethod
+    def _best(index, entries: list[tuple[str, str]], query: list[str], path: str, k: int) -> list[int]:
+        import numpy as np
+
+        if index is None or not query:
+            return []
+        scores = index.get_scores(query)
+        scores = np.where(np.asarray([where == path for where, _ in entries]), 0.0, scores)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [int(i) for i in order if scores[i] > 0]

@@ -1,0 +1,156 @@
+"""The code-completion cases of the held-out commits → `completions.jsonl`: what the code scoreboard asks.
+
+A case is a line a held-out (or validation) commit added, with the file as an editor holds it at that
+moment: the lines before it and after it in the file as the commit left it. Whole commits stay on their
+side of the split; the cases of a commit come from its own diff and the file it wrote, redacted as the
+history is (the window the case keeps, read as the diff that adds it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import orjson
+
+from scrapers.commit import FileChange
+from scrapers.config import ScrapeConfig
+from scrapers.formats import prompt_and_response
+from scrapers.git import Repository, blob_contents
+from scrapers.notebooks import SUFFIX as NOTEBOOK_SUFFIX
+from scrapers.parse import parse_diff
+from scrapers.secrets import redact_all
+
+COMPLETIONS_FILE = "completions.jsonl"
+BEFORE_LINES = 60  # the file's lines before the cursor a case keeps (a prompt takes what fits of them)
+AFTER_LINES = 20  # and after it, for a model that can fill in the middle
+CASES_PER_COMMIT = 5  # at most, spread over the commit's added lines: a commit's cases are not independent
+MIN_CHARS = 4  # an added line shorter than this without its spaces (a brace, `pass`) is not asked
+MIN_BEFORE = 2  # nor one with fewer lines before it in its file
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@", re.MULTILINE)
+
+
+@dataclass
+class CasesRead:
+    """How many cases the held-out and validation commits gave, and from how many commits."""
+
+    cases: Counter = field(default_factory=Counter)
+    commits: Counter = field(default_factory=Counter)
+    redacted: int = 0
+    """Cases left out because a secret was redacted across their lines."""
+
+    def add(self, other: CasesRead) -> None:
+        self.cases.update(other.cases)
+        self.commits.update(other.commits)
+        self.redacted += other.redacted
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"cases": dict(self.cases), "commits": dict(self.commits), "redacted": self.redacted}
+
+
+def added_lines(change: FileChange) -> list[int]:
+    """The 0-based line numbers, in the file after the change, of the lines it added."""
+    added: list[int] = []
+    line = 0
+    for row in change.hunks.split("\n"):
+        if match := _HUNK.match(row):
+            line = int(match.group(1)) - 1
+        elif row.startswith("+"):
+            added.append(line)
+            line += 1
+        elif row.startswith(" "):
+            line += 1
+    return added
+
+
+def write_cases(
+    repo: Repository, name: str, held_out: Iterable[dict[str, Any]], config: ScrapeConfig, out: BinaryIO
+) -> CasesRead:
+    """Write the cases of `held_out` (sequence records of the validation and held-out commits, one per
+    commit) to `out`, one JSON line each."""
+    read = CasesRead()
+    windows = list(_windows(repo, held_out, config))
+    redacted = redact_all([_as_added(window["path"], window["lines"]) for window in windows])
+    for window, (text, counts) in zip(windows, redacted, strict=True):
+        lines = _as_lines(text)
+        if counts and len(lines) != len(window["lines"]):
+            read.redacted += 1
+            continue
+        at = window.pop("at")
+        del window["lines"]
+        case = {**window, "before": "".join(lines[:at]), "line": lines[at].rstrip("\n")}
+        case["after"] = "".join(lines[at + 1 :])
+        out.write(orjson.dumps({"repo": name, **case}) + b"\n")
+        read.cases[case["split"]] += 1
+    read.commits.update(Counter({split: len(shas) for split, shas in _commits(windows).items()}))
+    return read
+
+
+def _commits(windows: list[dict[str, Any]]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for window in windows:
+        found.setdefault(window["split"], set()).add(window["commit"])
+    return found
+
+
+def _windows(
+    repo: Repository, held_out: Iterable[dict[str, Any]], config: ScrapeConfig
+) -> Iterator[dict[str, Any]]:
+    """Each chosen added line of each commit with the lines around it (`lines`, `at`: its place there)."""
+    for record in held_out:
+        changes = [
+            change
+            for change in parse_diff(_diff_of(record).encode(), config.max_file_diff_bytes)
+            if change.status != "D" and change.hunks and not change.path.endswith(NOTEBOOK_SUFFIX)
+        ]
+        names = {f"{record['commit']}:{change.path}": change for change in changes}
+        contents = blob_contents(repo, list(names), config.max_file_bytes)
+        eligible: list[tuple[str, list[str], int]] = []
+        for name, change in names.items():
+            raw = contents.get(name)
+            if raw is None or b"\0" in raw[:8000]:
+                continue
+            lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
+            eligible += [
+                (change.path, lines, number)
+                for number in added_lines(change)
+                if MIN_BEFORE <= number < len(lines) and len(lines[number].strip()) >= MIN_CHARS
+            ]
+        for path, lines, number in _spread(eligible, record["commit"]):
+            start = max(0, number - BEFORE_LINES)
+            yield {
+                "commit": record["commit"],
+                "split": record["split"],
+                "path": path,
+                "line_number": number + 1,
+                "lines": lines[start : number + 1 + AFTER_LINES],
+                "at": number - start,
+            }
+
+
+def _spread(eligible: list, commit: str) -> list:
+    """At most CASES_PER_COMMIT of a commit's eligible lines, evenly spread from a place its hash picks."""
+    if len(eligible) <= CASES_PER_COMMIT:
+        return eligible
+    offset = int(hashlib.sha256(commit.encode()).hexdigest()[:8], 16) % len(eligible)
+    step = len(eligible) / CASES_PER_COMMIT
+    return [eligible[(offset + int(step * index)) % len(eligible)] for index in range(CASES_PER_COMMIT)]
+
+
+def _diff_of(record: dict[str, Any]) -> str:
+    """The change a sequence record holds, whatever its format."""
+    prompt, response = prompt_and_response(record["format"], record["text"])
+    return prompt if record["format"] == "message" else response
+
+
+def _as_added(path: str, lines: list[str]) -> str:
+    return f"diff --git a/{path} b/{path}\n" + "".join(f"+{line.rstrip(chr(10))}\n" for line in lines)
+
+
+def _as_lines(redacted: str) -> list[str]:
+    body = redacted.split("\n", 1)[1] if "\n" in redacted else ""
+    return [line.removeprefix("+") + "\n" for line in body.split("\n")[:-1]]
