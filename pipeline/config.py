@@ -172,10 +172,11 @@ class EvalConfig:
     held-out loss only."""
     message_tokens: int = field(default=48, metadata=POSITIVE)
     """Most tokens generated for a commit message."""
-    code_cases: int = field(default=300, metadata=NON_NEGATIVE)
+    code_cases: int | Auto = field(default="auto", metadata=NON_NEGATIVE)
     """Most next-line cases scored (lines the asked commits added, a few a commit: `scrapers.completions`),
-    each asked of every model with and without retrieved context; 300 from 100 commits gives intervals
-    narrow enough to decide."""
+    each asked of every model with and without retrieved context; auto: 300 (from 100 commits: intervals
+    narrow enough to decide) where an evaluation costs little, 100 on a CPU, where each case is two
+    prompts of a few hundred tokens for each model and the budget would go to scoring."""
     max_blocks: int | Auto = field(default="auto", metadata=POSITIVE)
     """Held-out blocks per format scored for loss; auto: all on a GPU, bounded by time on a CPU."""
     validate_model: bool | Auto = "auto"

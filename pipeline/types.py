@@ -310,6 +310,7 @@ class Plan:
     persistent_workers: bool
     prefetch_factor: int | None
     eval_samples: int
+    code_cases: int
     eval_blocks: int | None
     validate_model: bool
     logging_steps: int

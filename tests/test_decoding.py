@@ -210,3 +210,36 @@ def test_a_batch_is_prefilled_in_forwards_of_about_a_thousand_tokens():
     assert _parts([10, 20, 30, 50, 200, 300]) == [range(0, 5), range(5, 6)]
     assert _parts([2000, 3000]) == [range(0, 1), range(1, 2)]
     assert _parts([5]) == [range(0, 1)]
+
+
+def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_with_that_first_token(
+    pretrained,
+):
+    """A prompt that ends a line (before its line break) is answered with the next line: the first token
+    one that begins with a line break and holds no second one (token healing; never a blank line), the
+    same tokens `model.generate` gives one prompt at a time under that constraint."""
+    from pipeline.suggest.decoding import line_breaks
+
+    model, tokenizer = pretrained
+    first = line_breaks(tokenizer)
+    everything = list(range(len(tokenizer)))
+    prompts = [
+        "<filename>calc.py\ndef add(a, b):",
+        "<filename>walk.py\nimport os\nimport sys",
+        "<filename>point.py\nclass Point:\n    def __init__(self, x, y):\n        self.x = x",
+    ]
+    expected = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        width = ids.shape[1]
+        with torch.no_grad():
+            out = model.generate(
+                ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                prefix_allowed_tokens_fn=lambda row, seen, width=width: first if len(seen) == width else everything,
+            )  # fmt: skip
+        text = tokenizer.decode(out[0, width:], skip_special_tokens=True)
+        assert text.startswith("\n") and not text.startswith("\n\n")
+        expected.append(finished(text, True, False, next_line=True))
+    assert generate_batched(model, tokenizer, prompts, NEW_TOKENS, "fp32", next_line=True) == expected
+    assert all(answer.strip() for answer in expected)  # a line of code each, never a blank one

@@ -887,3 +887,13 @@ def test_a_cache_that_cannot_keep_the_base_models_scores_costs_the_next_run_not_
     keep_base_scores(kept, scores)
     assert orjson.loads(kept.read_bytes())["outputs"] == {"message": ["Fix it"]}
     assert [path.name for path in kept.parent.iterdir()] == ["key.json"]  # no staging file left
+
+
+def test_fewer_cases_than_there_are_cover_as_many_commits_as_they_can():
+    from pipeline.evaluate.scoreboard import spread
+
+    cases = [
+        CodeCase(commit, "eval", "r", "a.py", "x\n", f"{commit}{n}") for commit in "abc" for n in range(3)
+    ]
+    assert [case.line for case in spread(cases, 4)] == ["a0", "a1", "b0", "c0"]  # in their order
+    assert spread(cases, 20) == cases

@@ -189,6 +189,7 @@ CONSUMED_ELSEWHERE = {
     "cpu_threads": "train.trainer (torch's threads)",
     "follow_free_cores": "train.trainer (threads that follow the free cores)",
     "eval_samples": "evaluate.evaluation (the held-out answers scored)",
+    "code_cases": "evaluate.scoreboard (the next lines asked)",
     "validate_model": "evaluate.evaluation (the validation answers)",
     "eval_blocks": "data.dataset (held-out and validation blocks)",
     "early_stopping_patience": "train.trainer (the early-stopping callback)",

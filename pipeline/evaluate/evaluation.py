@@ -73,7 +73,9 @@ BOOTSTRAP_RESAMPLES = 1000
 FEWEST_FOR_AN_INTERVAL = 10
 EVALUATION_FILE = "evaluation.jsonl"
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = 7  # 7: the code tasks are the file's next line, prompted as code models are pretrained
+EVALUATION_FORMAT = (
+    8  # 8: the code tasks are the file's next line, prompted as code models are pretrained, never blank
+)
 CODE_TOKENS = 32  # most tokens generated for one line
 
 

@@ -29,7 +29,7 @@ from pipeline.evaluate.evaluation import (
     write_answers,
 )
 from pipeline.progress import say
-from pipeline.suggest.completion import CodeIndex, read_cases
+from pipeline.suggest.completion import CodeCase, CodeIndex, read_cases
 from pipeline.types import Data, Evaluation, Loaded, Past, Step, TaskPrompt, TrainOutcome
 
 
@@ -45,7 +45,7 @@ def before_training(
     if past:
         commits = past.split("eval")[: data.plan.eval_samples]
         cases = read_cases(completions_path(data.scraped), "eval", [commit.sha for commit in commits])
-        cases = cases[: config.eval.code_cases]
+        cases = spread(cases, data.plan.code_cases)
         files = read_files(data.scraped)
         index = CodeIndex(files) if files else None
         prompts = task_prompts(
@@ -59,6 +59,19 @@ def before_training(
         cache,
     )  # fmt: skip
     return Evaluation(before, None, [], prompts, held_out=held_out, code_lookup=lookup)
+
+
+def spread(cases: list[CodeCase], most: int) -> list[CodeCase]:
+    """At most `most` of `cases`, as many commits as they can cover: each commit's first case, newest commit
+    first, then each one's second, and so on (a commit's lines are not independent: more commits, narrower
+    intervals), in their order."""
+    rank: dict[str, int] = {}
+    ranked = []
+    for place, case in enumerate(cases):
+        rank[case.commit] = rank.get(case.commit, -1) + 1
+        ranked.append((rank[case.commit], place))
+    chosen = sorted(place for _, place in sorted(ranked)[:most])
+    return [cases[place] for place in chosen]
 
 
 def after_training(

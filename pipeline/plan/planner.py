@@ -67,6 +67,8 @@ CPU_SEQUENCE_TOKENS = (
 CPU_EVAL_BLOCKS = (
     4  # held-out blocks per format scored for loss on a CPU, where each costs a forward pass of seconds
 )
+CODE_CASES = 300  # next-line cases scored: from 100 commits, intervals narrow enough to decide
+CPU_CODE_CASES = 100  # on a CPU, where each costs each model two prompts of a few hundred tokens
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
 BUDGET_TRAIN_SHARE = 0.8  # of a budget, what training fills until the run knows what it spends outside it
 TRAINING_TIME_LIMIT = 0.9  # of it, where training then stops; after, training fills 8/9 of its deadline
@@ -1276,10 +1278,21 @@ def _evaluation_bound(p: Decisions, device: str) -> int | None:
     p.from_config(
         "eval_samples",
         lambda cfg: cfg.eval.samples,
-        f"the {config.samples} newest held-out commits, asked both tasks before and after training: a commit "
-        f"message of at most {config.message_tokens} new tokens and the next line of a change, greedy, "
-        "answered in batches, each answer leaving its batch when it ends (evaluate/decoding.py)",
+        f"the {config.samples} newest held-out commits, asked before and after training: a commit message of "
+        f"at most {config.message_tokens} new tokens and the next line at lines they added, greedy, answered "
+        "in batches, each answer leaving its batch when it ends (suggest/decoding.py)",
     )
+    if not p.is_auto(lambda cfg: cfg.eval.code_cases):
+        p.from_config("code_cases", lambda cfg: cfg.eval.code_cases)
+    elif device == "cpu":
+        p.planned(
+            "code_cases",
+            CPU_CODE_CASES,
+            f"{CPU_CODE_CASES} next lines: on a CPU each is two prompts of a few hundred tokens for each model, "
+            f"and more would take the budget's training time (eval.code_cases={CODE_CASES} decides finer)",
+        )
+    else:
+        p.planned("code_cases", CODE_CASES, f"{device}: {CODE_CASES} next lines, a few of each asked commit")
     _validate_model(p, device)
     if not p.is_auto(lambda cfg: cfg.eval.max_blocks):
         return p.from_config("eval_blocks", lambda cfg: cfg.eval.max_blocks)

@@ -22,12 +22,14 @@ import orjson
 
 from pipeline.suggest.retrieval import import_bm25s, name_terms
 
-CHUNK_LINES = 20  # a retrieved chunk of another file, as the published retrieval baselines cut them
+CHUNK_LINES = 10  # a retrieved chunk of another file
 CONTEXT_CHUNKS = 2  # chunks a prompt carries
 QUERY_LINES = 20  # the lines before the cursor that query the chunks
 LOOKUP_LINES = 3  # the lines before the cursor the lookup matches, and before a line of another file
-PROMPT_CHARS = 2400  # the lines before the cursor a prompt keeps, at most (a minified line would be all)
-CHUNK_CHARS = 1200  # of a retrieved chunk
+# The lines before the cursor a prompt keeps, at most (about the 20 lines published baselines give): on a
+# CPU, reading the prompts is nearly all a score costs.
+PROMPT_CHARS = 800
+CHUNK_CHARS = 400  # of a retrieved chunk
 
 
 @dataclass(frozen=True)

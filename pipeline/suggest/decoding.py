@@ -74,9 +74,9 @@ def generate_batched(
     token; with `stop_at_newline`, at their first line break, which is left out; with `cut_loops`, for
     commit messages, where they start over: `unlooped`; code and diffs repeat lines). With `next_line`,
     each prompt ends where a line of code does, before its line break, and the answer is the next line:
-    the first token is one that begins with a line break (BPE tokenizers merge a line break with the next
-    line's indentation, so a prompt ending in a bare one is off their distribution: token healing), and
-    the answer is what follows it up to the next. `progress` is told how many prompts each prefill
+    the first token is one that begins with a line break (`line_breaks`; BPE tokenizers merge a line
+    break with the next line's indentation, so a prompt ending in a bare one is off their distribution:
+    token healing), and the answer is what follows it up to the next. `progress` is told how many prompts each prefill
     forward read (most of the time on a CPU), and 0 after each step that writes the answers, for a
     progress line that keeps coming while they are written."""
     if not prompts:
@@ -110,8 +110,11 @@ def generate_batched(
 
 
 def line_breaks(tokenizer) -> list[int]:
-    """The tokens whose text begins with a line break: what a line's continuation may begin with."""
-    return [token for token in range(len(tokenizer)) if tokenizer.decode([token]).startswith("\n")]
+    """The tokens whose text is one line break and what begins the next line (its indentation, a word):
+    what the next line's answer may begin with. Not two line breaks: a completion offers a line of
+    code, never a blank one, as an editor's does."""
+    texts = ((token, tokenizer.decode([token])) for token in range(len(tokenizer)))
+    return [token for token, text in texts if text.startswith("\n") and "\n" not in text[1:]]
 
 
 def _batches(lengths: Sequence[int], answer: int, rows: int, tokens: int | None) -> list[list[int]]:
