@@ -14,7 +14,7 @@ from pipeline.plan.planner import make_plan
 from pipeline.types import DataStats, Speed
 from scrapers.files import FILES_FILE
 from scrapers.scrape import scrape
-from tests.conftest import GitRepo, add_features, read_json, sequences
+from tests.conftest import FAST_TRAINING, GitRepo, add_features, read_json, sequences
 from tests.test_learning_plan import SMOLLM2
 from tests.test_planner import cpu_machine
 
@@ -143,3 +143,19 @@ def test_a_budget_trains_the_newest_history_and_the_most_recently_changed_files_
     assert none.decisions["files_share"].source == "cli"
     no_files = plan_with(DataStats({}), blocks_in_budget=20)
     assert (no_files.files_share, no_files.train_files, no_files.train_sequences) == (0.0, 0, 20)
+
+
+def test_a_history_of_notebooks_alone_trains_on_them_and_says_it_had_no_next_line_to_score(cli, tmp_path):
+    repo = GitRepo(tmp_path / "repo")
+    for index in range(22):
+        cells = [{"cell_type": "code", "source": [f"total_{index} = sum(range({index}))\n", "print(total)"]}]
+        notebook = orjson.dumps({"cells": cells, "nbformat": 4}).decode()
+        repo.commit(f"Explore sums up to {index}", {f"notebooks/sums_{index}.ipynb": notebook})
+    out = tmp_path / "out"
+    result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.epochs=1")
+    assert result.code == 0, result.err
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["scrape"]["files"]["files"] == 18  # the notebooks at the split point, as their cells
+    assert manifest["dataset"]["files_sequences"] == 18
+    assert manifest["training_report"]["evaluation"]["tasks"]["after"]["code"] is None
+    assert "next line: nothing to score" in result.err

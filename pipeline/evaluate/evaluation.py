@@ -763,7 +763,13 @@ def format_evaluation(result: Evaluation) -> list[str]:
                 )
     tasks = evaluation["tasks"]
     lines += _message_scoreboard(evaluation)
-    lines += code_scoreboard(tasks)
+    code = code_scoreboard(tasks)
+    if not code and (tasks.get("after") or {}).get("message"):
+        code = [
+            "next line: nothing to score (the held-out commits added no line of text past a file's second, "
+            "notebooks aside); the model trained on the files and history the manifest counts"
+        ]
+    lines += code
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
         lines.append(held["note"])
