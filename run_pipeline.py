@@ -75,7 +75,9 @@ def generate(args: argparse.Namespace) -> None:
     if args.merge:
         print(use.generation.merge(args.adapter, args.merge))
         return
-    use.generate(args.adapter, args.prompt, args.task, args.system, args.max_new_tokens, args.alternatives)
+    use.generate(
+        args.adapter, args.prompt, args.task, args.system, args.max_new_tokens, args.alternatives, args.path
+    )
 
 
 def export(args: argparse.Namespace) -> None:

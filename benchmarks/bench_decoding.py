@@ -39,8 +39,8 @@ def main() -> int:
     import torch
 
     from pipeline.data.sources import read_sequences
-    from pipeline.evaluate.evaluation import CODE_TOKENS, task_prompts
-    from pipeline.suggest.completion import CodeIndex, read_cases
+    from pipeline.evaluate.evaluation import task_prompts
+    from pipeline.suggest.completion import LINE_TOKENS, CodeIndex, read_cases
     from pipeline.suggest.decoding import generate_batched
     from pipeline.suggest.retrieval import past_commits
     from pipeline.train.model import adapter_facts
@@ -64,8 +64,8 @@ def main() -> int:
     totals = {"generate": 0.0, "decoding": 0.0}
     for task, tokens, newline in (
         ("message", config["eval"]["message_tokens"], False),
-        ("code", CODE_TOKENS, True),
-        ("code_context", CODE_TOKENS, True),
+        ("code", LINE_TOKENS, True),
+        ("code_context", LINE_TOKENS, True),
     ):
         asked = [p.text for p in prompts if p.task == task]
         seconds: dict[str, list[float]] = {"generate": [], "decoding": []}

@@ -731,3 +731,25 @@ def test_hook_bad_input_is_one_line(tiny_run, tmp_path, cli):
         f"repotune: error: --repo {bare.path}: a bare repository, where no commit is written: install in a clone of it\n"
     )
     assert not (bare.path / "hooks" / "prepare-commit-msg").exists()
+
+
+def test_the_model_writes_the_next_line_at_use_as_the_scoreboard_asked_it(tiny_run, cli):
+    """`generate --task code --path FILE` on a held-out case's text before the cursor gives the fine-tuned
+    model's answer in evaluation.jsonl: the same prompt, the same healed first token, the same line."""
+    cases = [orjson.loads(line) for line in (tiny_run / "completions.jsonl").read_bytes().splitlines()]
+    scored = [orjson.loads(line) for line in (tiny_run / "evaluation.jsonl").read_bytes().splitlines()]
+    asked = [row for row in scored if row["task"] == "code"]
+    assert asked
+    for row in asked:
+        path = row["given"].split("\n", 1)[0]
+        case = next(
+            case for case in cases
+            if (case["commit"], case["path"], case["line"]) == (row["commit"], path, row["reference"])
+        )  # fmt: skip
+        result = cli(
+            "generate", "--adapter", tiny_run, "--task", "code", "--path", path, "--prompt", case["before"]
+        )
+        assert result.code == 0, result.err
+        assert result.out == row["fine_tuned"] + "\n"
+    no_path = cli("generate", "--adapter", tiny_run, "--task", "code", "--prompt", "x = 1")
+    assert no_path.code == 2 and "--task code needs --path" in no_path.err

@@ -46,7 +46,7 @@ from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
 from pipeline.progress import Progress, say
 from pipeline.scores import difference, registers, with_interval
-from pipeline.suggest.completion import CodeCase, CodeIndex, bare_prompt, context_prompt
+from pipeline.suggest.completion import LINE_TOKENS, CodeCase, CodeIndex, bare_prompt, context_prompt
 from pipeline.suggest.decoding import generate_batched, merged
 from pipeline.suggest.suggestion import backtest
 from pipeline.types import (
@@ -76,7 +76,6 @@ EVALUATION_FILE = "evaluation.jsonl"
 EVALUATION_FORMAT = (
     8  # 8: the code tasks are the file's next line, prompted as code models are pretrained, never blank
 )
-CODE_TOKENS = 32  # most tokens generated for one line
 
 
 def task_prompts(
@@ -317,7 +316,7 @@ def answer_tasks(
 ) -> dict[str, list[str]]:
     """A model's answers to every prompt, by task, in the prompts' order; how far it has come is shown
     as `who` answering (minutes on a CPU)."""
-    tokens = {"message": config.message_tokens, "code": CODE_TOKENS, "code_context": CODE_TOKENS}
+    tokens = {"message": config.message_tokens, "code": LINE_TOKENS, "code_context": LINE_TOKENS}
     outputs = {}
     with Progress(f"{who} answering", len(prompts), "question") as progress:
         for task in TASKS:

@@ -30,6 +30,7 @@ LOOKUP_LINES = 3  # the lines before the cursor the lookup matches, and before a
 # CPU, reading the prompts is nearly all a score costs.
 PROMPT_CHARS = 800
 CHUNK_CHARS = 400  # of a retrieved chunk
+LINE_TOKENS = 32  # most tokens generated for one line
 
 
 @dataclass(frozen=True)

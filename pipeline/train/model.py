@@ -11,7 +11,7 @@ a Hugging Face id or a local directory.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,9 @@ BASE_MODEL_DIR = "base_model"
 CHECKPOINT_DIR = "checkpoints"
 STAMP_FILE = "repotune_state.json"  # written last into a checkpoint: its presence means the save completed
 CARD_FILE = "README.md"  # the model card, beside the adapter (the Hub shows it as the model page)
+CODE_FILES = (
+    "files.jsonl"  # the files at the split point beside the adapter: what a completion retrieves from
+)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """A planned precision's torch dtype, by name (torch is imported only where a model is built)."""
 
@@ -299,11 +302,13 @@ def save_adapter(
     prompt_tokens: int,
     suggester=None,
     card: str | None = None,
+    code_files: Sequence[dict] = (),
 ) -> Outputs:
     """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), the
     repository's past beside it (`retrieval/`: the index over the whole history, the selector and the
-    suggestion system the run chose: `pipeline.suggest.suggestion.Suggester`), and its model card (`card`, in
-    place of peft's empty template)."""
+    suggestion system the run chose: `pipeline.suggest.suggestion.Suggester`; CODE_FILES, the files at the
+    split point a completion retrieves its context from), and its model card (`card`, in place of peft's
+    empty template)."""
 
     adapter_dir = output_dir / ADAPTER_DIR
     loaded.model.save_pretrained(adapter_dir)
@@ -313,6 +318,10 @@ def save_adapter(
         suggester.save(adapter_dir)
     if card is not None:
         (adapter_dir / CARD_FILE).write_text(card, encoding="utf-8")
+    if code_files:
+        (adapter_dir / CODE_FILES).write_bytes(
+            b"".join(orjson.dumps(record) + b"\n" for record in code_files)
+        )
     files = [
         {"path": str(path.relative_to(output_dir)), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
         for path in sorted(adapter_dir.rglob("*"))

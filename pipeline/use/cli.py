@@ -145,9 +145,16 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--task",
-        choices=["message", "diff"],
+        choices=["message", "diff", "code"],
         help="ask as training did: `message` writes the commit message for the diff in --prompt, "
-        "`diff` writes the change for the commit message in --prompt",
+        "`diff` writes the change for the commit message in --prompt, `code` the next line after the "
+        "file's text up to the cursor in --prompt (with --path), as the code scoreboard asks it",
+    )
+    parser.add_argument(
+        "--path",
+        default="",
+        metavar="FILE",
+        help="with --task code: the file's path in the repository (its name tells the model the language)",
     )
     parser.add_argument(
         "--system",

@@ -21,8 +21,9 @@ from pipeline.use.watch import fitted_interval, format_summary, watch
 
 
 def generate(
-    adapter: str, prompt: str, task: str, system: str | None, max_new_tokens: int | None, alternatives: int
-) -> None:
+    adapter: str, prompt: str, task: str, system: str | None, max_new_tokens: int | None, alternatives: int,
+    path: str = "",
+) -> None:  # fmt: skip
     """A continuation of the prompt (`-`: standard input), and for a commit message the next best ones
     commented below it."""
     if alternatives and task != "message":
@@ -35,6 +36,11 @@ def generate(
             "reading the prompt from the terminal: paste it, then Ctrl-D (or pipe it in: git diff --cached --no-ext-diff | …)"
         )
     text = as_text(sys.stdin.read() if prompt == "-" else prompt)
+    if task == "code":
+        print(generation.next_line(adapter, text, path, max_new_tokens))
+        return
+    if path:
+        raise PipelineError("--path names the file a next line is written in: use it with --task code")
     if task != "message":
         print(generation.generate(adapter, text, max_new_tokens, task, system))
         return

@@ -5,10 +5,13 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import orjson
+
 from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_library_output
 from pipeline.config import EvalConfig
 from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
+from pipeline.suggest.completion import LINE_TOKENS, CodeCase, CodeIndex, bare_prompt, context_prompt
 from pipeline.suggest.decoding import generate_batched, merged
 from pipeline.suggest.retrieval import INDEX_DIR
 from pipeline.suggest.suggestion import Suggester, saved_file_filters
@@ -16,6 +19,7 @@ from pipeline.train.model import (
     ADAPTER_DIR,
     BASE_MODEL_DIR,
     CHECKPOINT_DIR,
+    CODE_FILES,
     adapter_facts,
     newest_checkpoint,
     quantized_loading,
@@ -108,6 +112,33 @@ def generate(
     if system:
         raise ModelLoadError("--system chooses who writes a commit message: use it with --task message")
     return _continuation(path, directory, prompt, task, max_new_tokens)
+
+
+def next_line(path: str | Path, before: str, file_path: str, max_new_tokens: int | None = None) -> str:
+    """The line the model writes after `before` (a file's text up to the cursor, its last line ending
+    there) in the repository's `file_path`, prompted as the scoreboard prompts it: with the chunks of other
+    files the run's split point holds that are most like the lines before the cursor (CODE_FILES beside
+    the adapter), alone where there are none."""
+    directory = adapter_directory(path)
+    if not before.strip():
+        raise PipelineError(
+            "--prompt is empty: give the file's text up to the cursor (`--prompt -` reads it)"
+        )
+    if not file_path:
+        raise PipelineError(
+            "--task code needs --path: the file's path in the repository (its name says the language)"
+        )
+    files = directory / CODE_FILES
+    records = [orjson.loads(line) for line in files.read_bytes().splitlines()] if files.exists() else []
+    repo = records[0]["repo"] if records else ""
+    case = CodeCase("", "", repo, file_path, before.removesuffix("\n") + "\n", "")
+    prompt = context_prompt(case, CodeIndex(records).context(case)) if records else bare_prompt(case)
+    model, tokenizer = load_adapter(path)
+    quantization = "none" if getattr(model.config, "quantization_config", None) is None else "quantized"
+    with merged(model, quantization):
+        return generate_batched(
+            model, tokenizer, [prompt], max_new_tokens or LINE_TOKENS, "fp32", next_line=True
+        )[0]
 
 
 def commit_messages(
