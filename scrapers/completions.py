@@ -19,11 +19,12 @@ import orjson
 
 from scrapers.commit import FileChange
 from scrapers.config import ScrapeConfig
+from scrapers.files import is_binary
 from scrapers.formats import prompt_and_response
 from scrapers.git import Repository, blob_contents
 from scrapers.notebooks import SUFFIX as NOTEBOOK_SUFFIX
 from scrapers.parse import parse_diff
-from scrapers.secrets import redact_all
+from scrapers.secrets import redact_files
 
 COMPLETIONS_FILE = "completions.jsonl"
 BEFORE_LINES = 60  # the file's lines before the cursor a case keeps (a prompt takes what fits of them)
@@ -74,9 +75,10 @@ def write_cases(
     commit) to `out`, one JSON line each."""
     read = CasesRead()
     windows = list(_windows(repo, held_out, config))
-    redacted = redact_all([_as_added(window["path"], window["lines"]) for window in windows])
-    for window, (text, counts) in zip(windows, redacted, strict=True):
-        lines = _as_lines(text)
+    # Each line of the window one line of the text redacted, so that a line keeps its place.
+    texts = [(window["path"], "\n".join(line.rstrip("\n") for line in window["lines"])) for window in windows]
+    for window, (text, counts) in zip(windows, redact_files(texts), strict=True):
+        lines = [line + "\n" for line in text.split("\n")]
         if counts and len(lines) != len(window["lines"]):
             read.redacted += 1
             continue
@@ -112,7 +114,7 @@ def _windows(
         eligible: list[tuple[str, list[str], int]] = []
         for name, change in names.items():
             raw = contents.get(name)
-            if raw is None or b"\0" in raw[:8000]:
+            if raw is None or is_binary(raw):
                 continue
             lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
             eligible += [
@@ -145,12 +147,3 @@ def _diff_of(record: dict[str, Any]) -> str:
     """The change a sequence record holds, whatever its format."""
     prompt, response = prompt_and_response(record["format"], record["text"])
     return prompt if record["format"] == "message" else response
-
-
-def _as_added(path: str, lines: list[str]) -> str:
-    return f"diff --git a/{path} b/{path}\n" + "".join(f"+{line.rstrip(chr(10))}\n" for line in lines)
-
-
-def _as_lines(redacted: str) -> list[str]:
-    body = redacted.split("\n", 1)[1] if "\n" in redacted else ""
-    return [line.removeprefix("+") + "\n" for line in body.split("\n")[:-1]]

@@ -22,7 +22,7 @@ from scrapers.filters import Filters, is_lfs_pointer
 from scrapers.git import Repository, blob_contents, blob_sizes, run_git
 from scrapers.notebooks import SUFFIX as NOTEBOOK_SUFFIX
 from scrapers.notebooks import cells_source
-from scrapers.secrets import redact_all
+from scrapers.secrets import redact_files
 
 FILES_FILE = "files.jsonl"
 _BINARY_PROBE = 8000  # bytes git itself reads to tell a binary file (a NUL among them)
@@ -89,9 +89,8 @@ def read_files(
         return read
     texts = _texts(repo, listed, config, read.skipped)
     order = sorted(texts, key=lambda path: (-changed.get(path, 0), path))
-    redacted = redact_all([_as_added(path, texts[path]) for path in order])
-    for path, (text, counts) in zip(order, redacted, strict=True):
-        content = _as_file(text)
+    redacted = redact_files([(path, texts[path]) for path in order])
+    for path, (content, counts) in zip(order, redacted, strict=True):
         read.files += 1
         read.bytes += len(content.encode())
         read.redactions.update(counts)
@@ -152,6 +151,11 @@ def _last_changed(repo: Repository, commit: str, max_commits: int | None) -> dic
     return changed
 
 
+def is_binary(raw: bytes) -> bool:
+    """Whether git would call these bytes binary: a NUL among the first it reads."""
+    return b"\0" in raw[:_BINARY_PROBE]
+
+
 def _readable(path: str) -> str:
     """A path as text: bytes git gave that are not UTF-8 (kept as surrogates) become U+FFFD, as the history's
     paths do."""
@@ -195,7 +199,7 @@ def _text(path: str, held: bool, raw: bytes | None, config: ScrapeConfig) -> tup
     if path.endswith(NOTEBOOK_SUFFIX):
         lines = cells_source(raw)
         return ("notebook_unreadable", "") if lines is None else (None, "\n".join(lines) + "\n")
-    if b"\0" in raw[:_BINARY_PROBE]:
+    if is_binary(raw):
         return "binary_file", ""
     if len(raw) > config.max_file_diff_bytes:
         return "file_too_large", ""  # as a diff this large is left out: almost always generated
@@ -207,18 +211,3 @@ def _text(path: str, held: bool, raw: bytes | None, config: ScrapeConfig) -> tup
     if _GENERATED.search("\n".join(text.splitlines()[:_GENERATED_LINES])):
         return "generated", ""
     return None, text
-
-
-def _as_added(path: str, text: str) -> str:
-    """`text` as the diff that adds the file, which is what the redaction reads (the file's syntax from the
-    header, every line a `+` line)."""
-    body = "".join(f"+{line}\n" for line in text.split("\n"))
-    return f"diff --git a/{path} b/{path}\n{body}"
-
-
-def _as_file(redacted: str) -> str:
-    """The file's text back from its redacted diff (a key block the redaction replaced whole may have taken
-    lines with it, and their `+`)."""
-    body = redacted.split("\n", 1)[1] if "\n" in redacted else ""
-    lines = body.split("\n")[:-1]  # the diff's last line ended with its newline
-    return "\n".join(line.removeprefix("+") for line in lines)

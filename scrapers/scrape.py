@@ -31,11 +31,11 @@ from scrapers.config import ScrapeConfig
 from scrapers.errors import RepositoryError
 from scrapers.files import FILES_FILE, FilesRead, read_files, split_point
 from scrapers.git import (
+    Repository,
     RepositoryInfo,
     describe_repository,
     lacking_content,
     open_repository,
-    repository_at,
     rev_list,
     shallow_boundaries,
 )
@@ -154,6 +154,8 @@ class _Listed:
     name: str
     shas: list[str]
     tasks: list[ShardTask]
+    repo: Repository
+    """Opened once: the split point, the files and the completion cases read through it."""
 
 
 def scrape(
@@ -229,12 +231,9 @@ def _write_cases(
             held_out.setdefault(record["repo"], {}).setdefault(record["commit"], record)
     path = sequences.with_name(COMPLETIONS_FILE)
     partial = path.with_name(path.name + ".partial")
-    opened = {repository.name: repository for repository in listed}
     read = CasesRead()
     with partial.open("wb") as out:
-        for scraped in repositories:
-            source = opened[scraped.name]
-            repo = repository_at(source.git_dir, source.tasks[0].work_tree if source.tasks else None)
+        for scraped, repo in _opened(listed, repositories):
             read.add(write_cases(repo, scraped.name, held_out.get(scraped.name, {}).values(), config, out))
     os.replace(partial, path)
     return read
@@ -246,14 +245,20 @@ def _read_files(
     """Each scraped repository's files at its split point into `output_dir`'s FILES_FILE, atomically."""
     path = output_dir / FILES_FILE
     partial = path.with_name(path.name + ".partial")
-    opened = {repository.name: repository for repository in listed}
     with partial.open("wb") as out:
-        for scraped in repositories:
-            source = opened[scraped.name]
-            repo = repository_at(source.git_dir, source.tasks[0].work_tree if source.tasks else None)
+        for scraped, repo in _opened(listed, repositories):
             scraped.files = read_files(repo, scraped.files_at, config, scraped.name, out)
     os.replace(partial, path)
     return path
+
+
+def _opened(
+    listed: list[_Listed], repositories: list[RepositoryScrape]
+) -> Iterator[tuple[RepositoryScrape, Repository]]:
+    """Each scraped repository with the repository it was read from."""
+    opened = {source.name: source.repo for source in listed}
+    for scraped in repositories:
+        yield scraped, opened[scraped.name]
 
 
 def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[str], cores: int) -> _Listed:
@@ -278,7 +283,7 @@ def _list(repo_path, config: ScrapeConfig, part_prefix: Path, taken_names: list[
         )
         for shard in range(workers)
     ]
-    return _Listed(str(repo_path), repo.git_dir, info, name, shas, tasks)
+    return _Listed(str(repo_path), repo.git_dir, info, name, shas, tasks, repo)
 
 
 def _merge(
@@ -292,10 +297,7 @@ def _merge(
     split = _assign_splits(shas, results, config, seen_keys, stats)
     _write_sequences(shas, repository.tasks, results, split, len(config.formats), out, written)
     counts = Counter(split.values())
-    work_tree = repository.tasks[0].work_tree if repository.tasks else None
-    files_at = (
-        split_point(repository_at(repository.git_dir, work_tree), shas, split) if config.files else None
-    )
+    files_at = split_point(repository.repo, shas, split) if config.files else None
     return RepositoryScrape(
         name=repository.name,
         info=repository.info,

@@ -1776,6 +1776,23 @@ def redact_all(texts: Sequence[str]) -> list[tuple[str, Counter]]:
     return _redact_readings(redacted)
 
 
+def redact_files(files: Sequence[tuple[str, str]]) -> list[tuple[str, Counter]]:
+    """Each (path, text) file's text redacted as the diff that adds it would be (its syntax read from its
+    path, every line an added one), with what was found: a file as it stands, or a window of one."""
+    added = [
+        "".join([f"diff --git a/{path} b/{path}\n", *(f"+{line}\n" for line in text.split("\n"))])
+        for path, text in files
+    ]
+    return [(_added_text(redacted), counts) for redacted, counts in redact_all(added)]
+
+
+def _added_text(redacted: str) -> str:
+    """A file's text back from the diff that adds it, redacted (a key block replaced whole may have taken
+    lines with it, and their `+`)."""
+    body = redacted.split("\n", 1)[1] if "\n" in redacted else ""
+    return "\n".join(line.removeprefix("+") for line in body.split("\n")[:-1])  # the last line ended in one
+
+
 _ESCAPED_QUOTE = re.compile(r"\\(['\"])")
 """A quote inside a quoted string (`"--password=\\"...\\""`, `'{\\"api_key\\": \\"...\\"}'`)."""
 _READINGS: tuple[tuple[re.Pattern[str], str | int], ...] = (

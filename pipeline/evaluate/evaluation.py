@@ -103,14 +103,15 @@ def task_prompts(
                 commit.diff,
             )
         )
-    for case in cases:
-        given = f"{case.path}\n{case.before[-SHOWN_CHARS:]}"
-        prompts.append(TaskPrompt("code", case.commit, bare_prompt(case), given, case.line))
+    given = [f"{case.path}\n{case.before[-SHOWN_CHARS:]}" for case in cases]
+    prompts += [
+        TaskPrompt("code", c.commit, bare_prompt(c), g, c.line) for c, g in zip(cases, given, strict=True)
+    ]
     if index is not None:
-        for case in cases:
-            given = f"{case.path}\n{case.before[-SHOWN_CHARS:]}"
-            asked = context_prompt(case, index.context(case))
-            prompts.append(TaskPrompt("code_context", case.commit, asked, given, case.line))
+        prompts += [
+            TaskPrompt("code_context", c.commit, context_prompt(c, index.context(c)), g, c.line)
+            for c, g in zip(cases, given, strict=True)
+        ]
     return tuple(prompts)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from pipeline.suggest.retrieval import import_bm25s, name_terms
@@ -106,6 +107,9 @@ class CodeIndex:
                     self.lines.append((path, lines[number]))
                     before = lines[max(0, number - LOOKUP_LINES) : number]
                     line_terms.append(name_terms("\n".join(before)) or [""])
+        # Each entry's file, as arrays: a query leaves out the file being edited in one comparison.
+        self.chunk_paths = np.asarray([path for path, _ in self.chunks], dtype=object)
+        self.line_paths = np.asarray([path for path, _ in self.lines], dtype=object)
         self.chunk_index = bm25s.BM25() if chunk_terms else None
         if self.chunk_index is not None:
             self.chunk_index.index(chunk_terms, show_progress=False)
@@ -116,22 +120,20 @@ class CodeIndex:
     def context(self, case: CodeCase, k: int = CONTEXT_CHUNKS) -> list[tuple[str, str]]:
         """The `k` chunks of other files most like the lines before the cursor, best first."""
         query = name_terms("".join(case.before.splitlines(keepends=True)[-QUERY_LINES:]))
-        return [self.chunks[i] for i in self._best(self.chunk_index, self.chunks, query, case.path, k)]
+        return [self.chunks[i] for i in self._best(self.chunk_index, self.chunk_paths, query, case.path, k)]
 
     def lookup(self, case: CodeCase) -> str:
         """The line after the lines of another file most like the LOOKUP_LINES before the cursor ("" where
         none shares a name with them)."""
         query = name_terms("".join(case.before.splitlines(keepends=True)[-LOOKUP_LINES:]))
-        best = self._best(self.line_index, self.lines, query, case.path, 1)
+        best = self._best(self.line_index, self.line_paths, query, case.path, 1)
         return self.lines[best[0]][1] if best else ""
 
     @staticmethod
-    def _best(index, entries: list[tuple[str, str]], query: list[str], path: str, k: int) -> list[int]:
-        import numpy as np
-
+    def _best(index, paths, query: list[str], path: str, k: int) -> list[int]:
+        """The `k` best-scoring entries of `index` for `query` whose `paths` are not `path`."""
         if index is None or not query:
             return []
-        scores = index.get_scores(query)
-        scores = np.where(np.asarray([where == path for where, _ in entries]), 0.0, scores)
+        scores = np.where(paths == path, 0.0, index.get_scores(query))
         order = np.argsort(-scores, kind="stable")[:k]
         return [int(i) for i in order if scores[i] > 0]

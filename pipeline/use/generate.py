@@ -114,6 +114,14 @@ def generate(
     return _continuation(path, directory, prompt, task, max_new_tokens)
 
 
+def answering(model):
+    """A loaded adapter's weights folded into its base while it answers, as the scoreboard answers (a
+    quantized base left as it is)."""
+    return merged(
+        model, "none" if getattr(model.config, "quantization_config", None) is None else "quantized"
+    )
+
+
 def next_line(path: str | Path, before: str, file_path: str, max_new_tokens: int | None = None) -> str:
     """The line the model writes after `before` (a file's text up to the cursor, its last line ending
     there) in the repository's `file_path`, prompted as the scoreboard prompts it: with the chunks of other
@@ -134,8 +142,7 @@ def next_line(path: str | Path, before: str, file_path: str, max_new_tokens: int
     case = CodeCase("", "", repo, file_path, before.removesuffix("\n") + "\n", "")
     prompt = context_prompt(case, CodeIndex(records).context(case)) if records else bare_prompt(case)
     model, tokenizer = load_adapter(path)
-    quantization = "none" if getattr(model.config, "quantization_config", None) is None else "quantized"
-    with merged(model, quantization):
+    with answering(model):
         return generate_batched(
             model, tokenizer, [prompt], max_new_tokens or LINE_TOKENS, "fp32", next_line=True
         )[0]
@@ -192,8 +199,7 @@ def _continuation(
             f"--max-new-tokens {max_new_tokens}: the model reads at most {positions:,} positions and the prompt "
             f"takes {asked:,}: give at most {max(positions - asked, 0):,}"
         )
-    quantization = "none" if getattr(model.config, "quantization_config", None) is None else "quantized"
-    with merged(model, quantization):
+    with answering(model):
         return (
             given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
         )
