@@ -125,18 +125,18 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
     for prompts, stop_at_newline in ((messages, False), (CODE, True)):
         cut_loops = not stop_at_newline  # messages, as the evaluation asks them
         expected = [one_at_a_time(model, tokenizer, prompt, stop_at_newline, cut_loops) for prompt in prompts]
-        for batch_tokens in (one_batch, 2 * (NEW_TOKENS + 20)):  # one batch; several
-            # Rows that ended taken out at once, or kept in the batch until every row has ended.
-            for left_share in (0.0, 1.0):
-                monkeypatch.setattr(decoding, "CPU_BATCH_TOKENS", batch_tokens)
-                monkeypatch.setattr(decoding, "LEFT_SHARE", left_share)
-                told: list[int] = []
-                answers = generate_batched(
-                    model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, told.append, cut_loops
-                )
-                assert answers == expected
-                assert sum(told) == len(prompts)  # each forward's prompts, told as they are read
-                assert 0 in told  # and each step that writes the answers: still at work
+        # One batch whose rows that ended are taken out at once; several, whose rows are kept in their
+        # batch until every row has ended.
+        for batch_tokens, left_share in ((one_batch, 0.0), (2 * (NEW_TOKENS + 20), 1.0)):
+            monkeypatch.setattr(decoding, "CPU_BATCH_TOKENS", batch_tokens)
+            monkeypatch.setattr(decoding, "LEFT_SHARE", left_share)
+            told: list[int] = []
+            answers = generate_batched(
+                model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, told.append, cut_loops
+            )
+            assert answers == expected
+            assert sum(told) == len(prompts)  # each forward's prompts, told as they are read
+            assert 0 in told  # and each step that writes the answers: still at work
     # Rows left their batch early: an answer ended before the last token, and one at a line break.
     ended = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in expected]
     assert min(len(tokens) for tokens in ended) < NEW_TOKENS - 2
@@ -179,13 +179,13 @@ def test_a_prefill_never_copies_the_output_layer_once_per_row(pretrained, precis
     model, tokenizer = pretrained
     output_layer = model.get_output_embeddings().weight.numel()
     messages = [chat(tokenizer, diff) for diff in DIFFS]
-    with torch.no_grad():
-        expected = generate_batched(model, tokenizer, messages, NEW_TOKENS, precision, cut_loops=True)
+    with torch.no_grad():  # the first token alone: the prefill is what is looked at
+        expected = generate_batched(model, tokenizer, messages, 1, precision, cut_loops=True)
     for parameter in model.parameters():
         parameter.requires_grad_(False)  # a LoRA model's base; a weight that requires grad is folded
     try:
         with _Largest() as largest:
-            answers = generate_batched(model, tokenizer, messages, NEW_TOKENS, precision, cut_loops=True)
+            answers = generate_batched(model, tokenizer, messages, 1, precision, cut_loops=True)
     finally:
         for parameter in model.parameters():
             parameter.requires_grad_(True)

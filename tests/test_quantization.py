@@ -18,9 +18,14 @@ from tests.conftest import PRETRAINED, read_json, short_pretrained_run
 
 @pytest.fixture(scope="module")
 def quantized_run(tmp_path_factory):
-    # One format: half the tokens of the dense run, and 4 bits train no differently on either.
+    # One format and no files: a quarter of the dense run's tokens, and 4 bits train no differently on
+    # either; nothing here reads a next line's score.
     return short_pretrained_run(
-        tmp_path_factory.mktemp("qlora"), "plan.quantization=4bit", "scrape.format=message"
+        tmp_path_factory.mktemp("qlora"),
+        "plan.quantization=4bit",
+        "scrape.format=message",
+        "scrape.files=false",
+        "eval.code_cases=0",
     )
 
 

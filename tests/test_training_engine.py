@@ -172,7 +172,7 @@ def test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_wh
         "--repo", repo.path, "--model", "smollm2-135m", "--budget", "1m", "--set", "train.epochs=1",
         "--set", "train.max_sequence_length=64", "--set", "eval.samples=0", "--set", "eval.max_blocks=1",
         "--set", "eval.message_tokens=4", "--set", "scrape.format=message", "--set", "scrape.eval_commits=1",
-        "--set", "scrape.valid_commits=0",
+        "--set", "scrape.valid_commits=0", "--set", "scrape.files=false", "--set", "eval.code_cases=0",
     )  # fmt: skip
 
     def run_at(tokens_per_s: float, out: Path):
