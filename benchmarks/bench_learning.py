@@ -133,7 +133,7 @@ def report(budget: str, output: Path, shown: int) -> bool:
     )
 
     print()
-    for line in code_scoreboard(tasks):
+    for line in code_scoreboard(tasks, evaluation.get("code_system")):
         print(line)
     before, after = evaluation["before"], evaluation["after"]
     if before and after:

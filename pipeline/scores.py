@@ -10,6 +10,16 @@ from typing import Any
 # repository's words begins most of its answers alike (docs/evaluation.md); retrieval's follow the commits'.
 ONE_REGISTER_SHARE = 1 / 3
 
+# Each system that writes a next line (`pipeline.suggest.completion.CODE_SYSTEMS`) → its scores in the
+# manifest's `.training_report.evaluation.tasks` (system, task) and its label, in the scoreboard's order.
+CODE_LABELS = {
+    "base": ("before", "code", "base model"),
+    "base-context": ("before", "code_context", "base + context"),
+    "model": ("after", "code", "fine-tuned"),
+    "model-context": ("after", "code_context", "fine-tuned + context"),
+    "lookup": ("nearest_commit", "code", "lookup for code"),
+}
+
 
 def with_interval(scored: dict[str, Any], key: str, width: int = 0) -> str:
     """A score and its interval in brackets, one decimal each (no brackets where none was computed), the

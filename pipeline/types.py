@@ -562,11 +562,24 @@ class Evaluation:
     """The held-out blocks of each format the losses are measured on: the same before and after."""
     code_lookup: list[str] = field(default_factory=list)
     """The lookup for code's answers to the code cases (the line after the most similar lines elsewhere)."""
+    code_checks: tuple[TaskPrompt, ...] = ()
+    """The next lines of the validation commits, asked as the held-out ones are: they choose who writes a
+    next line (`code_system`), never the held-out ones."""
+    code_checks_lookup: list[str] = field(default_factory=list)
+    """The lookup for code's answers to `code_checks`' code questions."""
+    code_system: dict[str, Any] | None = None
+    """Who writes a next line at use (`pipeline.suggest.completion.CODE_SYSTEMS`), and the validation
+    scores that chose it."""
 
     @property
     def chosen(self) -> str | None:
         """The system the run suggests with (None where the past was not scored)."""
         return self.system["name"] if self.system else None
+
+    @property
+    def code_chosen(self) -> str | None:
+        """Who writes a next line at use (None where the past was not scored)."""
+        return self.code_system["name"] if self.code_system else None
 
 
 @dataclass(frozen=True)

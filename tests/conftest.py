@@ -334,6 +334,8 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--set", "eval.max_blocks=1",
         "--set", "eval.message_tokens=16",
         "--set", "monitor.collection_interval_seconds=1",
+        # fp32 on every CPU: `generate` answers in fp32, and tests hold it to the scoreboard's answers.
+        "--set", "plan.precision=fp32",
         *[part for override in overrides for part in ("--set", override)],
     ]  # fmt: skip
     assert run_pipeline.main(argv) == 0

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -44,7 +45,7 @@ from pipeline.suggest.suggestion import (
 )
 from pipeline.suggest.versions import anchors, moved
 from pipeline.suggest.web_editor import defaults
-from pipeline.types import PastCommit, Scores, TextStyle
+from pipeline.types import Evaluation, PastCommit, Scores, TaskPrompt, TextStyle
 from scrapers.config import ScrapeConfig
 from scrapers.scrape import scrape
 from tests.conftest import GitRepo, module_source
@@ -897,3 +898,45 @@ def test_fewer_cases_than_there_are_cover_as_many_commits_as_they_can():
     ]
     assert [case.line for case in spread(cases, 4)] == ["a0", "a1", "b0", "c0"]  # in their order
     assert spread(cases, 20) == cases
+
+
+def test_a_next_line_comes_from_the_system_that_beats_the_default_on_the_validation_lines(monkeypatch):
+    """The fine-tuned model with context writes next lines unless another system beats it on the
+    validation commits' lines by more than its gain's interval, resampled by commit; a gain on one line
+    of one commit is noise, and too few commits or no validation leave the default, saying why."""
+    from pipeline.evaluate import evaluation as scoring
+
+    commits = [f"{n:040x}" for n in range(12)]
+    lines = [(commit, f"value_{commit[-2:]}_{i} = compute()") for commit in commits for i in range(2)]
+    checks = tuple(
+        TaskPrompt(task, commit, "the prompt", "the lines before", line)
+        for task in ("code", "code_context")
+        for commit, line in lines
+    )
+    wrong = ["    pass"] * len(lines)
+    right = [line for _, line in lines]
+    once = [right[0], *wrong[1:]]
+    plan = SimpleNamespace(validate_model=True, quantization="none", precision="fp32")
+
+    def chosen(lookup, checked=checks, validates=True):
+        models = {"model-context": wrong, "model": wrong, "base-context": wrong, "base": wrong}
+        monkeypatch.setattr(scoring, "_answer_checks", lambda *args: dict(models))
+        asked = Evaluation(Scores(None, None), None, [], code_checks=checked, code_checks_lookup=lookup)
+        made = SimpleNamespace(**{**vars(plan), "validate_model": validates})
+        return scoring.choose_code_system(None, asked, None, made, None).code_system
+
+    beaten = chosen(right)
+    assert beaten["name"] == "lookup" and beaten["reason"].startswith(
+        "lookup beats model-context on 24 next lines"
+    )
+    assert beaten["validation"]["lookup"] == {"exact_match_pct": 100.0, "edit_similarity": 100.0}
+    assert (
+        beaten["validation_lines"] == 24 and beaten["validation_commits"] == 12 and beaten["gain"]["mean"] > 0
+    )
+    noise = chosen(once)
+    assert noise["name"] == "model-context" and noise["reason"].startswith("nothing beats model-context")
+    assert noise["gain"]["mean_ci95"][0] <= 0
+    few = chosen(right[:4], checks[:4] + checks[24:28])
+    assert few["name"] == "model-context" and "2 validation commits" in few["reason"] and few["gain"] is None
+    unvalidated = chosen(right, validates=False)
+    assert unvalidated["name"] == "model-context" and unvalidated["reason"].startswith("not validated")

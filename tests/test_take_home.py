@@ -735,21 +735,64 @@ def test_hook_bad_input_is_one_line(tiny_run, tmp_path, cli):
 
 def test_the_model_writes_the_next_line_at_use_as_the_scoreboard_asked_it(tiny_run, cli):
     """`generate --task code --path FILE` on a held-out case's text before the cursor gives the fine-tuned
-    model's answer in evaluation.jsonl: the same prompt, the same healed first token, the same line."""
-    cases = [orjson.loads(line) for line in (tiny_run / "completions.jsonl").read_bytes().splitlines()]
-    scored = [orjson.loads(line) for line in (tiny_run / "evaluation.jsonl").read_bytes().splitlines()]
-    asked = [row for row in scored if row["task"] == "code"]
-    assert asked
-    for row in asked:
-        path = row["given"].split("\n", 1)[0]
-        case = next(
-            case for case in cases
-            if (case["commit"], case["path"], case["line"]) == (row["commit"], path, row["reference"])
-        )  # fmt: skip
+    model's answer in evaluation.jsonl: the same prompt, the same healed first token, the same line (a run
+    without files: the fine-tuned model alone, the default where there is no context to retrieve)."""
+    chosen = read_json(tiny_run / "MANIFEST.json")["training_report"]["evaluation"]["code_system"]
+    assert chosen["name"] == "model"
+    for row, case in held_out_lines(tiny_run, "code"):
         result = cli(
-            "generate", "--adapter", tiny_run, "--task", "code", "--path", path, "--prompt", case["before"]
-        )
+            "generate", "--adapter", tiny_run, "--task", "code", "--path", case["path"], "--prompt", case["before"]
+        )  # fmt: skip
         assert result.code == 0, result.err
         assert result.out == row["fine_tuned"] + "\n"
+
+
+@pytest.mark.parametrize(
+    ("system", "task", "column"),
+    [
+        (None, "code_context", "fine_tuned"),  # the run's choice: the default, too few validation commits
+        ("base-context", "code_context", "base"),
+        ("lookup", "code", "nearest_commit"),
+    ],
+)
+def test_each_system_writes_the_next_line_at_use_as_the_scoreboard_asked_it(
+    pretrained_run, cli, system, task, column
+):
+    """`generate --task code --system S` gives S's answer in evaluation.jsonl, retrieved context and the
+    base model's own weights included; without --system, the system the run chose, which the manifest
+    names with why."""
+    chosen = read_json(pretrained_run / "MANIFEST.json")["training_report"]["evaluation"]["code_system"]
+    assert chosen["name"] == "model-context" and "too few to tell systems apart" in chosen["reason"]
+    row, case = held_out_lines(pretrained_run, task)[0]
+    result = cli(
+        "generate", "--adapter", pretrained_run, "--task", "code", "--path", case["path"], "--prompt",
+        case["before"], *(["--system", system] if system else []),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert result.out == row[column] + "\n"
+
+
+def held_out_lines(run: Path, task: str) -> list[tuple[dict, dict]]:
+    """Each of `run`'s scored `task` questions (evaluation.jsonl) with its case (completions.jsonl)."""
+    cases = [orjson.loads(line) for line in (run / "completions.jsonl").read_bytes().splitlines()]
+    scored = [orjson.loads(line) for line in (run / "evaluation.jsonl").read_bytes().splitlines()]
+    found = []
+    for row in scored:
+        if row["task"] == task:
+            path = row["given"].split("\n", 1)[0]
+            found.append((row, next(
+                case for case in cases
+                if (case["commit"], case["path"], case["line"]) == (row["commit"], path, row["reference"])
+            )))  # fmt: skip
+    assert found
+    return found
+
+
+def test_a_next_line_asked_wrongly_is_one_line(tiny_run, cli):
     no_path = cli("generate", "--adapter", tiny_run, "--task", "code", "--prompt", "x = 1")
     assert no_path.code == 2 and "--task code needs --path" in no_path.err
+    asked = ("generate", "--adapter", tiny_run, "--prompt", "x = 1")
+    selector = cli(*asked, "--task", "code", "--path", "a.py", "--system", "selector")
+    assert selector.code == 2 and "--system selector: with --task code, one of model-context" in selector.err
+    base = cli(*asked, "--task", "message", "--system", "base")
+    assert base.code == 2 and "--system base: with --task message, one of lookup, selector, model" in base.err

@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,16 @@ from pipeline.builtin import cache_home
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
 from pipeline.progress import Progress, say
-from pipeline.scores import difference, registers, with_interval
-from pipeline.suggest.completion import LINE_TOKENS, CodeCase, CodeIndex, bare_prompt, context_prompt
-from pipeline.suggest.decoding import generate_batched, merged
+from pipeline.scores import CODE_LABELS, difference, registers, with_interval
+from pipeline.suggest.completion import (
+    DEFAULT_CODE_SYSTEM,
+    LINE_TOKENS,
+    CodeCase,
+    CodeIndex,
+    bare_prompt,
+    context_prompt,
+)
+from pipeline.suggest.decoding import base_only, generate_batched, merged
 from pipeline.suggest.suggestion import backtest
 from pipeline.types import (
     Evaluation,
@@ -67,6 +75,9 @@ CODE_TASKS = ("code", "code_context")
 # As the progress lines count them.
 TASK_NAMES = {"message": "commit messages", "code": "next lines", "code_context": "next lines with context"}
 SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
+# Validation commits below which the systems that write a next line are not compared: an interval
+# resampled from a handful of commits is narrow by chance (one commit gives a single point).
+CODE_CHOICE_COMMITS = 10
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
 BOOTSTRAP_RESAMPLES = 1000
 # Below this many commits a bootstrap resamples little more than the scores themselves: the note says so.
@@ -223,12 +234,17 @@ def paired_difference(
     return result
 
 
-def mean_gain(baseline: Sequence[str], system: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """`system` − `baseline` in the mean of chrF and edit similarity (what a suggestion system is chosen
-    by), with its 95% paired bootstrap interval."""
-    paired = _paired_resampled("message", baseline, system, references)
-    (chrf, chrfs), (similarity, similarities) = paired["chrf"], paired["edit_similarity"]
-    return {"mean": round((chrf + similarity) / 2, 2), "mean_ci95": _interval((chrfs + similarities) / 2)}
+def mean_gain(
+    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], commits: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`system` − `baseline` in the mean of the task's two scores (what a system is chosen by), with its
+    95% paired bootstrap interval: chrF and edit similarity of commit messages, or with `commits` (a code
+    task's, resampled by commit) exact match and edit similarity."""
+    task = "code" if commits else "message"
+    (first, firsts), (second, seconds) = _paired_resampled(
+        task, baseline, system, references, commits or None
+    ).values()
+    return {"mean": round((first + second) / 2, 2), "mean_ci95": _interval((firsts + seconds) / 2)}
 
 
 def _paired_resampled(
@@ -449,6 +465,100 @@ def validation_answers(
         who = "the fine-tuned model (validation commits)"
         outputs = answer_tasks(model, prepared.tokenizer, messages, config, plan.precision, who)
     return Scores(None, None, outputs, time.perf_counter() - started)
+
+
+def choose_code_system(
+    model, evaluation: Evaluation, prepared: Prepared, plan: Plan, config: EvalConfig
+) -> Evaluation:
+    """Who writes a next line at use: the fine-tuned model with retrieved context (alone where the run
+    has no files to retrieve from), unless another of `completion.CODE_SYSTEMS` beats it on the validation commits'
+    next lines (`evaluation.code_checks`, answered here) by more than the 95% interval of its gain in the
+    mean of exact match and edit similarity, resampled by commit; where the plan has no model answer the
+    validation commits, it stands unvalidated. `evaluation` with it (`code_system`)."""
+    return replace(evaluation, code_system=_code_system(model, evaluation, prepared, plan, config))
+
+
+def _code_system(
+    model, evaluation: Evaluation, prepared: Prepared, plan: Plan, config: EvalConfig
+) -> dict[str, Any]:
+    checks = evaluation.code_checks
+    default = DEFAULT_CODE_SYSTEM if any(p.task == "code_context" for p in checks) else "model"
+    unchosen = {
+        "name": default,
+        "validation": {},
+        "validation_lines": 0,
+        "validation_commits": 0,
+        "gain": None,
+    }
+    what = CODE_LABELS[default][2] + (
+        " (fine-tuning and retrieval add up)" if default == DEFAULT_CODE_SYSTEM else ""
+    )
+    if not plan.validate_model:
+        return {
+            **unchosen,
+            "reason": f"not validated (eval.validate_model is off, the plan says why): the {what}",
+        }
+    commits = len({p.commit for p in checks})
+    if commits < CODE_CHOICE_COMMITS:
+        reason = f"{commits} validation commits added lines to complete, too few to tell systems apart"
+        return {**unchosen, "validation_commits": commits, "reason": f"{reason}: the {what}"}
+    started = time.perf_counter()
+    answers = _answer_checks(model, checks, prepared, plan, config)
+    if evaluation.code_checks_lookup:
+        answers["lookup"] = evaluation.code_checks_lookup
+    chosen = _code_winner(answers, [p for p in checks if p.task == "code"], default)
+    say(f"chose who writes a next line in {time.perf_counter() - started:.0f} s: {chosen['name']}")
+    return chosen
+
+
+def _answer_checks(
+    model, checks: Sequence[TaskPrompt], prepared: Prepared, plan: Plan, config: EvalConfig
+) -> dict[str, list[str]]:
+    """The models' next lines for the validation commits: fine-tuned and base, with context and without
+    (where the prompts carry it)."""
+    tuned = "the fine-tuned model (validation lines)"
+    with merged(model, plan.quantization):
+        answers = answer_tasks(model, prepared.tokenizer, checks, config, plan.precision, tuned)
+    with base_only(model):
+        base = answer_tasks(model, prepared.tokenizer, checks, config, plan.precision, "the base model (validation lines)")  # fmt: skip
+    named = {
+        "model-context": answers.get("code_context"), "model": answers.get("code"),
+        "base-context": base.get("code_context"), "base": base.get("code"),
+    }  # fmt: skip
+    return {name: outputs for name, outputs in named.items() if outputs}
+
+
+def _code_winner(answers: dict[str, list[str]], asked: Sequence[TaskPrompt], default: str) -> dict[str, Any]:
+    """`default`, or the system whose gain over it in the mean of exact match and edit similarity on
+    `asked` (the validation lines) is highest among those whose 95% interval is above zero."""
+    references, commits = [p.reference for p in asked], [p.commit for p in asked]
+    validation = {}
+    for name, outputs in answers.items():
+        scored = score_code(outputs, references, commits)
+        validation[name] = {key: scored[key] for key in ("exact_match_pct", "edit_similarity")}
+    gains = {
+        name: mean_gain(answers[default], outputs, references, commits)
+        for name, outputs in answers.items()
+        if name != default
+    }
+    beating = [name for name, gain in gains.items() if gain["mean_ci95"][0] > 0]
+    best = max(beating, key=lambda name: gains[name]["mean"], default=None)
+    closest = best or max(gains, key=lambda name: gains[name]["mean"], default=None)
+    said = f"on {len(asked)} next lines of {len(set(commits))} validation commits"
+    reason = (
+        f"{best} beats {default} {said} beyond noise"
+        if best
+        else f"nothing beats {default} {said} beyond noise"
+    )
+    if closest:
+        low, high = gains[closest]["mean_ci95"]
+        reason += (
+            f" ({closest} {gains[closest]['mean']:+.1f} [{low:+.1f}, {high:+.1f}] in the mean of EM and ES)"
+        )
+    return {
+        "name": best or default, "reason": reason, "validation": validation, "validation_lines": len(asked),
+        "validation_commits": len(set(commits)), "gain": gains[closest] if closest else None,
+    }  # fmt: skip
 
 
 def score_past(
@@ -695,6 +805,7 @@ def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
         "tasks": {name: _compared(evaluation, scores) for name, scores in systems.items()},
         "samples": {name: _samples(evaluation.prompts, scores) for name, scores in systems.items()},
         "system": evaluation.system,
+        "code_system": evaluation.code_system,
         "held_out_commits": evaluation.held_out_commits,
         "cost": {
             "before_s": round(before.seconds, 3),
@@ -763,7 +874,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
                 )
     tasks = evaluation["tasks"]
     lines += _message_scoreboard(evaluation)
-    code = code_scoreboard(tasks)
+    code = code_scoreboard(tasks, evaluation.get("code_system"))
     if not code and (tasks.get("after") or {}).get("message"):
         code = [
             "next line: nothing to score (the held-out commits added no line of text past a file's second, "
@@ -776,21 +887,15 @@ def format_evaluation(result: Evaluation) -> list[str]:
     return lines
 
 
-CODE_SYSTEMS = {  # (system, task) → label, in the order the scoreboard says them
-    ("before", "code"): "base model",
-    ("before", "code_context"): "base + context",
-    ("after", "code"): "fine-tuned",
-    ("after", "code_context"): "fine-tuned + context",
-    ("nearest_commit", "code"): "lookup for code",
-}
-
-
-def code_scoreboard(tasks: dict[str, Any]) -> list[str]:
+def code_scoreboard(tasks: dict[str, Any], chosen: dict[str, Any] | None = None) -> list[str]:
     """The next-line tasks as a scoreboard (`tasks`: the manifest's `.evaluation.tasks`): every system's
     exact match and edit similarity with intervals, a model's gain over the base model given the same
-    prompt, and over the lookup for code."""
-    scored = {key: ((tasks.get(key[0]) or {}).get(key[1]), label) for key, label in CODE_SYSTEMS.items()}
-    present = [metrics for metrics, _ in scored.values() if metrics]
+    prompt, and over the lookup for code; the system `chosen` to write next lines at use marked, and why."""
+    scored = {
+        name: ((tasks.get(key) or {}).get(task), key, label)
+        for name, (key, task, label) in CODE_LABELS.items()
+    }
+    present = [metrics for metrics, _, _ in scored.values() if metrics]
     if not present:
         return []
     first = present[0]
@@ -798,15 +903,18 @@ def code_scoreboard(tasks: dict[str, Any]) -> list[str]:
         f"next line at {first['samples']} lines {first.get('commits', '?')} held-out commits added (exact match %, "
         "edit similarity [95% interval, resampled by commit]):"
     ]
-    for (system, _), (metrics, label) in scored.items():
+    for name, (metrics, system, label) in scored.items():
         if not metrics:
             continue
-        line = f"  {label:<24} EM {with_interval(metrics, 'exact_match_pct', 5)}  ES {with_interval(metrics, 'edit_similarity', 5)}"
+        label += " (chosen)" if chosen and chosen["name"] == name else ""
+        line = f"  {label:<29} EM {with_interval(metrics, 'exact_match_pct', 5)}  ES {with_interval(metrics, 'edit_similarity', 5)}"
         for key, against in (("vs_before", "base"), ("vs_nearest_commit", "lookup")):
             if system == "after" and metrics.get(key):
                 versus = metrics[key]
                 line += f"  vs {against} {difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
         lines.append(line)
+    if chosen:
+        lines.append(f"  next lines come from the {CODE_LABELS[chosen['name']][2]}: {chosen['reason']}")
     return lines
 
 

@@ -18,6 +18,7 @@ from pipeline.data.sources import completions_path, read_files
 from pipeline.evaluate.evaluation import (
     EVALUATION_FILE,
     base_scores_cache,
+    choose_code_system,
     evaluate,
     evaluate_base,
     format_evaluation,
@@ -41,7 +42,9 @@ def before_training(
     the same questions on the same blocks."""
     config, prepared = loaded.config, data.prepared
     prompts: tuple[TaskPrompt, ...] = ()
+    checks: tuple[TaskPrompt, ...] = ()
     lookup: list[str] = []
+    checks_lookup: list[str] = []
     if past:
         commits = past.split("eval")[: data.plan.eval_samples]
         cases = read_cases(completions_path(data.scraped), "eval", [commit.sha for commit in commits])
@@ -52,13 +55,21 @@ def before_training(
             commits, prepared.tokenizer, prepared.style, len(commits), config.train.max_prompt_tokens, cases, index
         )  # fmt: skip
         lookup = [index.lookup(case) for case in cases] if index else []
+        if data.plan.validate_model:  # who writes a next line is chosen on these
+            valid = [commit.sha for commit in past.split("valid")]
+            checked = spread(read_cases(completions_path(data.scraped), "valid", valid), data.plan.code_cases)
+            checks = task_prompts([], prepared.tokenizer, prepared.style, 0, 0, checked, index)
+            checks_lookup = [index.lookup(case) for case in checked] if index else []
     held_out = held_out_blocks(data.packed, data.plan.eval_blocks)
     cache = base_scores_cache(config.eval, data.prepared.facts, loaded.continues is not None)
     before = step(
         "evaluate_before", evaluate_base, model.model, held_out, prompts, data.plan, data.prepared, config.eval,
         cache,
     )  # fmt: skip
-    return Evaluation(before, None, [], prompts, held_out=held_out, code_lookup=lookup)
+    return Evaluation(
+        before, None, [], prompts, held_out=held_out, code_lookup=lookup, code_checks=checks,
+        code_checks_lookup=checks_lookup,
+    )  # fmt: skip
 
 
 def spread(cases: list[CodeCase], most: int) -> list[CodeCase]:
@@ -110,6 +121,10 @@ def against_the_past(
     scored = step(
         "evaluate_past", score_past, past, evaluation.prompts, evaluation.after, config.retrieval,
         outcome.plan.seed, answers,
+    )  # fmt: skip
+    evaluation = step(
+        "evaluate_code_validation", choose_code_system, model.model, evaluation, data.prepared, outcome.plan,
+        config.eval,
     )  # fmt: skip
     note = held_out_note(len(past.split("eval")), data.plan.eval_samples, data.scraped.summary)
     nearest = scored.nearest_commit

@@ -74,10 +74,10 @@ BUDGET_TRAIN_SHARE = 0.8  # of a budget, what training fills until the run knows
 TRAINING_TIME_LIMIT = 0.9  # of it, where training then stops; after, training fills 8/9 of its deadline
 AFTER_TRAINING_S = 10.0  # the past's backtest and saving the adapter and manifest, with room to spare
 UNMEASURED_AFTER_SHARE = 0.1  # of a budget: scoring the fine-tuned model, where no scoring was timed
-# The fine-tuned model answering the validation commits (eval.validate_model), over its scoring on the
-# held-out ones: messages alone, where scoring also answers next lines and takes the held-out loss (about
-# half; docs/planning.md).
-VALIDATION_SHARE = 0.5
+# Answering the validation commits (eval.validate_model), over the fine-tuned model's scoring on the
+# held-out ones: their messages, and their next lines by the fine-tuned and the base model, with context
+# and without, where scoring answers each next line twice; next lines are most of scoring's cost.
+VALIDATION_SHARE = 2.0
 AHEAD_TOKENS_PER_S = 2000  # what a run tokenizes ahead of a budget assumes: well above what 2 cores train
 # A validation (a forward pass alone, with the adapters) over a training step's tokens/s: the lower of what
 # bf16 and fp32 measured (docs/development.md), so that a validation is not planned cheaper than it runs.
@@ -937,10 +937,11 @@ def _validate_model(p: Decisions, device: str) -> None:
         p.planned(
             "validate_model",
             False,
-            f"a CPU with a {budget:.0f} s budget: answering the validation commits takes training time (13 s "
-            "of a 545 s run on 2 cores with bf16, pallets/flask) from a model that minutes of CPU training "
-            "have not made better than retrieval on any repository measured; the suggestions come from the "
-            "retrieval system that validates best (eval.validate_model=true includes the model)",
+            f"a CPU with a {budget:.0f} s budget: answering the validation commits (messages, and next lines "
+            "by the fine-tuned and the base model) takes about twice the fine-tuned model's scoring from "
+            "training, for a model that minutes of CPU training have not made better than retrieval on any "
+            "repository measured; messages come from the retrieval system that validates best, next lines "
+            "from the fine-tuned model with context (eval.validate_model=true validates both)",
         )
 
 

@@ -21,6 +21,7 @@ from pipeline.plan.planner import format_plan, plan_for, planned_again, time_lef
 from pipeline.progress import say
 from pipeline.record.card import model_card
 from pipeline.record.run import Record, open_run
+from pipeline.suggest.completion import DEFAULT_CODE_SYSTEM
 from pipeline.suggest.suggestion import Suggester, for_use, learn_past
 from pipeline.train.model import (
     CHECKPOINT_DIR,
@@ -116,7 +117,11 @@ def train_and_evaluate(
     record.add(evaluation)
     if record.writes:
         remember_speed(outcome, data.machine, data.prepared.facts.name)
-    return outcome, for_use(past, evaluation.chosen, config.scrape) if past and evaluation.chosen else None
+    if not (past and evaluation.chosen):
+        return outcome, None
+    return outcome, for_use(
+        past, evaluation.chosen, config.scrape, evaluation.code_chosen or DEFAULT_CODE_SYSTEM
+    )
 
 
 def fit_to_time_left(record: Record, loaded: LoadedConfig, data: Data, before: Scores, resume: bool) -> Data:

@@ -26,7 +26,7 @@ import copy
 import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from pipeline.train.model import causal_lm, scoring
 
@@ -57,6 +57,14 @@ def merged(model, quantization: str) -> Iterator[None]:
     finally:
         if fold:
             model.unmerge_adapter()
+
+
+@contextmanager
+def base_only(model) -> Iterator[None]:
+    """The base model alone while answering: the adapter's layers skipped (peft's `disable_adapter`), the
+    same weights the base model answered with before training."""
+    with model.disable_adapter() if getattr(model, "peft_config", None) else nullcontext():
+        yield
 
 
 def generate_batched(

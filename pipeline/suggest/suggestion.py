@@ -38,6 +38,7 @@ from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
 from pipeline.progress import say
 from pipeline.suggest.changelog import entry
+from pipeline.suggest.completion import DEFAULT_CODE_SYSTEM
 from pipeline.suggest.retrieval import (
     INDEX_DIR,
     Index,
@@ -301,8 +302,11 @@ class Suggester:
         system: str = "selector",
         graded: Graded | None = None,
         files: dict[str, Any] | None = None,
+        code_system: str = DEFAULT_CODE_SYSTEM,
     ):
         self.index, self.selector, self.k, self.system = index, selector, k, system
+        self.code_system = code_system
+        """Who writes a next line (`pipeline.suggest.completion.CODE_SYSTEMS`), as the run chose."""
         self.files = file_filters() if files is None else files
         """How the scrape chose the files of the diffs indexed (`scrapers.filters.FILE_FILTERS`): a new
         diff is read the same way (`as_trained`)."""
@@ -382,6 +386,7 @@ class Suggester:
             self.selector.save_model(str(directory / INDEX_DIR / SELECTOR_FILE))
         facts = {
             "system": self.system,
+            "code_system": self.code_system,
             "k": self.k,
             "files": self.files,
         }
@@ -407,14 +412,25 @@ class Suggester:
         # A past saved before its file filters were (an adapter of an earlier version): the shipped ones.
         return cls(
             Index.load(where), selector, facts["k"], facts["system"], files=facts.get("files"),
+            code_system=facts.get("code_system", DEFAULT_CODE_SYSTEM),
         )  # fmt: skip
 
 
 def saved_file_filters(directory: Path) -> dict[str, Any]:
     """How the scrape chose the files of the diffs an adapter's past indexed (`Suggester.files`), read
     without loading the index; the shipped ones for an adapter saved without its past."""
+    return _saved(directory).get("files") or file_filters()
+
+
+def saved_code_system(directory: Path) -> str:
+    """Who writes a next line with the adapter in `directory` (`Suggester.code_system`), read without
+    loading the index; the default for an adapter saved without its past or before the run chose."""
+    return _saved(directory).get("code_system") or DEFAULT_CODE_SYSTEM
+
+
+def _saved(directory: Path) -> dict[str, Any]:
     saved = directory / INDEX_DIR / SYSTEM_FILE
-    return (orjson.loads(saved.read_bytes()).get("files") if saved.exists() else None) or file_filters()
+    return orjson.loads(saved.read_bytes()) if saved.exists() else {}
 
 
 def learn_past(sequences_path: Path, config: RetrievalConfig, seed: int, history: Path | None = None) -> Past:
@@ -539,14 +555,17 @@ def backtest(past: Past, config: RetrievalConfig, seed: int) -> list[dict[str, A
     return blocks
 
 
-def for_use(past: Past, system: str, scrape: ScrapeConfig) -> Suggester:
+def for_use(
+    past: Past, system: str, scrape: ScrapeConfig, code_system: str = DEFAULT_CODE_SYSTEM
+) -> Suggester:
     """What a run leaves for new diffs: the index over the whole history (held-out commits included:
-    they are the newest past a new diff has), the selector, the system the run chose, and how `scrape`
-    chose the files of the diffs indexed."""
+    they are the newest past a new diff has), the selector, the systems the run chose (for a message and
+    for a next line), and how `scrape` chose the files of the diffs indexed."""
     return Suggester(
         past.whole_history,
         past.suggester.selector,
         past.suggester.k,
         system,
         files=file_filters(scrape),
+        code_system=code_system,
     )

@@ -158,11 +158,13 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--system",
-        choices=["lookup", "selector", "model"],
-        help="with --task message: who answers (default: the system the run chose on its validation "
-        "commits, see MANIFEST.json .training_report.evaluation.system): the message of the most similar "
-        "past commit, the selector's choice among the similar past commits' messages and the diff's "
-        "changelog entry, or the fine-tuned model",
+        choices=["lookup", "selector", "model", "model-context", "base-context", "base"],
+        help="who answers (default: the system the run chose on its validation commits). With --task "
+        "message (MANIFEST.json .training_report.evaluation.system): lookup, the message of the most "
+        "similar past commit; selector, the selector's choice among the similar past commits' messages and "
+        "the diff's changelog entry; model, the fine-tuned model. With --task code (.code_system): "
+        "model-context or base-context, the fine-tuned or the base model given chunks of other files; model "
+        "or base, either without them; lookup, the line after the most similar lines elsewhere",
     )
     parser.add_argument(
         "--max-new-tokens",

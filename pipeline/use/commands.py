@@ -37,7 +37,7 @@ def generate(
         )
     text = as_text(sys.stdin.read() if prompt == "-" else prompt)
     if task == "code":
-        print(generation.next_line(adapter, text, path, max_new_tokens))
+        print(generation.next_line(adapter, text, path, max_new_tokens, system))
         return
     if path:
         raise PipelineError("--path names the file a next line is written in: use it with --task code")

@@ -11,10 +11,17 @@ from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_li
 from pipeline.config import EvalConfig
 from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
-from pipeline.suggest.completion import LINE_TOKENS, CodeCase, CodeIndex, bare_prompt, context_prompt
-from pipeline.suggest.decoding import generate_batched, merged
+from pipeline.suggest.completion import (
+    CODE_SYSTEMS,
+    LINE_TOKENS,
+    CodeCase,
+    CodeIndex,
+    bare_prompt,
+    context_prompt,
+)
+from pipeline.suggest.decoding import base_only, generate_batched, merged
 from pipeline.suggest.retrieval import INDEX_DIR
-from pipeline.suggest.suggestion import Suggester, saved_file_filters
+from pipeline.suggest.suggestion import Suggester, saved_code_system, saved_file_filters
 from pipeline.train.model import (
     ADAPTER_DIR,
     BASE_MODEL_DIR,
@@ -110,7 +117,9 @@ def generate(
     if task == "message":
         return commit_messages(path, prompt, 0, system, max_new_tokens)[0]
     if system:
-        raise ModelLoadError("--system chooses who writes a commit message: use it with --task message")
+        raise ModelLoadError(
+            "--system chooses who writes a commit message or a next line: use it with --task message or code"
+        )
     return _continuation(path, directory, prompt, task, max_new_tokens)
 
 
@@ -122,11 +131,18 @@ def answering(model):
     )
 
 
-def next_line(path: str | Path, before: str, file_path: str, max_new_tokens: int | None = None) -> str:
-    """The line the model writes after `before` (a file's text up to the cursor, its last line ending
-    there) in the repository's `file_path`, prompted as the scoreboard prompts it: with the chunks of other
-    files the run's split point holds that are most like the lines before the cursor (CODE_FILES beside
-    the adapter), alone where there are none."""
+def next_line(
+    path: str | Path,
+    before: str,
+    file_path: str,
+    max_new_tokens: int | None = None,
+    system: str | None = None,
+) -> str:
+    """The line written after `before` (a file's text up to the cursor, its last line ending there) in
+    the repository's `file_path` by `system` (default: the one the run chose, `saved_code_system`), asked
+    as the scoreboard asks it: a model's prompt with the chunks of other files the run's split point holds
+    that are most like the lines before the cursor (CODE_FILES beside the adapter) where the system reads
+    them; the lookup for code loads no model."""
     directory = adapter_directory(path)
     if not before.strip():
         raise PipelineError(
@@ -136,13 +152,26 @@ def next_line(path: str | Path, before: str, file_path: str, max_new_tokens: int
         raise PipelineError(
             "--task code needs --path: the file's path in the repository (its name says the language)"
         )
+    system = system or saved_code_system(directory)
+    if system not in CODE_SYSTEMS:
+        raise PipelineError(
+            f"--system {system}: with --task code, one of {', '.join(CODE_SYSTEMS)} (default: the run's choice)"
+        )
     files = directory / CODE_FILES
     records = [orjson.loads(line) for line in files.read_bytes().splitlines()] if files.exists() else []
     repo = records[0]["repo"] if records else ""
     case = CodeCase("", "", repo, file_path, before.removesuffix("\n") + "\n", "")
-    prompt = context_prompt(case, CodeIndex(records).context(case)) if records else bare_prompt(case)
+    asked = CODE_SYSTEMS[system]
+    if asked is None:
+        if not records:
+            raise ModelLoadError(f"--system lookup: {directory} has no {CODE_FILES} to look lines up in")
+        return CodeIndex(records).lookup(case)
+    tuned, context = asked
+    prompt = (
+        context_prompt(case, CodeIndex(records).context(case)) if records and context else bare_prompt(case)
+    )
     model, tokenizer = load_adapter(path)
-    with answering(model):
+    with answering(model) if tuned else base_only(model):
         return generate_batched(
             model, tokenizer, [prompt], max_new_tokens or LINE_TOKENS, "fp32", next_line=True
         )[0]
@@ -159,6 +188,8 @@ def commit_messages(
     answers without loading the model at all. Then the next best `alternatives` from the past (the
     commit hook's, beside the model's answer where the model writes), the past read once for all."""
     directory = adapter_directory(path)
+    if system not in (None, "lookup", "selector", "model"):
+        raise PipelineError(f"--system {system}: with --task message, one of lookup, selector, model")
     if not diff.strip():  # the past would answer nothing with whatever it ranks first
         raise PipelineError(
             "--prompt is empty: give the diff to write a message for (`git diff --cached --no-ext-diff | … "

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.manifest import load_manifest, write_text_output
-from pipeline.scores import difference, registers, with_interval
+from pipeline.scores import CODE_LABELS, difference, registers, with_interval
 from pipeline.use.diff import CATEGORIES, compare
 
 STYLE = """
@@ -276,15 +276,17 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
 
 
 def _code_scores(evaluation: dict[str, Any]) -> list[str]:
-    """The next line of a change, before and after training."""
+    """The next line at a cursor: every system, a model's gain over the base model given the same prompt,
+    and who writes next lines at use, with why."""
     tasks, rows = evaluation.get("tasks") or {}, []
-    for name in ("before", "after"):
-        scored = (tasks.get(name) or {}).get("code")
+    chosen = evaluation.get("code_system") or {}
+    for name, (system, task, label) in CODE_LABELS.items():
+        scored = (tasks.get(system) or {}).get(task)
         if scored:
             versus = scored.get("vs_before") or {}
             rows.append(
                 (
-                    _e(SYSTEM_LABELS[name]),
+                    _e(label + (" (chosen)" if chosen.get("name") == name else "")),
                     _e(with_interval(scored, "exact_match_pct")),
                     _e(with_interval(scored, "edit_similarity")),
                     _signed(versus, "exact_match_pct"),
@@ -293,10 +295,12 @@ def _code_scores(evaluation: dict[str, Any]) -> list[str]:
             )
     if not rows:
         return []
-    header = ("model", "exact match % [95%]", "edit similarity [95%]", "exact vs base", "ES vs base")
+    header = ("system", "exact match % [95%]", "edit similarity [95%]", "exact vs base", "ES vs base")
+    said = [f'<p class="muted">{_e(chosen["reason"])}</p>'] if chosen else []
     return [
-        "<h3>Next line of a change (path, hunk heading and the lines before it given)</h3>",
+        "<h3>Next line at a cursor (the file before it given; resampled by commit)</h3>",
         _table(header, rows, escape=False, css="scores"),
+        *said,
     ]
 
 
