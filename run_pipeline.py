@@ -34,6 +34,7 @@ from pipeline.use.cli import (
     report_options,
     resume_option,
     run_command,
+    serve_options,
     update_options,
 )
 from scrapers.safe_git import forget_inherited_repository
@@ -85,6 +86,11 @@ def export(args: argparse.Namespace) -> None:
     use.export(args.adapter, args.output, args.gguf_type)
 
 
+def serve(args: argparse.Namespace) -> None:
+    """Answer as an OpenAI-compatible server (completions, chat, a diff's commit message) until Ctrl-C."""
+    use.serve(args.adapter, args.host, args.port, args.name)
+
+
 def hook(args: argparse.Namespace) -> None:
     """Install (or uninstall) a prepare-commit-msg hook that suggests a message and never blocks a commit."""
     use.hook(args.action, args.repo, args.adapter, args.timeout, args.alternatives)
@@ -130,6 +136,9 @@ COMMANDS = {
     ),
     "export": Command(
         export, "merge the adapter and write a GGUF file for llama.cpp and Ollama", export_options, False
+    ),
+    "serve": Command(
+        serve, "answer editors and tools as an OpenAI-compatible server on this machine", serve_options, False
     ),
     "hook": Command(
         hook,

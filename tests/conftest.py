@@ -132,7 +132,7 @@ class CliResult:
     err: str
 
 
-MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor", "export", "hook"}
+MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor", "export", "hook", "serve"}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -134,10 +134,14 @@ def resume_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def generate_options(parser: argparse.ArgumentParser) -> None:
+def adapter_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--adapter", required=True, metavar="DIR", help="a run's output directory, or its adapter/"
     )
+
+
+def generate_options(parser: argparse.ArgumentParser) -> None:
+    adapter_option(parser)
     parser.add_argument(
         "--prompt",
         default="",
@@ -189,9 +193,7 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
 
 
 def export_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--adapter", required=True, metavar="DIR", help="a run's output directory, or its adapter/"
-    )
+    adapter_option(parser)
     parser.add_argument(
         "--output",
         required=True,
@@ -204,6 +206,21 @@ def export_options(parser: argparse.ArgumentParser) -> None:
         choices=["f16", "q8_0"],
         default="f16",
         help="weight type: f16 (the merged weights; default) or q8_0 (half the size)",
+    )
+
+
+def serve_options(parser: argparse.ArgumentParser) -> None:
+    adapter_option(parser)
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the interface to listen on (default 127.0.0.1: this machine only; another says so)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=8421, help="the port to listen on (default 8421; 0: any free one)"
+    )
+    parser.add_argument(
+        "--name", metavar="NAME", help="the model's name in the API (default: repotune-<repository>)"
     )
 
 

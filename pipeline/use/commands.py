@@ -50,6 +50,16 @@ def generate(
         print("\n" + commit_hook.commented(more, "#"), end="")
 
 
+def serve(adapter: str, host: str, port: int, name: str | None) -> None:
+    """The adapter behind an OpenAI-compatible server (`pipeline.use.serve`)."""
+    if not 0 <= port <= 65535:
+        raise PipelineError(f"--port {port}: give a port from 1 to 65535 (0: any free one)")
+    # heavy: FastAPI and uvicorn, which no other command needs
+    from pipeline.use.serve import serve as serving
+
+    serving(adapter, host, port, name)
+
+
 def export(adapter: str, output: str, gguf_type: str) -> None:
     """The GGUF file and its Modelfile, and the commands that use them."""
     exported = write_gguf(adapter, output, gguf_type)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -100,6 +101,7 @@ def load_adapter(path: str | Path, dense: bool = False):
 
 
 CONTINUATION_TOKENS = 128  # what `generate` writes by default, but for a commit message
+MESSAGE_SYSTEMS = ("lookup", "selector", "model")
 
 
 def generate(
@@ -113,14 +115,36 @@ def generate(
     it (`message`: write the commit message for this diff, see `commit_messages`; `diff`: write the change
     for this message). At most `max_new_tokens` tokens: by default, for a commit message as many as the
     scoreboard let the model write (`eval.message_tokens`), else CONTINUATION_TOKENS."""
-    directory = adapter_directory(path)  # a missing adapter is said before the libraries load
+    answerer = Answerer(path)  # a missing adapter is said before the libraries load
     if task == "message":
-        return commit_messages(path, prompt, 0, system, max_new_tokens)[0]
+        return answerer.commit_messages(prompt, 0, system, max_new_tokens)[0]
     if system:
         raise ModelLoadError(
             "--system chooses who writes a commit message or a next line: use it with --task message or code"
         )
-    return _continuation(path, directory, prompt, task, max_new_tokens)
+    return answerer.continuation(prompt, task, max_new_tokens)
+
+
+def next_line(
+    path: str | Path,
+    before: str,
+    file_path: str,
+    max_new_tokens: int | None = None,
+    system: str | None = None,
+) -> str:
+    """`Answerer.next_line` of the adapter at `path`."""
+    return Answerer(path).next_line(before, file_path, max_new_tokens, system)
+
+
+def commit_messages(
+    path: str | Path,
+    diff: str,
+    alternatives: int = 0,
+    system: str | None = None,
+    max_new_tokens: int | None = None,
+) -> list[str]:
+    """`Answerer.commit_messages` of the adapter at `path`."""
+    return Answerer(path).commit_messages(diff, alternatives, system, max_new_tokens)
 
 
 def answering(model):
@@ -131,132 +155,172 @@ def answering(model):
     )
 
 
-def next_line(
-    path: str | Path,
-    before: str,
-    file_path: str,
-    max_new_tokens: int | None = None,
-    system: str | None = None,
-) -> str:
-    """The line written after `before` (a file's text up to the cursor, its last line ending there) in
-    the repository's `file_path` by `system` (default: the one the run chose, `saved_code_system`), asked
-    as the scoreboard asks it: a model's prompt with the chunks of other files the run's split point holds
-    that are most like the lines before the cursor (CODE_FILES beside the adapter) where the system reads
-    them; the lookup for code loads no model."""
-    directory = adapter_directory(path)
-    if not before.strip():
-        raise PipelineError(
-            "--prompt is empty: give the file's text up to the cursor (`--prompt -` reads it)"
-        )
-    if not file_path:
-        raise PipelineError(
-            "--task code needs --path: the file's path in the repository (its name says the language)"
-        )
-    system = system or saved_code_system(directory)
-    if system not in CODE_SYSTEMS:
-        raise PipelineError(
-            f"--system {system}: with --task code, one of {', '.join(CODE_SYSTEMS)} (default: the run's choice)"
-        )
-    files = directory / CODE_FILES
-    records = [orjson.loads(line) for line in files.read_bytes().splitlines()] if files.exists() else []
-    repo = records[0]["repo"] if records else ""
-    case = CodeCase("", "", repo, file_path, before.removesuffix("\n") + "\n", "")
-    asked = CODE_SYSTEMS[system]
-    if asked is None:
-        if not records:
-            raise ModelLoadError(f"--system lookup: {directory} has no {CODE_FILES} to look lines up in")
-        return CodeIndex(records).lookup(case)
-    tuned, context = asked
-    prompt = (
-        context_prompt(case, CodeIndex(records).context(case)) if records and context else bare_prompt(case)
-    )
-    model, tokenizer = load_adapter(path)
-    with answering(model) if tuned else base_only(model):
-        return generate_batched(
-            model, tokenizer, [prompt], max_new_tokens or LINE_TOKENS, "fp32", next_line=True
-        )[0]
-
-
-def commit_messages(
-    path: str | Path,
-    diff: str,
-    alternatives: int = 0,
-    system: str | None = None,
-    max_new_tokens: int | None = None,
-) -> list[str]:
-    """The commit message for `diff` from the system the run chose (or `system`): the repository's past
-    answers without loading the model at all. Then the next best `alternatives` from the past (the
-    commit hook's, beside the model's answer where the model writes), the past read once for all."""
-    directory = adapter_directory(path)
-    if system not in (None, "lookup", "selector", "model"):
-        raise PipelineError(f"--system {system}: with --task message, one of lookup, selector, model")
-    if not diff.strip():  # the past would answer nothing with whatever it ranks first
-        raise PipelineError(
-            "--prompt is empty: give the diff to write a message for (`git diff --cached --no-ext-diff | … "
-            "--prompt -`; nothing staged gives nothing)"
-        )
-    read, found, model = _from_past(directory, diff, system, 1 + alternatives)
-    if not model:
-        return found
-    answer = _continuation(path, directory, read, "message", max_new_tokens)
-    return [answer, *beside(answer, found, alternatives)]
-
-
 def beside(answer: str, found: list[str], count: int) -> list[str]:
     """The first `count` of the past's messages `found` that are not the model's `answer`."""
     return [text for text in found if text.strip() != answer.strip()][:count]
 
 
-def _continuation(
-    path: str | Path, directory: Path, prompt: str, task: str | None, max_new_tokens: int | None
-) -> str:
-    """The model's greedy answer to `prompt` (asked as training asked `task`, where one is given)."""
-    if not prompt.strip():
-        raise PipelineError("--prompt is empty: give the model text to continue (or - to read it from stdin)")
+class Answerer:
+    """An adapter ready to answer what `generate` and `serve` ask: its model loaded once, when a model
+    first has to answer (the repository's past answers without it), its past and files read once."""
 
-    model, tokenizer = load_adapter(path)
-    given = ""
-    if task:
-        facts = adapter_facts(directory)  # the prompt as training asked it, cut where training cut it
-        prompt = render_prompt(tokenizer, facts.style, task, prompt.strip(), facts.prompt_tokens)
-        given = answer_prefix(facts.style, task)
-    message = task == "message"  # a commit message that starts over is cut there; code repeats lines
-    if max_new_tokens is None:
-        max_new_tokens = EvalConfig().message_tokens if message else CONTINUATION_TOKENS
-    positions = getattr(model.config, "max_position_embeddings", None)
-    asked = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    if positions and asked + max_new_tokens > positions:  # past it a model writes noise, slowly
-        raise PipelineError(
-            f"--max-new-tokens {max_new_tokens}: the model reads at most {positions:,} positions and the prompt "
-            f"takes {asked:,}: give at most {max(positions - asked, 0):,}"
+    def __init__(self, path: str | Path):
+        self.path = path
+        self.directory = adapter_directory(path)
+        self._loaded: tuple[Any, Any] | None = None
+        self._suggester: Suggester | None = None
+        self._files: list[dict[str, Any]] | None = None
+
+    @property
+    def loaded(self) -> tuple[Any, Any]:
+        """The model with its adapter, and its tokenizer."""
+        if self._loaded is None:
+            self._loaded = load_adapter(self.path)
+        return self._loaded
+
+    @property
+    def suggester(self) -> Suggester:
+        """The repository's past saved beside the adapter (check `has_past` first)."""
+        if self._suggester is None:
+            self._suggester = Suggester.load(self.directory)
+        return self._suggester
+
+    @property
+    def has_past(self) -> bool:
+        return (self.directory / INDEX_DIR).is_dir()
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        """The files at the run's split point (CODE_FILES), where a next line's context is retrieved."""
+        if self._files is None:
+            saved = self.directory / CODE_FILES
+            self._files = (
+                [orjson.loads(line) for line in saved.read_bytes().splitlines()] if saved.exists() else []
+            )
+        return self._files
+
+    def next_line(
+        self, before: str, file_path: str, max_new_tokens: int | None = None, system: str | None = None
+    ) -> str:
+        """The line written after `before` (a file's text up to the cursor, its last line ending there) in
+        the repository's `file_path` by `system` (default: the one the run chose, `saved_code_system`),
+        asked as the scoreboard asks it: a model's prompt with the chunks of other files the run's split
+        point holds that are most like the lines before the cursor (CODE_FILES beside the adapter) where
+        the system reads them; the lookup for code loads no model."""
+        if not before.strip():
+            raise PipelineError(
+                "--prompt is empty: give the file's text up to the cursor (`--prompt -` reads it)"
+            )
+        if not file_path:
+            raise PipelineError(
+                "--task code needs --path: the file's path in the repository (its name says the language)"
+            )
+        system = system or saved_code_system(self.directory)
+        if system not in CODE_SYSTEMS:
+            raise PipelineError(
+                f"--system {system}: with --task code, one of {', '.join(CODE_SYSTEMS)} (default: the run's choice)"
+            )
+        records = self.files
+        case = CodeCase(
+            "", "", records[0]["repo"] if records else "", file_path, before.removesuffix("\n") + "\n", ""
         )
-    with answering(model):
-        return (
-            given + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
+        asked = CODE_SYSTEMS[system]
+        if asked is None:
+            if not records:
+                raise ModelLoadError(
+                    f"--system lookup: {self.directory} has no {CODE_FILES} to look lines up in"
+                )
+            return CodeIndex(records).lookup(case)
+        tuned, context = asked
+        prompt = (
+            context_prompt(case, CodeIndex(records).context(case))
+            if records and context
+            else bare_prompt(case)
         )
+        model, tokenizer = self.loaded
+        with answering(model) if tuned else base_only(model):
+            return generate_batched(
+                model, tokenizer, [prompt], max_new_tokens or LINE_TOKENS, "fp32", next_line=True
+            )[0]
 
+    def commit_messages(
+        self, diff: str, alternatives: int = 0, system: str | None = None, max_new_tokens: int | None = None
+    ) -> list[str]:
+        """The commit message for `diff` from the system the run chose (or `system`): the repository's past
+        answers without loading the model at all. Then the next best `alternatives` from the past (the
+        commit hook's, beside the model's answer where the model writes)."""
+        if system not in (None, *MESSAGE_SYSTEMS):
+            raise PipelineError(
+                f"--system {system}: with --task message, one of {', '.join(MESSAGE_SYSTEMS)}"
+            )
+        if not diff.strip():  # the past would answer nothing with whatever it ranks first
+            raise PipelineError(
+                "--prompt is empty: give the diff to write a message for (`git diff --cached --no-ext-diff | … "
+                "--prompt -`; nothing staged gives nothing)"
+            )
+        read, found, model = self._from_past(diff, system, 1 + alternatives)
+        if not model:
+            return found
+        answer = self.continuation(read, "message", max_new_tokens)
+        return [answer, *beside(answer, found, alternatives)]
 
-def _from_past(directory: Path, diff: str, system: str | None, count: int) -> tuple[str, list[str], bool]:
-    """`diff` read as training read commits (`as_trained`: the files the scrape kept, the adapter's
-    past says which); the `count` best messages of the retrieval system (the lookup's or the selector's:
-    the one chosen or asked for, else the run's); and whether the model is to answer: it was chosen or
-    asked for, the adapter has no retrieval saved, or no past commit touched anything the diff touches."""
+    def continuation(self, prompt: str, task: str | None, max_new_tokens: int | None) -> str:
+        """The model's greedy answer to `prompt` (asked as training asked `task`, where one is given)."""
+        if not prompt.strip():
+            raise PipelineError(
+                "--prompt is empty: give the model text to continue (or - to read it from stdin)"
+            )
+        model, tokenizer = self.loaded
+        given = ""
+        if task:
+            facts = adapter_facts(
+                self.directory
+            )  # the prompt as training asked it, cut where training cut it
+            prompt = render_prompt(tokenizer, facts.style, task, prompt.strip(), facts.prompt_tokens)
+            given = answer_prefix(facts.style, task)
+        message = task == "message"  # a commit message that starts over is cut there; code repeats lines
+        if max_new_tokens is None:
+            max_new_tokens = EvalConfig().message_tokens if message else CONTINUATION_TOKENS
+        self.check_length(prompt, max_new_tokens, "--max-new-tokens")
+        with answering(model):
+            return (
+                given
+                + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
+            )
 
-    saved = (directory / INDEX_DIR).is_dir()
-    if not saved and system in ("lookup", "selector"):
-        raise ModelLoadError(
-            f"--system {system}: {directory} has no {INDEX_DIR}/ (it was trained before runs kept the "
-            "repository's past); train again, or leave --system out"
-        )
-    if not saved or (system == "model" and count == 1):  # the saved file filters alone read the diff
-        return as_trained(diff, saved_file_filters(directory)), [], True
-    suggester = Suggester.load(directory)
-    read = suggester.read(diff)
-    model = (system or suggester.system) == "model"
-    if model and count == 1:  # no alternatives asked for: the model's answer alone
-        return read, [], True
-    found = suggester.suggestions(read, count, None if system == "model" else system, read=True)
-    return read, found, model or not found
+    def check_length(self, prompt: str, max_new_tokens: int, option: str) -> int:
+        """The prompt's tokens, where they and `max_new_tokens` fit the model's positions (past them a
+        model writes noise, slowly); else one line naming `option`."""
+        model, tokenizer = self.loaded
+        positions = getattr(model.config, "max_position_embeddings", None)
+        asked = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if positions and asked + max_new_tokens > positions:
+            raise PipelineError(
+                f"{option} {max_new_tokens}: the model reads at most {positions:,} positions and the prompt "
+                f"takes {asked:,}: give at most {max(positions - asked, 0):,}"
+            )
+        return asked
+
+    def _from_past(self, diff: str, system: str | None, count: int) -> tuple[str, list[str], bool]:
+        """`diff` read as training read commits (`as_trained`: the files the scrape kept, the adapter's
+        past says which); the `count` best messages of the retrieval system (the lookup's or the
+        selector's: the one chosen or asked for, else the run's); and whether the model is to answer: it
+        was chosen or asked for, the adapter has no retrieval saved, or no past commit touched anything
+        the diff touches."""
+        if not self.has_past and system in ("lookup", "selector"):
+            raise ModelLoadError(
+                f"--system {system}: {self.directory} has no {INDEX_DIR}/ (it was trained before runs kept the "
+                "repository's past); train again, or leave --system out"
+            )
+        if not self.has_past or (system == "model" and count == 1):  # the saved file filters read the diff
+            return as_trained(diff, saved_file_filters(self.directory)), [], True
+        suggester = self.suggester
+        read = suggester.read(diff)
+        model = (system or suggester.system) == "model"
+        if model and count == 1:  # no alternatives asked for: the model's answer alone
+            return read, [], True
+        found = suggester.suggestions(read, count, None if system == "model" else system, read=True)
+        return read, found, model or not found
 
 
 def merge(path: str | Path, destination: str | Path) -> Path:

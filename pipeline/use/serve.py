@@ -1,0 +1,408 @@
+"""`serve`: the adapter behind an OpenAI-compatible HTTP server, for editors and tools that speak that API.
+
+- `GET /v1/models`: the one model served, named after the repository (`--name` another).
+- `POST /v1/completions`: the fine-tuned model continues `prompt` (an editor's text before the cursor);
+  `suffix` is read only where the tokenizer has fill-in-the-middle tokens, else left out and said in the
+  `X-Repotune-Suffix` header.
+- `POST /v1/chat/completions`: a chat with the fine-tuned model; a last message that holds a diff is
+  answered by the run's suggestion system (the one the scoreboard chose: the repository's past, or the
+  model), its `n` choices the next best messages.
+
+Greedy unless `temperature` is above 0. Answers stream as server-sent events where `stream` asks; a client
+that disconnects stops its generation. One generation runs at a time (the model is one); others wait
+their turn. Errors are OpenAI's JSON error shape, one line, never a traceback. Built on FastAPI and
+uvicorn: the HTTP, the event stream and the request checks are theirs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+
+from pipeline.errors import PipelineError, one_line
+from pipeline.progress import say
+from pipeline.use.generate import Answerer, answering
+
+COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
+CHAT_TOKENS = 256
+FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's, which most code models share
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One generation: the prompt rendered for the model, and how to write its answer."""
+
+    prompt: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+
+
+class ServeError(Exception):
+    """A request the server refuses, with its HTTP status and OpenAI's error type."""
+
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+class Engine:
+    """The adapter's model, answering one request at a time, token by token."""
+
+    def __init__(self, answerer: Answerer, name: str):
+        self.answerer, self.name = answerer, name
+        self.lock = threading.Lock()
+        model, tokenizer = answerer.loaded
+        self.model, self.tokenizer = model, tokenizer
+        vocabulary = tokenizer.get_vocab()
+        self.infills = all(token in vocabulary for token in FIM_TOKENS)
+        self.positions = getattr(model.config, "max_position_embeddings", None)
+
+    def tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def fits(self, asked: Asked) -> int:
+        """The prompt's tokens, where they and the answer fit the model's positions; else a 400."""
+        count = self.tokens(asked.prompt)
+        if self.positions and count + asked.max_tokens > self.positions:
+            raise ServeError(
+                400,
+                f"the prompt takes {count:,} tokens and max_tokens asks {asked.max_tokens:,}: the model reads at "
+                f"most {self.positions:,} positions; shorten the prompt or ask fewer tokens",
+                param="max_tokens",
+            )
+        return count
+
+    def stream(self, asked: Asked, stopped: threading.Event) -> Iterator[str]:
+        """The answer's text as it is written, ended at a stop sequence, at `max_tokens`, at the end of
+        sequence, or when `stopped` is set (the client left)."""
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        class Left(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs) -> bool:
+                return stopped.is_set()
+
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        ids = self.tokenizer(asked.prompt, return_tensors="pt", add_special_tokens=False)
+        sampled = asked.temperature > 0
+        options: dict[str, Any] = {"do_sample": sampled, "max_new_tokens": asked.max_tokens}
+        if sampled:
+            options.update(temperature=asked.temperature, top_p=asked.top_p)
+        else:  # greedy: the model's own sampling defaults would only be warned about
+            options.update(temperature=None, top_p=None, top_k=None)
+
+        failed: list[Exception] = []
+
+        def write() -> None:
+            import torch
+
+            with self.lock, answering(self.model), torch.no_grad():
+                try:
+                    self.model.generate(
+                        **ids, streamer=streamer, stopping_criteria=StoppingCriteriaList([Left()]),
+                        pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
+                    )  # fmt: skip
+                except Exception as error:  # raised where the answer is read, as one line
+                    failed.append(error)
+                    streamer.end()
+
+        worker = threading.Thread(target=write, daemon=True)
+        worker.start()
+        written = ""
+        try:
+            for piece in streamer:
+                if failed:
+                    raise failed[0]
+                written += piece
+                cut = min((written.find(stop) for stop in asked.stop if stop in written), default=-1)
+                if cut >= 0:
+                    yield piece[: len(piece) - (len(written) - cut)]
+                    return
+                if piece:
+                    yield piece
+            if failed:
+                raise failed[0]
+        finally:
+            stopped.set()  # a stop sequence, or a client that left: the generation ends at its next token
+
+
+def app_for(engine: Engine):
+    """The FastAPI application serving `engine`."""
+    app = FastAPI(title="repotune", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ServeError)
+    async def refused(request: Request, error: ServeError):
+        return _error(error.status, error.message, error.kind, error.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        return _error(
+            400, f"{where or 'the request'}: {first.get('msg', 'not a valid request')}", param=where or None
+        )
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model(engine.name)]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _body(request)
+        _check_model(body, engine.name)
+        prompt = _text(body.get("prompt"), "prompt")
+        suffix = body.get("suffix")
+        headers = {}
+        if suffix:
+            if engine.infills:
+                prompt = f"{FIM_TOKENS[0]}{prompt}{FIM_TOKENS[1]}{suffix}{FIM_TOKENS[2]}"
+            else:
+                headers["X-Repotune-Suffix"] = "ignored: the model has no fill-in-the-middle tokens"
+        asked = _asked(body, prompt, COMPLETION_TOKENS)
+        return await _answer(engine, asked, body, "text_completion", request, headers)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _body(request)
+        _check_model(body, engine.name)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ServeError(400, "messages: give a list of {role, content} messages", param="messages")
+        last = _content(messages[-1])
+        if engine.answerer.has_past and "diff --git" in last:
+            found = await run_in_threadpool(_suggested, engine, last, body)
+            return JSONResponse(_chat_response(engine.name, found, 0, 0))
+        if not engine.tokenizer.chat_template:
+            raise ServeError(
+                400, "the model has no chat template (it trained on raw text): ask /v1/completions, or send a "
+                "diff for its commit message", param="messages",
+            )  # fmt: skip
+        rendered = engine.tokenizer.apply_chat_template(
+            [{"role": m.get("role", "user"), "content": _content(m)} for m in messages],
+            tokenize=False, add_generation_prompt=True,
+        )  # fmt: skip
+        asked = _asked(body, rendered, CHAT_TOKENS, "max_completion_tokens")
+        return await _answer(engine, asked, body, "chat.completion", request, {})
+
+    return app
+
+
+async def _answer(
+    engine: Engine, asked: Asked, body: dict[str, Any], kind: str, request: Request, headers: dict[str, str]
+):
+    """The answer to `asked`, whole or as server-sent events where `body` asks to stream."""
+    prompt_tokens = engine.fits(asked)
+    stopped = threading.Event()
+    made = _made(kind)
+    if body.get("stream"):
+        return StreamingResponse(
+            _events(engine, asked, stopped, made, kind, request),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    try:
+        text = await run_in_threadpool(lambda: "".join(engine.stream(asked, stopped)))
+    except Exception as error:  # one line for the client and the log, never a traceback
+        raise ServeError(500, _failure(error), "server_error") from None
+    completion = engine.tokens(text)
+    finish = "length" if completion >= asked.max_tokens else "stop"
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+    if kind == "chat.completion":
+        answer = _chat_response(engine.name, [text], prompt_tokens, completion, finish)
+    else:
+        answer = {**made, "model": engine.name, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], "usage": usage}  # fmt: skip
+    return JSONResponse(answer, headers=headers)
+
+
+async def _events(
+    engine: Engine, asked: Asked, stopped: threading.Event, made: dict[str, Any], kind: str, request: Request
+):
+    """The answer's pieces as OpenAI's stream chunks, then `[DONE]`; a client that left stops it."""
+    chat = kind == "chat.completion"
+    chunk = {**made, "object": "chat.completion.chunk" if chat else kind, "model": engine.name}
+    if chat:
+        yield _event({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})  # fmt: skip
+    pieces, ended = 0, False
+    try:
+        async for piece in iterate_in_threadpool(engine.stream(asked, stopped)):
+            if await request.is_disconnected():
+                break
+            choice = (
+                {"index": 0, "delta": {"content": piece}}
+                if chat
+                else {"index": 0, "text": piece, "logprobs": None}
+            )
+            yield _event({**chunk, "choices": [{**choice, "finish_reason": None}]})
+            pieces += 1
+        else:
+            last = {"index": 0, "delta": {}} if chat else {"index": 0, "text": "", "logprobs": None}
+            yield _event({**chunk, "choices": [{**last, "finish_reason": "stop"}]})
+            yield b"data: [DONE]\n\n"
+            ended = True
+    except Exception as error:  # the status is sent: the failure goes in the stream, in one line
+        yield _event(
+            {"error": {"message": _failure(error), "type": "server_error", "param": None, "code": None}}
+        )
+        ended = True
+    finally:
+        stopped.set()  # a client that left: its generation ends at its next token
+        if not ended:
+            say(f"serve: a client left after {pieces} pieces of its answer; its generation stopped")
+
+
+def serve(adapter: str, host: str, port: int, name: str | None) -> None:
+    """Load the adapter and answer on `host`:`port` until interrupted."""
+    import uvicorn
+
+    answerer = Answerer(adapter)
+    engine = Engine(answerer, name or _repository_name(answerer))
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        say(f"serve: listening on {host}, not only this machine: anyone who reaches it can use the model")
+    config = uvicorn.Config(app_for(engine), host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        sockets = [config.bind_socket()]
+    except SystemExit:  # uvicorn says why (a port in use) and exits; say it as one line
+        raise PipelineError(
+            f"--port {port}: cannot listen on {host}:{port} (in use, or not this machine's): give another --port"
+        ) from None
+    bound = sockets[0].getsockname()[1]
+    say(f"serving {engine.name} on http://{host}:{bound}/v1 (OpenAI-compatible; Ctrl-C stops)")
+    server.run(sockets=sockets)
+
+
+def _repository_name(answerer: Answerer) -> str:
+    """The served model's name: the repository's, where the run saved its files; else the run's folder."""
+    records = answerer.files
+    named = records[0]["repo"] if records else answerer.directory.parent.name
+    return "repotune-" + (named.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "model")
+
+
+async def _body(request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as error:
+        raise ServeError(400, f"the request body is not JSON ({error})") from None
+    if not isinstance(body, dict):
+        raise ServeError(400, "the request body must be a JSON object")
+    return body
+
+
+def _check_model(body: dict[str, Any], name: str) -> None:
+    asked = body.get("model")
+    if asked not in (None, "", name):
+        raise ServeError(
+            404, f"model {asked!r}: this server has {name!r} (GET /v1/models)", "not_found_error", "model"
+        )
+
+
+def _text(value: Any, param: str) -> str:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if not isinstance(value, str) or not value:
+        raise ServeError(400, f"{param}: give one non-empty string", param=param)
+    return value
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # parts: the text ones
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if not isinstance(content, str):
+        raise ServeError(400, "messages: each message's content is a string", param="messages")
+    return content
+
+
+def _asked(body: dict[str, Any], prompt: str, default_tokens: int, tokens_key: str = "max_tokens") -> Asked:
+    tokens = body.get(tokens_key, body.get("max_tokens", default_tokens))
+    tokens = default_tokens if tokens is None else tokens
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        raise ServeError(400, f"{tokens_key}: give a whole number of tokens, 1 or more", param=tokens_key)
+    temperature = body.get("temperature")
+    temperature = 0.0 if temperature is None else temperature
+    if not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
+        raise ServeError(400, "temperature: give a number from 0 (greedy) to 2", param="temperature")
+    top_p = body.get("top_p")
+    top_p = 1.0 if top_p is None else top_p
+    stop = body.get("stop") or ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise ServeError(400, "stop: give up to 4 non-empty strings", param="stop")
+    return Asked(prompt, tokens, float(temperature), float(top_p), stops)
+
+
+def _suggested(engine: Engine, diff: str, body: dict[str, Any]) -> list[str]:
+    """The run's suggestion system's message for `diff`, and the next best to fill `n` choices."""
+    count = body.get("n") or 1
+    if not isinstance(count, int) or not 1 <= count <= 10:
+        raise ServeError(400, "n: give from 1 to 10 choices", param="n")
+    start = diff.index("diff --git")
+    try:
+        return engine.answerer.commit_messages(diff[start:], count - 1)
+    except PipelineError as error:
+        raise ServeError(400, str(error)) from None
+    except Exception as error:  # one line for the client and the log, never a traceback
+        raise ServeError(500, _failure(error), "server_error") from None
+
+
+def _failure(error: Exception) -> str:
+    """What a failed generation tells the client and the log, in one line."""
+    said = f"the server failed to answer: {type(error).__name__}: {one_line(error)}"
+    say(f"serve: {said}")
+    return said
+
+
+def _made(kind: str) -> dict[str, Any]:
+    prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time())}
+
+
+def _chat_response(
+    name: str, answers: list[str], prompt_tokens: int, completion_tokens: int, finish: str = "stop"
+) -> dict[str, Any]:
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        for i, text in enumerate(answers)
+    ]
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    return {**_made("chat.completion"), "model": name, "choices": choices, "usage": usage}
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "repotune"}
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status
+    )

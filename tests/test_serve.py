@@ -1,0 +1,163 @@
+"""`serve`: a real server process on 127.0.0.1, talked to by the official OpenAI client."""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+import run_pipeline
+from tests.conftest import FAST_TRAINING, GitRepo, module_source
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DIFF = (
+    "diff --git a/pkg/feature_3.py b/pkg/feature_3.py\n--- a/pkg/feature_3.py\n+++ b/pkg/feature_3.py\n"
+    "@@ -1,3 +1,3 @@\n-def compute_3(values):\n+def compute_3(values, scale=1):\n     total = 0\n"
+)
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("serve")
+    repo = GitRepo(root / "repo")
+    for index in range(1, 25):
+        repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
+    out = root / "out"
+    argv = ["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=1"]
+    assert run_pipeline.main(argv) == 0
+    return out
+
+
+def start(*argv: str) -> tuple[subprocess.Popen, str]:
+    """A `serve` process and the base URL it says it listens on (or the process, ended, and its last line)."""
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "run_pipeline.py"), "serve", *argv],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    said = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stderr], [], [], 1)
+        if ready:
+            line = process.stderr.readline()
+            if not line:  # it ended
+                process.wait()
+                return process, said[-1] if said else ""
+            said.append(line.strip())
+            if line.startswith("serving "):
+                return process, line.split(" on ", 1)[1].split(" ", 1)[0]
+    process.kill()
+    raise AssertionError("serve never said it was listening: " + " | ".join(said))
+
+
+@pytest.fixture(scope="module")
+def served(adapter):
+    process, url = start("--adapter", str(adapter), "--port", "0")
+    yield process, url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.fixture
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served[1], api_key="none", max_retries=0, timeout=60)
+
+
+def test_the_server_lists_its_one_model_named_after_the_repository(client):
+    assert [model.id for model in client.models.list()] == ["repotune-repo"]
+
+
+def test_a_completion_streams_what_it_answers_whole(client):
+    prompt = "def compute_3(values):\n    total = 0\n"
+    whole = client.completions.create(model="repotune-repo", prompt=prompt, max_tokens=12, temperature=0)
+    choice = whole.choices[0]
+    assert choice.finish_reason in ("stop", "length") and whole.usage.completion_tokens <= 12
+    streamed = client.completions.create(model="repotune-repo", prompt=prompt, max_tokens=12, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed) == choice.text
+
+
+def test_a_suffix_the_model_cannot_infill_is_left_out_and_said(served):
+    asked = {"model": "repotune-repo", "prompt": "def compute_3(values):\n", "max_tokens": 8}
+    plain = httpx.post(f"{served[1]}/completions", json=asked, timeout=60)
+    infill = httpx.post(
+        f"{served[1]}/completions", json={**asked, "suffix": "    return total\n"}, timeout=60
+    )
+    assert plain.status_code == infill.status_code == 200
+    assert infill.headers["x-repotune-suffix"].startswith("ignored: the model has no fill-in-the-middle")
+    assert infill.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+
+
+def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(client, adapter, cli):
+    """The run's suggestion system answers, as `generate --task message --alternatives` does; a chat
+    the model cannot hold (the tiny model trained raw, with no chat template) is refused in one line."""
+    asked = [{"role": "user", "content": f"Write the commit message for this change:\n{DIFF}"}]
+    message = client.chat.completions.create(model="repotune-repo", messages=asked, n=3)
+    local = cli(
+        "generate", "--adapter", adapter, "--task", "message", "--prompt", DIFF, "--alternatives", "2"
+    )
+    first, *rest = [line for line in local.out.splitlines() if line.strip()]
+    expected = [first, *(line.split(". ", 1)[1] for line in rest[1:])]  # "# 1. …" below the heading
+    assert [choice.message.content for choice in message.choices] == expected[: len(message.choices)]
+    with pytest.raises(openai.BadRequestError) as raw:
+        client.chat.completions.create(model="repotune-repo", messages=[{"role": "user", "content": "Hello"}])
+    assert raw.value.body["message"].startswith("the model has no chat template (it trained on raw text)")
+
+
+def test_bad_requests_are_one_line_in_openais_error_shape(client, served):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="gpt-4o", prompt="x = 1", max_tokens=2)
+    assert missing.value.body["message"] == "model 'gpt-4o': this server has 'repotune-repo' (GET /v1/models)"
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.completions.create(model="repotune-repo", prompt="x = 1\n" * 50, max_tokens=100_000)
+    assert (
+        "the model reads at most" in too_long.value.body["message"]
+        and too_long.value.body["param"] == "max_tokens"
+    )
+    broken = httpx.post(f"{served[1]}/completions", content=b"{not json", timeout=30)
+    assert broken.status_code == 400 and broken.json()["error"]["message"].startswith(
+        "the request body is not JSON"
+    )
+    for bad in ({"prompt": ""}, {"prompt": "x", "temperature": 5}, {"prompt": "x", "max_tokens": 0}):
+        refused = httpx.post(f"{served[1]}/completions", json=bad, timeout=30).json()["error"]
+        assert refused["type"] == "invalid_request_error" and "\n" not in refused["message"]
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_generation(client, served):
+    """The server stops writing for a client that left, and the next request is answered."""
+    with httpx.stream(
+        "POST", f"{served[1]}/completions", timeout=60,
+        json={"prompt": "def compute_3(values):\n", "max_tokens": 200, "stream": True, "temperature": 1.5},
+    ) as response:  # fmt: skip
+        next(response.iter_lines())
+    said = said_next(served[0])
+    assert said.startswith("serve: a client left after ") and said.endswith("its generation stopped")
+    after = client.completions.create(model="repotune-repo", prompt="x = ", max_tokens=2)
+    assert after.choices[0].finish_reason in ("stop", "length")
+
+
+def said_next(process: subprocess.Popen, timeout_s: float = 30) -> str:
+    """The next line the server writes to its standard error."""
+    ready, _, _ = select.select([process.stderr], [], [], timeout_s)
+    assert ready, "the server said nothing"
+    return process.stderr.readline().strip()
+
+
+def test_a_port_in_use_and_a_directory_that_is_no_adapter_are_one_line(served, adapter, tmp_path):
+    port = served[1].rsplit(":", 1)[1].split("/", 1)[0]
+    process, said = start("--adapter", str(adapter), "--port", port)
+    assert process.returncode == 2
+    assert (
+        said
+        == f"repotune: error: --port {port}: cannot listen on 127.0.0.1:{port} (in use, or not this machine's): give another --port"
+    )
+    process, said = start("--adapter", str(tmp_path), "--port", "0")
+    assert process.returncode == 2 and said.startswith(
+        f"repotune: error: --adapter {tmp_path}: no adapter_config.json"
+    )
