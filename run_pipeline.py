@@ -83,7 +83,7 @@ def generate(args: argparse.Namespace) -> None:
 
 def export(args: argparse.Namespace) -> None:
     """Merge the adapter into its base and write a GGUF file (llama.cpp, Ollama) and a Modelfile."""
-    use.export(args.adapter, args.output, args.gguf_type)
+    use.export(args.adapter, args.output, args.gguf_type, args.name)
 
 
 def serve(args: argparse.Namespace) -> None:

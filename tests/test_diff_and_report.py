@@ -302,7 +302,7 @@ def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
         in page
     )
     assert "Commit message from its diff" in page and "lookup (most similar past commit)" in page
-    assert "chrF vs lookup" in page and "Next line of a change" in page and "exact match % [95%]" in page
+    assert "chrF vs lookup" in page and "Next line at a cursor" in page and "exact match % [95%]" in page
     assert "diff perplexity" in page
     assert "(blank: 5 whitespace characters)" in page
 

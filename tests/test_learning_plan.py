@@ -12,7 +12,14 @@ from pipeline.config import budget_seconds, load_config
 from pipeline.data.examples import TextStyle, encode_batch
 from pipeline.errors import ConfigError
 from pipeline.evaluate.evaluation import score_outputs
-from pipeline.plan.planner import Footprint, deadline_s, evaluation_interval, make_plan, time_left
+from pipeline.plan.planner import (
+    VALIDATION_SHARE,
+    Footprint,
+    deadline_s,
+    evaluation_interval,
+    make_plan,
+    time_left,
+)
 from pipeline.train.loss import answer_logits, per_answer_loss, sequence_ids
 from pipeline.train.probe import resumed_train_time
 from pipeline.types import DataStats, ModelFacts, Scores, Speed, TaskPrompt
@@ -129,12 +136,13 @@ def test_what_scoring_the_fine_tuned_model_takes_is_what_the_base_model_took_now
 
 
 def test_where_the_model_answers_the_validation_commits_too_the_budget_keeps_time_for_it():
-    # Set on a CPU with a budget (eval.validate_model=true), the answers come after training and take half
-    # as long as scoring the fine-tuned model: a plan that kept no time for them could outlast its budget.
+    # Set on a CPU with a budget (eval.validate_model=true), the answers come after training and take
+    # longer than scoring the fine-tuned model (four systems answer each next line, not two): a plan that
+    # kept no time for them could outlast its budget.
     scored = Scores(None, None, seconds=28.0)
     validates = time_left(600.0, 30.0, scored, validates=True)
-    assert validates.seconds == 600 - 30 - (28 + 14 + 10)
-    assert "14 s its answers to the validation commits" in validates.why
+    assert validates.seconds == pytest.approx(600 - 30 - (28 + 28 * VALIDATION_SHARE + 10))
+    assert f"{28 * VALIDATION_SHARE:.0f} s its answers to the validation commits" in validates.why
     assert time_left(600.0, 30.0, scored).seconds == 600 - 30 - (28 + 10)
 
 

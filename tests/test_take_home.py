@@ -193,7 +193,12 @@ def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
     assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER temperature 0" in modelfile
     # the staged change, as training read commits: lockfiles and vendored code left out
     assert "#   git diff --cached --no-color --no-ext-diff -- :/ ':(top,exclude,glob)**/*.lock' " in modelfile
-    assert "':(top,exclude,glob)**/vendor/**'" in modelfile and modelfile.count(" | ollama run repotune") == 1
+    # named after the repository, so two repositories' models do not overwrite each other in Ollama
+    assert (
+        "':(top,exclude,glob)**/vendor/**'" in modelfile
+        and modelfile.count(" | ollama run repotune-repo") == 1
+    )
+    assert "#   ollama create repotune-repo -f Modelfile" in modelfile
 
 
 def test_q8_0_is_smaller_and_loads(tiny_run, tmp_path, cli):

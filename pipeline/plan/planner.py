@@ -76,8 +76,8 @@ AFTER_TRAINING_S = 10.0  # the past's backtest and saving the adapter and manife
 UNMEASURED_AFTER_SHARE = 0.1  # of a budget: scoring the fine-tuned model, where no scoring was timed
 # Answering the validation commits (eval.validate_model), over the fine-tuned model's scoring on the
 # held-out ones: their messages, and their next lines by the fine-tuned and the base model, with context
-# and without, where scoring answers each next line twice; next lines are most of scoring's cost.
-VALIDATION_SHARE = 2.0
+# and without, where scoring answers each next line twice (measured: docs/planning.md).
+VALIDATION_SHARE = 1.3
 AHEAD_TOKENS_PER_S = 2000  # what a run tokenizes ahead of a budget assumes: well above what 2 cores train
 # A validation (a forward pass alone, with the adapters) over a training step's tokens/s: the lower of what
 # bf16 and fp32 measured (docs/development.md), so that a validation is not planned cheaper than it runs.
@@ -938,7 +938,7 @@ def _validate_model(p: Decisions, device: str) -> None:
             "validate_model",
             False,
             f"a CPU with a {budget:.0f} s budget: answering the validation commits (messages, and next lines "
-            "by the fine-tuned and the base model) takes about twice the fine-tuned model's scoring from "
+            "by the fine-tuned and the base model) takes longer than the fine-tuned model's scoring, from "
             "training, for a model that minutes of CPU training have not made better than retrieval on any "
             "repository measured; messages come from the retrieval system that validates best, next lines "
             "from the fine-tuned model with context (eval.validate_model=true validates both)",

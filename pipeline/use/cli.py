@@ -207,6 +207,9 @@ def export_options(parser: argparse.ArgumentParser) -> None:
         default="f16",
         help="weight type: f16 (the merged weights; default) or q8_0 (half the size)",
     )
+    parser.add_argument(
+        "--name", metavar="NAME", help="the model's name in Ollama (default: repotune-<repository>)"
+    )
 
 
 def serve_options(parser: argparse.ArgumentParser) -> None:

@@ -60,21 +60,21 @@ def serve(adapter: str, host: str, port: int, name: str | None) -> None:
     serving(adapter, host, port, name)
 
 
-def export(adapter: str, output: str, gguf_type: str) -> None:
+def export(adapter: str, output: str, gguf_type: str, name: str | None = None) -> None:
     """The GGUF file and its Modelfile, and the commands that use them."""
-    exported = write_gguf(adapter, output, gguf_type)
+    exported = write_gguf(adapter, output, gguf_type, name)
     print(
         f"wrote {exported.gguf} ({exported.gguf_type}, {exported.tensors} tensors, "
         f"{exported.bytes / 1e6:.0f} MB) and {exported.modelfile}"
     )
     # Commands to paste into a shell, so quoted: a path may hold a space.
     print(
-        f"  ollama: cd {quote(str(exported.gguf.parent))} && ollama create repotune -f "
+        f"  ollama: cd {quote(str(exported.gguf.parent))} && ollama create {quote(exported.name)} -f "
         f"{quote(exported.modelfile.name)}"
     )
     print(f"  llama.cpp: llama-cli -m {quote(str(exported.gguf))}")
     print(
-        f"  a message for the staged change, its files read as training read them: {exported.staged} | ollama run repotune"
+        f"  a message for the staged change, its files read as training read them: {exported.staged} | ollama run {quote(exported.name)}"
     )
 
 

@@ -21,7 +21,7 @@ from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 from pipeline.errors import ExportError
 from pipeline.suggest.suggestion import saved_file_filters
 from pipeline.train.model import adapter_facts
-from pipeline.use.generate import adapter_directory, load_adapter
+from pipeline.use.generate import adapter_directory, load_adapter, model_name
 from scrapers.filters import git_pathspecs
 
 GGUF_TYPES = ("f16", "q8_0")
@@ -44,11 +44,16 @@ class Exported:
     tensors: int
     staged: str
     """The command that pipes the staged change as training read commits' (`git diff --cached -- SPECS`)."""
+    name: str
+    """The model's name in Ollama (`model_name`, or the one asked for)."""
 
 
-def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> Exported:
-    """Merge `adapter` into its base and write `output` (a .gguf file) and a Modelfile beside it; the
-    file appears whole or not at all."""
+def export(
+    adapter: str | Path, output: str | Path, gguf_type: str = "f16", name: str | None = None
+) -> Exported:
+    """Merge `adapter` into its base and write `output` (a .gguf file) and a Modelfile beside it, the
+    model named `name` in it (default `model_name`: the repository's); the file appears whole or not at
+    all."""
 
     destination = Path(output).expanduser()
     if destination.suffix != ".gguf":
@@ -84,8 +89,9 @@ def export(adapter: str | Path, output: str | Path, gguf_type: str = "f16") -> E
         ["git", "diff", "--cached", *PIPED_DIFF_OPTIONS, "--", *git_pathspecs(saved_file_filters(directory))]
     )
     modelfile = destination.with_name(MODELFILE)
-    modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style, staged), encoding="utf-8")
-    return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors, staged)
+    name = name or model_name(directory)
+    modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style, staged, name), encoding="utf-8")
+    return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors, staged, name)
 
 
 def _write(path: Path, merged, tokenizer, vocabulary: dict[str, Any], gguf_type: str, adapter: Path) -> int:
@@ -224,7 +230,7 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
     return {"tokens": tokens, "types": types, "merges": merges}
 
 
-def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str) -> str:
+def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str, name: str) -> str:
     """An Ollama Modelfile for the GGUF beside it: the commit-message prompt exactly as training asked
     it (the model's chat template rendered around it, or the raw format), greedy, stopping at the end
     of the answer; its comment pipes the staged change with `staged` (the files training read)."""
@@ -244,8 +250,8 @@ def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str) -> str:
     ]
     lines = [
         "# repotune: the fine-tuned model as a commit-message writer. Give it a diff:",
-        f"#   ollama create repotune -f {MODELFILE}",
-        f"#   {staged} | ollama run repotune",
+        f"#   ollama create {name} -f {MODELFILE}",
+        f"#   {staged} | ollama run {name}",
         f"FROM ./{gguf_name}",
         f'TEMPLATE """{template}"""',
     ]

@@ -31,7 +31,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pipeline.errors import PipelineError, one_line
 from pipeline.progress import say
-from pipeline.use.generate import Answerer, answering
+from pipeline.use.generate import Answerer, answering, model_name
 
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
 CHAT_TOKENS = 256
@@ -272,7 +272,7 @@ def serve(adapter: str, host: str, port: int, name: str | None) -> None:
     import uvicorn
 
     answerer = Answerer(adapter)
-    engine = Engine(answerer, name or _repository_name(answerer))
+    engine = Engine(answerer, name or model_name(answerer.directory))
     if host not in ("127.0.0.1", "localhost", "::1"):
         say(f"serve: listening on {host}, not only this machine: anyone who reaches it can use the model")
     config = uvicorn.Config(app_for(engine), host=host, port=port, log_level="warning", access_log=False)
@@ -286,13 +286,6 @@ def serve(adapter: str, host: str, port: int, name: str | None) -> None:
     bound = sockets[0].getsockname()[1]
     say(f"serving {engine.name} on http://{host}:{bound}/v1 (OpenAI-compatible; Ctrl-C stops)")
     server.run(sockets=sockets)
-
-
-def _repository_name(answerer: Answerer) -> str:
-    """The served model's name: the repository's, where the run saved its files; else the run's folder."""
-    records = answerer.files
-    named = records[0]["repo"] if records else answerer.directory.parent.name
-    return "repotune-" + (named.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "model")
 
 
 async def _body(request) -> dict[str, Any]:

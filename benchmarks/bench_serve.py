@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""How fast `serve` answers an editor, warm, through the real HTTP path, against a cold `generate`.
+
+    python benchmarks/bench_serve.py --adapter RUN_DIR [--requests 20] [--clients 4] [--leak-requests 1000]
+
+Starts `run_pipeline.py serve` on a free port and asks it, with the official OpenAI client, for the next
+line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl), each cut at a line
+break to about `--context-tokens` tokens before the cursor (1,024), streamed, stopping at the line break:
+the time to the first token and to the complete line, p50 and p95. Then the same requests from
+`--clients` clients at once (every request answered, and what waiting for the one model costs), then
+`--leak-requests` short requests with the server's resident memory before and after. The baseline, in
+the same run: `generate --task code` as a fresh process for a few of the same files (what a tool that
+shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GOAL_S = 0.5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--adapter", required=True, help="a run's output directory")
+    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--context-tokens", type=int, default=1024)
+    parser.add_argument("--leak-requests", type=int, default=1000)
+    parser.add_argument(
+        "--cold", type=int, default=3, help="cold `generate --task code` processes (the baseline)"
+    )
+    args = parser.parse_args()
+
+    import openai
+    import psutil
+    from transformers import AutoTokenizer
+
+    from pipeline.use.generate import adapter_directory
+
+    directory = adapter_directory(args.adapter)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    files = [orjson.loads(line) for line in (directory / "files.jsonl").read_bytes().splitlines()]
+    cases = contexts(files, tokenizer, args.context_tokens, args.requests)
+    print(
+        f"{len(cases)} files, {statistics.mean(tokens for _, _, tokens in cases):.0f} tokens before the cursor on average"
+    )
+
+    process, url = start_server(args.adapter)
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+        name = client.models.list().data[0].id
+        ask(client, name, cases[0][1])  # warm: the first request pays for what loads lazily
+        alone = [ask(client, name, prompt) for _, prompt, _ in cases]
+        report("one client", alone)
+        together = concurrently(client, name, cases, args.clients)
+        report(f"{args.clients} clients at once", together)
+        server = psutil.Process(process.pid)
+        before = server.memory_info().rss
+        for index in range(args.leak_requests):
+            client.completions.create(model=name, prompt=f"x_{index} = ", max_tokens=2, temperature=0)
+        after = server.memory_info().rss
+        print(
+            f"resident memory over {args.leak_requests} requests: {before / 1e6:.0f} MB → {after / 1e6:.0f} MB "
+            f"({(after - before) / 1e6:+.0f} MB)"
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    cold = [cold_generate(args.adapter, path, prompt) for path, prompt, _ in cases[: args.cold]]
+    cold_p50 = statistics.median(cold)
+    warm_p50 = statistics.median(line for _, line in alone)
+    print(f"baseline, `generate --task code` as a fresh process: p50 {cold_p50:.2f} s over {len(cold)}")
+    print(
+        f"serve, warm, complete next line: p50 {warm_p50:.2f} s: {cold_p50 / warm_p50:.1f}× as fast as the baseline"
+    )
+    print(f"goal p50 ≤ {GOAL_S:.1f} s to a complete next line: {'met' if warm_p50 <= GOAL_S else 'not met'}")
+
+
+def contexts(files: list[dict], tokenizer, budget: int, count: int) -> list[tuple[str, str, int]]:
+    """(path, text before the cursor, its tokens) for up to `count` files: each cut at the line break
+    where its first `budget` tokens end (the whole file where it is shorter)."""
+    found = []
+    for record in files:
+        ids = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
+        text = tokenizer.decode(ids[:budget])
+        text = text[: text.rfind("\n") + 1] if "\n" in text else text
+        if text.strip():
+            found.append((record["path"], text, len(tokenizer(text, add_special_tokens=False)["input_ids"])))
+        if len(found) == count:
+            break
+    return found
+
+
+def start_server(adapter: str) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "run_pipeline.py"), "serve", "--adapter", adapter, "--port", "0"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in process.stderr:
+        if line.startswith("serving "):
+            threading.Thread(
+                target=lambda: [None for _ in process.stderr], daemon=True
+            ).start()  # keep draining
+            return process, line.split(" on ", 1)[1].split(" ", 1)[0]
+    raise SystemExit(f"serve did not start (exit {process.wait()})")
+
+
+def ask(client, name: str, prompt: str) -> tuple[float, float]:
+    """Seconds to the first token and to the complete next line, streamed."""
+    started = time.perf_counter()
+    first = None
+    stream = client.completions.create(
+        model=name, prompt=prompt, max_tokens=32, temperature=0, stop=["\n"], stream=True
+    )
+    for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].text:
+            first = time.perf_counter() - started
+    done = time.perf_counter() - started
+    return (done if first is None else first), done
+
+
+def concurrently(
+    client, name: str, cases: list[tuple[str, str, int]], clients: int
+) -> list[tuple[float, float]]:
+    results: list[tuple[float, float]] = []
+    failures: list[str] = []
+
+    def work(mine: list[str]) -> None:
+        for prompt in mine:
+            try:
+                results.append(ask(client, name, prompt))
+            except Exception as error:  # counted, not raised: the benchmark says how many failed
+                failures.append(f"{type(error).__name__}: {error}")
+
+    prompts = [prompt for _, prompt, _ in cases]
+    threads = [threading.Thread(target=work, args=(prompts[i::clients],)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(
+        f"{clients} clients: {len(results)} answered, {len(failures)} failed"
+        + (f" ({failures[0]})" if failures else "")
+    )
+    return results
+
+
+def report(label: str, timings: list[tuple[float, float]]) -> None:
+    firsts = sorted(first for first, _ in timings)
+    lines = sorted(line for _, line in timings)
+    print(
+        f"{label}: first token p50 {percentile(firsts, 50):.2f} s p95 {percentile(firsts, 95):.2f} s; "
+        f"complete line p50 {percentile(lines, 50):.2f} s p95 {percentile(lines, 95):.2f} s ({len(lines)} requests)"
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+def cold_generate(adapter: str, path: str, prompt: str) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, str(ROOT / "run_pipeline.py"), "generate", "--adapter", adapter, "--task", "code",
+         "--system", "model", "--path", path, "--prompt", "-"],
+        input=prompt, text=True, capture_output=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
+if __name__ == "__main__":
+    main()
