@@ -8,8 +8,9 @@ line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl
 break to about `--context-tokens` tokens before the cursor (1,024), streamed, stopping at the line break:
 the time to the first token and to the complete line, p50 and p95. Then the same requests from
 `--clients` clients at once (every request answered, and what waiting for the one model costs), then
-`--leak-requests` short requests with the server's resident memory before and after. The baseline, in
-the same run: `generate --task code` as a fresh process for a few of the same files (what a tool that
+an editor typing in one file (the cursor a line further each request) with the last request's cached
+keys and values kept and evicted, then `--leak-requests` short requests with the server's resident
+memory before and after. The baseline, in the same run: `generate --task code` as a fresh process for a few of the same files (what a tool that
 shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line.
 """
 
@@ -68,6 +69,7 @@ def main() -> None:
         report("one client", alone)
         together = concurrently(client, name, cases, args.clients)
         report(f"{args.clients} clients at once", together)
+        typing(client, name, cases[0][1])
         server = psutil.Process(process.pid)
         before = server.memory_info().rss
         for index in range(args.leak_requests):
@@ -131,6 +133,27 @@ def ask(client, name: str, prompt: str) -> tuple[float, float]:
             first = time.perf_counter() - started
     done = time.perf_counter() - started
     return (done if first is None else first), done
+
+
+def typing(client, name: str, text: str, steps: int = 12) -> None:
+    """An editor's successive requests in one file, the cursor a line further each time: with the last
+    request's keys and values kept (what serve does), and with them evicted before each (another file's
+    request in between, not timed): what the reuse buys."""
+    lines = text.splitlines(keepends=True)
+    start = max(1, len(lines) - steps)
+    prompts = ["".join(lines[: start + k]) for k in range(min(steps, len(lines) - start) + 1)]
+    ask(client, name, prompts[0])
+    kept = [ask(client, name, prompt) for prompt in prompts[1:]]
+    evicted = []
+    for index, prompt in enumerate(prompts[1:]):
+        client.completions.create(model=name, prompt=f"evict_{index} = ", max_tokens=1, temperature=0)
+        evicted.append(ask(client, name, prompt))
+    report("typing, the last request's cache kept", kept)
+    report("typing, the cache evicted before each", evicted)
+    was, now = statistics.median(line for _, line in evicted), statistics.median(line for _, line in kept)
+    print(
+        f"reusing the shared beginning: complete line p50 {was:.2f} s → {now:.2f} s ({was / now:.1f}× as fast)"
+    )
 
 
 def concurrently(

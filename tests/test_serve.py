@@ -83,6 +83,20 @@ def test_a_completion_streams_what_it_answers_whole(client):
     assert "".join(chunk.choices[0].text for chunk in streamed) == choice.text
 
 
+def test_a_request_that_begins_as_the_last_one_reads_only_what_follows_and_answers_the_same(client):
+    """An editor's next request in the same file shares the last one's beginning: its keys and values
+    are reused (`cached_tokens`, as OpenAI reports them), and the answer is the one read whole."""
+    start = "def compute_3(values):\n    total = 0\n"
+    longer = start + "    for value in values:\n"
+    client.completions.create(model="repotune-repo", prompt=start, max_tokens=6)
+    reused = client.completions.create(model="repotune-repo", prompt=longer, max_tokens=6)
+    assert reused.usage.prompt_tokens_details.cached_tokens > 0
+    client.completions.create(model="repotune-repo", prompt="x = 1\n", max_tokens=2)  # another file
+    whole = client.completions.create(model="repotune-repo", prompt=longer, max_tokens=6)
+    assert whole.usage.prompt_tokens_details.cached_tokens == 0
+    assert whole.choices[0].text == reused.choices[0].text
+
+
 def test_a_suffix_the_model_cannot_infill_is_left_out_and_said(served):
     asked = {"model": "repotune-repo", "prompt": "def compute_3(values):\n", "max_tokens": 8}
     plain = httpx.post(f"{served[1]}/completions", json=asked, timeout=60)

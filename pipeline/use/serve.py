@@ -70,6 +70,9 @@ class Engine:
         vocabulary = tokenizer.get_vocab()
         self.infills = all(token in vocabulary for token in FIM_TOKENS)
         self.positions = getattr(model.config, "max_position_embeddings", None)
+        self.kept: tuple[list[int], Any] | None = None
+        """The last answer's tokens and their keys and values: a request that begins with the same tokens
+        (an editor's next request in the same file) reads only the tokens after them."""
 
     def tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -86,9 +89,30 @@ class Engine:
             )
         return count
 
-    def stream(self, asked: Asked, stopped: threading.Event) -> Iterator[str]:
+    def reusable(self, prompt: list[int]):
+        """A cache for `prompt`: the previous answer's, cut to the tokens they share (at least one token
+        is left to read: generation starts from it), or a new one; and how many tokens it holds."""
+        from transformers import DynamicCache
+
+        if self.kept is not None:
+            tokens, cache = self.kept
+            common = 0
+            for mine, theirs in zip(prompt[:-1], tokens, strict=False):
+                if mine != theirs:
+                    break
+                common += 1
+            if common:
+                if common < cache.get_seq_length():
+                    cache.crop(common - cache.get_seq_length())  # transformers 5: how many tokens to drop
+                return cache, common
+        return DynamicCache(config=self.model.config), 0
+
+    def stream(
+        self, asked: Asked, stopped: threading.Event, told: dict[str, int] | None = None
+    ) -> Iterator[str]:
         """The answer's text as it is written, ended at a stop sequence, at `max_tokens`, at the end of
-        sequence, or when `stopped` is set (the client left)."""
+        sequence, or when `stopped` is set (the client left); `told` gets `cached_tokens`, the prompt's
+        tokens whose keys and values the previous answer left (`kept`)."""
         from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
         class Left(StoppingCriteria):
@@ -111,11 +135,17 @@ class Engine:
 
             with self.lock, answering(self.model), torch.no_grad():
                 try:
-                    self.model.generate(
-                        **ids, streamer=streamer, stopping_criteria=StoppingCriteriaList([Left()]),
+                    cache, cached = self.reusable(ids["input_ids"][0].tolist())
+                    if told is not None:
+                        told["cached_tokens"] = cached
+                    written = self.model.generate(
+                        **ids, cache=cache, streamer=streamer,
+                        stopping_criteria=StoppingCriteriaList([Left()]),
                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
                     )  # fmt: skip
+                    self.kept = (written[0].tolist()[: cache.get_seq_length()], cache)
                 except Exception as error:  # raised where the answer is read, as one line
+                    self.kept = None
                     failed.append(error)
                     streamer.end()
 
@@ -213,8 +243,9 @@ async def _answer(
             media_type="text/event-stream",
             headers=headers,
         )
+    told: dict[str, int] = {}
     try:
-        text = await run_in_threadpool(lambda: "".join(engine.stream(asked, stopped)))
+        text = await run_in_threadpool(lambda: "".join(engine.stream(asked, stopped, told)))
     except Exception as error:  # one line for the client and the log, never a traceback
         raise ServeError(500, _failure(error), "server_error") from None
     completion = engine.tokens(text)
@@ -223,6 +254,7 @@ async def _answer(
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": told.get("cached_tokens", 0)},
     }
     if kind == "chat.completion":
         answer = _chat_response(engine.name, [text], prompt_tokens, completion, finish)
