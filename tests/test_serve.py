@@ -169,7 +169,7 @@ def test_a_port_in_use_and_a_directory_that_is_no_adapter_are_one_line(served, a
     assert process.returncode == 2
     assert (
         said
-        == f"repotune: error: --port {port}: cannot listen on 127.0.0.1:{port} (in use, or not this machine's): give another --port"
+        == f"repotune: error: --port {port}: cannot listen on 127.0.0.1:{port} (Address already in use): give another --port"
     )
     process, said = start("--adapter", str(tmp_path), "--port", "0")
     assert process.returncode == 2 and said.startswith(

@@ -16,6 +16,7 @@ uvicorn: the HTTP, the event stream and the request checks are theirs.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -300,24 +301,30 @@ async def _events(
 
 
 def serve(adapter: str, host: str, port: int, name: str | None) -> None:
-    """Load the adapter and answer on `host`:`port` until interrupted."""
+    """Listen on `host`:`port` (a port in use is said before the model loads), load the adapter, and
+    answer until interrupted."""
+    import socket
+
     import uvicorn
 
-    answerer = Answerer(adapter)
-    engine = Engine(answerer, name or model_name(answerer.directory))
+    answerer = Answerer(adapter)  # a directory that is no adapter is said at once
+    try:
+        listening = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        )
+    except OSError as error:
+        raise PipelineError(
+            f"--port {port}: cannot listen on {host}:{port} ({os.strerror(error.errno) if error.errno else error}): "
+            "give another --port"
+        ) from None
     if host not in ("127.0.0.1", "localhost", "::1"):
         say(f"serve: listening on {host}, not only this machine: anyone who reaches it can use the model")
-    config = uvicorn.Config(app_for(engine), host=host, port=port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    try:
-        sockets = [config.bind_socket()]
-    except SystemExit:  # uvicorn says why (a port in use) and exits; say it as one line
-        raise PipelineError(
-            f"--port {port}: cannot listen on {host}:{port} (in use, or not this machine's): give another --port"
-        ) from None
-    bound = sockets[0].getsockname()[1]
-    say(f"serving {engine.name} on http://{host}:{bound}/v1 (OpenAI-compatible; Ctrl-C stops)")
-    server.run(sockets=sockets)
+    engine = Engine(answerer, name or model_name(answerer.directory))
+    config = uvicorn.Config(app_for(engine), log_level="warning", access_log=False)
+    say(
+        f"serving {engine.name} on http://{host}:{listening.getsockname()[1]}/v1 (OpenAI-compatible; Ctrl-C stops)"
+    )
+    uvicorn.Server(config).run(sockets=[listening])
 
 
 async def _body(request) -> dict[str, Any]:
