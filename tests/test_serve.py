@@ -97,6 +97,23 @@ def test_a_request_that_begins_as_the_last_one_reads_only_what_follows_and_answe
     assert whole.choices[0].text == reused.choices[0].text
 
 
+def test_a_completion_that_names_its_file_gets_the_next_line_generate_writes(client, adapter, cli):
+    """With `path` (an extra field), the server answers as `generate --task code` does: the run's code
+    system, the repository's context retrieved, one line."""
+    before = "def compute_3(values):\n    total = 0\n"
+    local = cli(
+        "generate", "--adapter", adapter, "--task", "code", "--path", "pkg/feature_3.py", "--prompt", before
+    )
+    served = client.completions.create(
+        model="repotune-repo", prompt=before, max_tokens=32, extra_body={"path": "pkg/feature_3.py"}
+    )
+    assert local.code == 0 and served.choices[0].text + "\n" == local.out
+    streamed = client.completions.create(
+        model="repotune-repo", prompt=before, stream=True, extra_body={"path": "pkg/feature_3.py"}
+    )
+    assert "".join(chunk.choices[0].text for chunk in streamed) == served.choices[0].text
+
+
 def test_a_suffix_the_model_cannot_infill_is_left_out_and_said(served):
     asked = {"model": "repotune-repo", "prompt": "def compute_3(values):\n", "max_tokens": 8}
     plain = httpx.post(f"{served[1]}/completions", json=asked, timeout=60)

@@ -3,7 +3,8 @@
 - `GET /v1/models`: the one model served, named after the repository (`--name` another).
 - `POST /v1/completions`: the fine-tuned model continues `prompt` (an editor's text before the cursor);
   `suffix` is read only where the tokenizer has fill-in-the-middle tokens, else left out and said in the
-  `X-Repotune-Suffix` header.
+  `X-Repotune-Suffix` header. With repotune's own `path` (the file's path in the repository), the answer
+  is the next line as `generate --task code` writes it: the code system the run chose, context retrieved.
 - `POST /v1/chat/completions`: a chat with the fine-tuned model; a last message that holds a diff is
   answered by the run's suggestion system (the one the scoreboard chose: the repository's past, or the
   model), its `n` choices the next best messages.
@@ -32,6 +33,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pipeline.errors import PipelineError, one_line
 from pipeline.progress import say
+from pipeline.suggest.completion import LINE_TOKENS
 from pipeline.use.generate import Answerer, answering, model_name
 
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
@@ -195,6 +197,8 @@ def app_for(engine: Engine):
         body = await _body(request)
         _check_model(body, engine.name)
         prompt = _text(body.get("prompt"), "prompt")
+        if "path" in body:  # repotune's own field: the next line, as the code scoreboard asks it
+            return await _next_line(engine, body, prompt)
         suffix = body.get("suffix")
         headers = {}
         if suffix:
@@ -262,6 +266,35 @@ async def _answer(
     else:
         answer = {**made, "model": engine.name, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], "usage": usage}  # fmt: skip
     return JSONResponse(answer, headers=headers)
+
+
+async def _next_line(engine: Engine, body: dict[str, Any], before: str):
+    """The line after `before` in the repository's file `body["path"]`, as `generate --task code` writes
+    it: by the system the run chose, the chunks of other files its split point holds retrieved where
+    that system reads them, greedy, one line (streamed as one piece where asked)."""
+    path = body["path"]
+    if not isinstance(path, str) or not path:
+        raise ServeError(
+            400, "path: the file's path in the repository (its name says the language)", param="path"
+        )
+    asked = _asked(body, before, LINE_TOKENS)
+
+    def answer() -> str:
+        with engine.lock:
+            return engine.answerer.next_line(before, path, asked.max_tokens)
+
+    try:
+        text = await run_in_threadpool(answer)
+    except PipelineError as error:
+        raise ServeError(400, str(error)) from None
+    except Exception as error:  # one line for the client and the log, never a traceback
+        raise ServeError(500, _failure(error), "server_error") from None
+    made = {**_made("text_completion"), "model": engine.name}
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": "stop"}
+    if body.get("stream"):
+        events = [_event({**made, "choices": [choice]}), b"data: [DONE]\n\n"]
+        return StreamingResponse(iter(events), media_type="text/event-stream")
+    return JSONResponse({**made, "choices": [choice]})
 
 
 async def _events(
