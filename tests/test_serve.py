@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import pytest
 
 import run_pipeline
@@ -192,3 +194,39 @@ def test_a_port_in_use_and_a_directory_that_is_no_adapter_are_one_line(served, a
     assert process.returncode == 2 and said.startswith(
         f"repotune: error: --adapter {tmp_path}: no adapter_config.json"
     )
+
+
+def test_the_commit_hook_asks_a_running_server_and_loads_the_model_itself_without_one(
+    adapter, tmp_path, monkeypatch
+):
+    """Where the run chose the model to suggest, the hook takes the message from a `serve` of its adapter
+    (SERVE_FILE beside it says where), not loading the model per commit; once the server stops, the file
+    is gone and the hook answers as before."""
+    from pipeline.use import generate
+    from pipeline.use.hook import SERVE_FILE, staged_diff
+    from tests.test_take_home import suggested_in_process
+
+    run = tmp_path / "run"
+    # the tiny model's saved base travels with the run's folder; the module's own server's file does not
+    shutil.copytree(adapter, run, ignore=shutil.ignore_patterns("serve.json"))
+    system = run / "adapter" / "retrieval" / "system.json"
+    system.write_bytes(orjson.dumps({**orjson.loads(system.read_bytes()), "system": "model"}))
+    work = GitRepo(tmp_path / "work")
+    work.commit("Add compute_1", {"pkg/feature_1.py": module_source(1)})
+    monkeypatch.setattr(generate, "generate", lambda *args, **kwargs: "Written in the hook's process")
+    process, url = start("--adapter", str(run), "--port", "0")
+    try:
+        assert orjson.loads((run / "adapter" / SERVE_FILE).read_bytes())["url"] == url
+        shown = suggested_in_process(work, tmp_path, monkeypatch, str(run / "adapter"), "60", "2")
+        asked = [{"role": "user", "content": staged_diff()}]
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+        answer = (
+            client.chat.completions.create(model="repotune-repo", messages=asked).choices[0].message.content
+        )
+        assert shown.splitlines()[0] == answer.strip() != "Written in the hook's process"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert not (run / "adapter" / SERVE_FILE).exists()
+    alone = suggested_in_process(work, tmp_path, monkeypatch, str(run / "adapter"), "60", "2")
+    assert alone.splitlines()[0] == "Written in the hook's process"

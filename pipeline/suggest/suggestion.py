@@ -416,6 +416,11 @@ class Suggester:
         )  # fmt: skip
 
 
+def beside(answer: str, found: list[str], count: int) -> list[str]:
+    """The first `count` of the past's messages `found` that are not the model's `answer`."""
+    return [text for text in found if text.strip() != answer.strip()][:count]
+
+
 def saved_file_filters(directory: Path) -> dict[str, Any]:
     """How the scrape chose the files of the diffs an adapter's past indexed (`Suggester.files`), read
     without loading the index; the shipped ones for an adapter saved without its past."""

@@ -22,7 +22,7 @@ from pipeline.suggest.completion import (
 )
 from pipeline.suggest.decoding import base_only, generate_batched, merged
 from pipeline.suggest.retrieval import INDEX_DIR
-from pipeline.suggest.suggestion import Suggester, saved_code_system, saved_file_filters
+from pipeline.suggest.suggestion import Suggester, beside, saved_code_system, saved_file_filters
 from pipeline.train.model import (
     ADAPTER_DIR,
     BASE_MODEL_DIR,
@@ -164,11 +164,6 @@ def model_name(directory: Path) -> str:
     base = named.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
     cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in base.lower()).strip("-.")
     return f"repotune-{cleaned or 'model'}"
-
-
-def beside(answer: str, found: list[str], count: int) -> list[str]:
-    """The first `count` of the past's messages `found` that are not the model's `answer`."""
-    return [text for text in found if text.strip() != answer.strip()][:count]
 
 
 class Answerer:

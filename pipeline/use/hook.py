@@ -44,9 +44,11 @@ import orjson
 
 from pipeline.errors import PipelineError
 from pipeline.manifest import MANIFEST_FILE, trained_on
-from pipeline.suggest.suggestion import Suggester
+from pipeline.suggest.suggestion import Suggester, beside
 from scrapers.errors import RepositoryError
 from scrapers.safe_git import run_safe_git
+
+SERVE_FILE = "serve.json"  # beside a served adapter while `serve` runs: where it listens, and its process
 
 HOOK = "prepare-commit-msg"
 PREVIOUS = f"{HOOK}.repotune-previous"
@@ -302,12 +304,34 @@ def suggest(argv: list[str]) -> None:
     if found:
         _offer(message_file, found[0], found[1:], prefix, original, template_end)
     if suggester.system == "model":
-        # heavy: the model's loading code, on every commit otherwise; needed where the run chose the model
-        from pipeline.use.generate import beside, generate
+        written = served(adapter, diff, timeout)
+        if written is None:
+            # heavy: the model's loading code, on every commit otherwise; needed where the run chose the model
+            from pipeline.use.generate import generate
 
-        written = generate(adapter, diff, task="message", system="model").strip()
+            written = generate(adapter, diff, task="message", system="model")
+        written = written.strip()
         if written:  # the retrieval's answers become the alternatives
             _offer(message_file, written, beside(written, found, count), prefix, original, template_end)
+
+
+def served(adapter: Path, diff: str, timeout: float) -> str | None:
+    """The commit message a running `serve` of `adapter` writes for `diff` (SERVE_FILE says where it
+    listens), without loading the model here; None where none runs or it does not answer."""
+    import urllib.request
+
+    try:
+        where = orjson.loads((adapter / SERVE_FILE).read_bytes())
+        os.kill(int(where["pid"]), 0)  # it still runs
+        asked = urllib.request.Request(
+            f"{where['url']}/chat/completions",
+            data=orjson.dumps({"messages": [{"role": "user", "content": diff}]}),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(asked, timeout=timeout) as answer:
+            return str(orjson.loads(answer.read())["choices"][0]["message"]["content"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):  # none runs, or it failed: load the model
+        return None
 
 
 def comment_prefix(original: str) -> str | None:

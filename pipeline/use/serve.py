@@ -17,24 +17,26 @@ uvicorn: the HTTP, the event stream and the request checks are theirs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pipeline.errors import PipelineError, one_line
+from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
 from pipeline.use.generate import Answerer, answering, model_name
+from pipeline.use.hook import SERVE_FILE
 
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
 CHAT_TOKENS = 256
@@ -172,21 +174,20 @@ class Engine:
             stopped.set()  # a stop sequence, or a client that left: the generation ends at its next token
 
 
-def app_for(engine: Engine):
-    """The FastAPI application serving `engine`."""
-    app = FastAPI(title="repotune", docs_url=None, redoc_url=None)
+def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
+    """The FastAPI application serving `engine` (requests read by hand: every refusal one line in
+    OpenAI's shape); `stopped` runs at shutdown (uvicorn re-raises the signal that stopped it after)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        stopped()
+
+    app = FastAPI(title="repotune", docs_url=None, redoc_url=None, lifespan=lifespan)
 
     @app.exception_handler(ServeError)
     async def refused(request: Request, error: ServeError):
         return _error(error.status, error.message, error.kind, error.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def malformed(request: Request, error: RequestValidationError):
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        return _error(
-            400, f"{where or 'the request'}: {first.get('msg', 'not a valid request')}", param=where or None
-        )
 
     @app.get("/v1/models")
     async def models():
@@ -353,11 +354,23 @@ def serve(adapter: str, host: str, port: int, name: str | None) -> None:
     if host not in ("127.0.0.1", "localhost", "::1"):
         say(f"serve: listening on {host}, not only this machine: anyone who reaches it can use the model")
     engine = Engine(answerer, name or model_name(answerer.directory))
-    config = uvicorn.Config(app_for(engine), log_level="warning", access_log=False)
-    say(
-        f"serving {engine.name} on http://{host}:{listening.getsockname()[1]}/v1 (OpenAI-compatible; Ctrl-C stops)"
-    )
-    uvicorn.Server(config).run(sockets=[listening])
+    url = f"http://{host}:{listening.getsockname()[1]}/v1"
+    # The commit hook asks a running server before it loads the model itself (`hook.served`).
+    local = url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://[::]:", "://[::1]:")
+    told = answerer.directory / SERVE_FILE
+
+    def forget() -> None:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if orjson.loads(told.read_bytes())["pid"] == os.getpid():  # not another server's since
+                told.unlink()
+
+    config = uvicorn.Config(app_for(engine, forget), log_level="warning", access_log=False)
+    write_json(told, {"url": local, "pid": os.getpid(), "name": engine.name})
+    say(f"serving {engine.name} on {url} (OpenAI-compatible; Ctrl-C stops)")
+    try:
+        uvicorn.Server(config).run(sockets=[listening])
+    finally:
+        forget()
 
 
 async def _body(request) -> dict[str, Any]:
