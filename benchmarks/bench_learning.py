@@ -88,7 +88,8 @@ def report(budget: str, output: Path, shown: int) -> bool:
     """One budget's scoreboard and goal lines; True when the goal is met."""
     import orjson
 
-    from pipeline.evaluate.evaluation import EVALUATION_FILE, code_scoreboard, paired_difference
+    from pipeline.evaluate.metrics import paired_difference
+    from pipeline.evaluate.report import EVALUATION_FILE, code_scoreboard
 
     manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
     answers = [orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line]
@@ -164,7 +165,7 @@ def report(budget: str, output: Path, shown: int) -> bool:
 def code_goals(answers: list[dict]) -> list[tuple[str, bool]]:
     """Fine-tuned + context against base + context, the fine-tuned model alone and the lookup for code, on
     the same lines (paired, resampled by commit): each gain at least CODE_GOAL_POINTS, its interval above zero."""
-    from pipeline.evaluate.evaluation import paired_difference
+    from pipeline.evaluate.metrics import paired_difference
 
     bare = [row for row in answers if row["task"] == "code"]
     contextual = [row for row in answers if row["task"] == "code_context"]

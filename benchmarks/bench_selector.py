@@ -102,7 +102,7 @@ def picked(suggester, held) -> str:
     """The hook's suggestion and the alternatives it shows below it, on the held-out commits: what a user
     who keeps the one closest to the message written gets (by edit similarity), against the suggestion
     alone, and against as many of the lookup's nearest messages picked the same way (the baseline)."""
-    from pipeline.evaluate.evaluation import edit_similarities, paired_difference, score_messages
+    from pipeline.evaluate.metrics import edit_similarities, paired_difference, score_messages
     from pipeline.scores import difference
     from pipeline.use.hook import ALTERNATIVES
 
@@ -140,7 +140,7 @@ def hook_reads(repo: str, suggester, held) -> str:
     import contextlib
     import subprocess
 
-    from pipeline.evaluate.evaluation import paired_difference, score_messages
+    from pipeline.evaluate.metrics import paired_difference, score_messages
     from pipeline.scores import difference
     from pipeline.suggest.retrieval import changed_paths
     from pipeline.use.hook import DIFF_OPTIONS, MAX_DIFF_BYTES
@@ -172,7 +172,7 @@ _INDEX_LINE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+.*\n", re.MULTILINE)
 
 
 def compare(lookup: list[str], selector: list[str], references: list[str]) -> str:
-    from pipeline.evaluate.evaluation import paired_difference, score_messages
+    from pipeline.evaluate.metrics import paired_difference, score_messages
     from pipeline.scores import difference
 
     mine, theirs = score_messages(selector, references), score_messages(lookup, references)

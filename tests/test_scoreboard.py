@@ -15,17 +15,9 @@ import pytest
 
 from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
-from pipeline.evaluate.evaluation import (
-    EVALUATION_FILE,
-    _message_scoreboard,
-    held_out_note,
-    keep_base_scores,
-    paired_difference,
-    score_code,
-    score_messages,
-    score_past,
-    task_prompts,
-)
+from pipeline.evaluate.evaluation import keep_base_scores, score_past, task_prompts
+from pipeline.evaluate.metrics import paired_difference, score_code, score_messages
+from pipeline.evaluate.report import EVALUATION_FILE, _message_scoreboard, held_out_note
 from pipeline.record.run import evaluation_seconds
 from pipeline.scores import one_register
 from pipeline.suggest.changelog import entry

@@ -16,19 +16,16 @@ from pipeline.config import Config, LoadedConfig
 from pipeline.data.dataset import held_out_blocks
 from pipeline.data.sources import completions_path, read_files
 from pipeline.evaluate.evaluation import (
-    EVALUATION_FILE,
     base_scores_cache,
     choose_code_system,
     evaluate,
     evaluate_base,
-    format_evaluation,
-    held_out_note,
     score_outputs,
     score_past,
     task_prompts,
     validation_answers,
-    write_answers,
 )
+from pipeline.evaluate.report import EVALUATION_FILE, format_evaluation, held_out_note, write_answers
 from pipeline.progress import say
 from pipeline.suggest.completion import CodeCase, CodeIndex, read_cases
 from pipeline.types import Data, Evaluation, Loaded, Past, Step, TaskPrompt, TrainOutcome

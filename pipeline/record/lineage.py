@@ -17,7 +17,7 @@ from pipeline.data.dataset import block_dataset, held_out_splits
 from pipeline.data.sources import read_sequences
 from pipeline.data.token_cache import read_split, tokenize_sequences
 from pipeline.errors import PipelineError
-from pipeline.evaluate.evaluation import relative_change
+from pipeline.evaluate.report import relative_change
 from pipeline.manifest import MANIFEST_FILE, load_manifest, sha256_file
 from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR
 from pipeline.types import Lineage, Plan, Prepared, Scores

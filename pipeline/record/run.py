@@ -24,7 +24,7 @@ import orjson
 
 from pipeline.config import LoadedConfig
 from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError
-from pipeline.evaluate.evaluation import evaluation_report
+from pipeline.evaluate.report import evaluation_report
 from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
     MANIFEST_FILE,

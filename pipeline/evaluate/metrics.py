@@ -1,0 +1,204 @@
+"""The scores every system gets, with 95% bootstrap intervals: corpus chrF (sacrebleu's `CHRF()`
+defaults, as Long Code Arena) and edit similarity of a commit message, exact match and edit similarity
+of a next line (resampled by commit: a commit's lines are not independent), and paired differences."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+TASKS = ("message", "code", "code_context")
+CODE_TASKS = ("code", "code_context")
+
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def _chrf_statistics(outputs: Sequence[str], references: Sequence[str]):
+    """sacrebleu's chrF statistics per sample: corpus chrF of any resample is the score of their sum."""
+    import numpy as np
+    from sacrebleu.metrics import CHRF
+
+    metric = CHRF()
+    return metric, np.asarray(metric._extract_corpus_statistics(list(outputs), [list(references)]))
+
+
+def edit_similarities(outputs: Sequence[str], references: Sequence[str]):
+    """Each output's normalised character Levenshtein similarity to its reference, 0–100."""
+    import numpy as np
+    from rapidfuzz.distance import Levenshtein
+
+    return np.asarray(
+        [100 * Levenshtein.normalized_similarity(o, r) for o, r in zip(outputs, references, strict=True)]
+    )
+
+
+def _resamples(count: int):
+    """The same BOOTSTRAP_RESAMPLES resamples of `count` samples for every score of a run."""
+    import numpy as np
+
+    return np.random.default_rng(0).integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
+
+
+def _resampled_means(values, commits: Sequence[str]):
+    """`values`' mean in each of BOOTSTRAP_RESAMPLES resamples of their commits (a commit drawn k times
+    counts each of its values k times): the interval of a mean over cases that share commits."""
+    import numpy as np
+
+    names = list(dict.fromkeys(commits))
+    of_case = np.asarray([names.index(commit) for commit in commits]) if names else np.zeros(0, dtype=int)
+    drawn = _resamples(len(names))
+    weights = np.stack([np.bincount(row, minlength=len(names)) for row in drawn])[:, of_case]
+    return (weights @ np.asarray(values, dtype=float)) / np.maximum(weights.sum(axis=1), 1)
+
+
+def _interval(values) -> list[float]:
+    import numpy as np
+
+    low, high = np.percentile(values, [2.5, 97.5])
+    return [round(float(low), 2), round(float(high), 2)]
+
+
+def score_messages(
+    outputs: Sequence[str], references: Sequence[str], commits: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The message task's metrics over its samples (one a commit), with 95% bootstrap intervals."""
+    produced = [o.strip() for o in outputs]
+    wanted = [r.strip() for r in references]
+    metric, statistics = _chrf_statistics(produced, wanted)
+    similarity = edit_similarities(produced, wanted)
+    resamples = _resamples(len(wanted))
+    subjects = [(_subject(o), _subject(r)) for o, r in zip(produced, wanted, strict=True)]
+    return {
+        "samples": len(wanted),
+        "chrf": _chrf(metric, statistics),
+        "chrf_ci95": _interval([_chrf(metric, statistics[rows]) for rows in resamples]),
+        "edit_similarity": round(float(similarity.mean()), 2),
+        "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
+        "subject_exact_match_pct": _pct(sum(o == r for o, r in subjects), len(wanted)),
+        "first_word_match_pct": _pct(sum(_first_word(o) == _first_word(r) for o, r in subjects), len(wanted)),
+        "commonest_opening": _commonest_opening(produced, wanted),
+        "whitespace_only": sum(not o for o in produced),
+        "output_chars_mean": round(sum(len(o) for o in produced) / len(wanted), 1),
+        "reference_chars_mean": round(sum(len(r) for r in wanted) / len(wanted), 1),
+    }
+
+
+def score_code(outputs: Sequence[str], references: Sequence[str], commits: Sequence[str]) -> dict[str, Any]:
+    """A code task's metrics (exact match and edit similarity of the line, spaces at its ends ignored),
+    with 95% bootstrap intervals resampled by commit."""
+    import numpy as np
+
+    produced = [o.strip() for o in outputs]
+    wanted = [r.strip() for r in references]
+    exact = 100 * np.asarray([o == r for o, r in zip(produced, wanted, strict=True)], dtype=float)
+    similarity = edit_similarities(produced, wanted)
+    return {
+        "samples": len(wanted),
+        "commits": len(set(commits)),
+        "exact_match_pct": round(float(exact.mean()), 2),
+        "exact_match_pct_ci95": _interval(_resampled_means(exact, commits)),
+        "edit_similarity": round(float(similarity.mean()), 2),
+        "edit_similarity_ci95": _interval(_resampled_means(similarity, commits)),
+        "whitespace_only": sum(not o for o in produced),
+        "output_chars_mean": round(sum(len(o) for o in produced) / len(wanted), 1),
+        "reference_chars_mean": round(sum(len(r) for r in wanted) / len(wanted), 1),
+    }
+
+
+def paired_difference(
+    task: str,
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str],
+    commits: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """`system` − `baseline` on the same samples, with 95% paired bootstrap intervals: chrF and edit
+    similarity for messages, exact match and edit similarity for code (resampled by `commits` where
+    given: a commit's lines are not independent)."""
+    result: dict[str, Any] = {}
+    for key, (point, resampled) in _paired_resampled(task, baseline, system, references, commits).items():
+        result[key], result[f"{key}_ci95"] = round(point, 2), _interval(resampled)
+    return result
+
+
+def mean_gain(
+    baseline: Sequence[str], system: Sequence[str], references: Sequence[str], commits: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`system` − `baseline` in the mean of the task's two scores (what a system is chosen by), with its
+    95% paired bootstrap interval: chrF and edit similarity of commit messages, or with `commits` (a code
+    task's, resampled by commit) exact match and edit similarity."""
+    task = "code" if commits else "message"
+    (first, firsts), (second, seconds) = _paired_resampled(
+        task, baseline, system, references, commits or None
+    ).values()
+    return {"mean": round((first + second) / 2, 2), "mean_ci95": _interval((firsts + seconds) / 2)}
+
+
+def _paired_resampled(
+    task: str,
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str],
+    commits: Sequence[str] | None = None,
+) -> dict[str, tuple[float, Any]]:
+    """Each metric's paired difference, and its value in each of the run's bootstrap resamples (of
+    `commits` where given, else of the samples)."""
+    import numpy as np
+
+    wanted = [r.strip() for r in references]
+    ours, theirs = [o.strip() for o in system], [o.strip() for o in baseline]
+    resamples = _resamples(len(wanted))
+
+    def resampled(values):
+        return _resampled_means(values, commits) if commits else values[resamples].mean(axis=1)
+
+    similarity = edit_similarities(ours, wanted) - edit_similarities(theirs, wanted)
+    result = {"edit_similarity": (float(similarity.mean()), resampled(similarity))}
+    if task == "message":
+        metric, mine = _chrf_statistics(ours, wanted)
+        _, other = _chrf_statistics(theirs, wanted)
+        result["chrf"] = (
+            _chrf(metric, mine) - _chrf(metric, other),
+            np.asarray([_chrf(metric, mine[rows]) - _chrf(metric, other[rows]) for rows in resamples]),
+        )
+    else:
+        exact = 100 * (
+            np.asarray([o == r for o, r in zip(ours, wanted, strict=True)], dtype=float)
+            - np.asarray([o == r for o, r in zip(theirs, wanted, strict=True)], dtype=float)
+        )
+        result["exact_match_pct"] = (float(exact.mean()), resampled(exact))
+    return result
+
+
+def _chrf(metric, statistics) -> float:
+    return round(float(metric._compute_score_from_stats(list(statistics.sum(axis=0))).score), 2)
+
+
+def _subject(text: str) -> str:
+    return text.strip().split("\n", 1)[0].strip()
+
+
+def _first_word(text: str) -> str:
+    return (text.split() or [""])[0].lower()
+
+
+def _opening(text: str) -> str:
+    """A message's first word as a register shows in it: lower case, a conventional commit's scope and
+    colon left off ("refactor(cli): …" and "Refactor …" open alike)."""
+    return re.split(r"[(:!]", _first_word(_subject(text)), maxsplit=1)[0]
+
+
+def _commonest_opening(outputs: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """The word that begins most of the answers, how many it begins, and how many commits written it
+    begins: a model that writes in one register shows here before its scores explain it."""
+    word, count = (Counter(_opening(o) for o in outputs if o).most_common(1) or [("", 0)])[0]
+    return {"word": word, "answers": count, "references": sum(_opening(r) == word for r in references)}
+
+
+def _pct(count: int, total: int) -> float:
+    return round(100 * count / total, 1)
+
+
+SCORERS = {"message": score_messages, "code": score_code, "code_context": score_code}
