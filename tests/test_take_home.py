@@ -199,6 +199,25 @@ def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
         and modelfile.count(" | ollama run repotune-repo") == 1
     )
     assert "#   ollama create repotune-repo -f Modelfile" in modelfile
+    # and a code completer: the editor's text as it is (SmolLM2 has no fill-in-the-middle tokens)
+    code = (tmp_path / "Modelfile.code").read_text()
+    assert "FROM ./m.gguf" in code and 'TEMPLATE """{{ .Prompt }}"""' in code and "{{ .Suffix }}" not in code
+    assert "#   ollama create repotune-repo-code -f Modelfile.code" in code
+
+
+def test_the_code_modelfile_fills_in_the_middle_where_the_tokenizer_can():
+    from types import SimpleNamespace
+
+    from pipeline.use.export import code_modelfile
+
+    fim = {"<fim_prefix>": 1, "<fim_suffix>": 2, "<fim_middle>": 3}
+    tokenizer = SimpleNamespace(get_vocab=lambda: fim, eos_token="<|endoftext|>")
+    code = code_modelfile("m.gguf", tokenizer, "repotune-repo-code")
+    assert (
+        'TEMPLATE """{{ if .Suffix }}<fim_prefix>{{ .Prompt }}<fim_suffix>{{ .Suffix }}<fim_middle>'
+        '{{ else }}{{ .Prompt }}{{ end }}"""'
+    ) in code
+    assert 'PARAMETER stop "<|endoftext|>"' in code
 
 
 def test_q8_0_is_smaller_and_loads(tiny_run, tmp_path, cli):

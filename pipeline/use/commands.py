@@ -15,6 +15,7 @@ from pipeline.use import generate as generation
 from pipeline.use import hook as commit_hook
 from pipeline.use.cli import as_text
 from pipeline.use.diff import run_diff
+from pipeline.use.export import CODE_MODELFILE
 from pipeline.use.export import export as write_gguf
 from pipeline.use.report import write_report
 from pipeline.use.watch import fitted_interval, format_summary, watch
@@ -73,6 +74,10 @@ def export(adapter: str, output: str, gguf_type: str, name: str | None = None) -
         f"{quote(exported.modelfile.name)}"
     )
     print(f"  llama.cpp: llama-cli -m {quote(str(exported.gguf))}")
+    print(
+        f"  ollama, for code completion: cd {quote(str(exported.gguf.parent))} && ollama create "
+        f"{quote(exported.name + '-code')} -f {CODE_MODELFILE}"
+    )
     print(
         f"  a message for the staged change, its files read as training read them: {exported.staged} | ollama run {quote(exported.name)}"
     )

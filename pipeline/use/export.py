@@ -31,6 +31,7 @@ multiple of 256, so the k-quants (Q4_K and friends) cannot hold it."""
 # colour (`color.ui=always`) or an external diff tool (`diff.external = difft`) would print something else.
 PIPED_DIFF_OPTIONS = ("--no-color", "--no-ext-diff")
 MODELFILE = "Modelfile"
+CODE_MODELFILE = "Modelfile.code"  # the same weights as a code completer: editors' autocomplete
 PROMPT_MARK, SYSTEM_MARK = "\x00PROMPT\x00", "\x00SYSTEM\x00"
 """Placeholders rendered through the chat template, then replaced by Ollama's template variables."""
 
@@ -91,6 +92,9 @@ def export(
     modelfile = destination.with_name(MODELFILE)
     name = name or model_name(directory)
     modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style, staged, name), encoding="utf-8")
+    destination.with_name(CODE_MODELFILE).write_text(
+        code_modelfile(destination.name, tokenizer, f"{name}-code"), encoding="utf-8"
+    )
     return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors, staged, name)
 
 
@@ -228,6 +232,32 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
             types.append(gguf.TokenType.NORMAL)
     merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model.get("merges", [])]
     return {"tokens": tokens, "types": types, "merges": merges}
+
+
+def code_modelfile(gguf_name: str, tokenizer, name: str) -> str:
+    """An Ollama Modelfile that makes the GGUF beside it a code completer: the editor's text continued as
+    it is (`{{ .Prompt }}`), or, where the tokenizer has fill-in-the-middle tokens, the text around the
+    cursor (`{{ .Suffix }}`, Ollama's `suffix`), greedy."""
+    vocabulary = tokenizer.get_vocab()
+    prefix, suffix, middle = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+    if all(token in vocabulary for token in (prefix, suffix, middle)):
+        template = (
+            f"{{{{ if .Suffix }}}}{prefix}{{{{ .Prompt }}}}{suffix}{{{{ .Suffix }}}}{middle}"
+            "{{ else }}{{ .Prompt }}{{ end }}"
+        )
+    else:
+        template = "{{ .Prompt }}"
+    stops = [tokenizer.eos_token] if tokenizer.eos_token else []
+    lines = [
+        "# repotune: the fine-tuned model as a code completer (an editor's autocomplete through Ollama):",
+        f"#   ollama create {name} -f {CODE_MODELFILE}",
+        f"FROM ./{gguf_name}",
+        f'TEMPLATE """{template}"""',
+        *[f'PARAMETER stop "{stop}"' for stop in stops],
+        "PARAMETER temperature 0",
+        "PARAMETER num_predict 64",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str, name: str) -> str:
