@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
@@ -932,3 +934,23 @@ def test_a_next_line_comes_from_the_system_that_beats_the_default_on_the_validat
     assert few["name"] == "model-context" and "2 validation commits" in few["reason"] and few["gain"] is None
     unvalidated = chosen(right, validates=False)
     assert unvalidated["name"] == "model-context" and unvalidated["reason"].startswith("not validated")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.text(alphabet="abc de.Fé\n", max_size=30), st.text(alphabet="abc de.Fé\n", max_size=30)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_chrf_from_summed_statistics_is_sacrebleus_corpus_chrf(pairs):
+    """The scoreboard's chrF (statistics per sample, summed per resample) is what sacrebleu's public
+    `CHRF().corpus_score` gives for the same outputs and references."""
+    from sacrebleu.metrics import CHRF
+
+    from pipeline.evaluate.metrics import chrf_of, chrf_statistics
+
+    outputs, references = [output for output, _ in pairs], [reference for _, reference in pairs]
+    ours = chrf_of(chrf_statistics(outputs, references).sum(axis=0))
+    assert ours == pytest.approx(round(CHRF().corpus_score(outputs, [references]).score, 2), abs=0.011)
