@@ -934,6 +934,17 @@ def test_a_next_line_comes_from_the_system_that_beats_the_default_on_the_validat
     assert few["name"] == "model-context" and "2 validation commits" in few["reason"] and few["gain"] is None
     unvalidated = chosen(right, validates=False)
     assert unvalidated["name"] == "model-context" and unvalidated["reason"].startswith("not validated")
+    # unvalidated, no validation line was asked: the held-out questions say whether the run retrieves
+    monkeypatch.setattr(scoring, "_answer_checks", lambda *args: {})
+    plan_off = SimpleNamespace(**{**vars(plan), "validate_model": False})
+    held_out = Evaluation(Scores(None, None), None, [], prompts=checks)
+    assert (
+        scoring.choose_code_system(None, held_out, None, plan_off, None).code_system["name"]
+        == "model-context"
+    )
+    bare = Evaluation(Scores(None, None), None, [], prompts=checks[:24])  # no file: nothing to retrieve
+    without = scoring.choose_code_system(None, bare, None, plan_off, None).code_system
+    assert without["name"] == "model" and "no files to retrieve context from" in without["reason"]
 
 
 @settings(max_examples=60, deadline=None)

@@ -129,9 +129,14 @@ def completions_path(scraped: Scraped) -> Path:
 def read_files(scraped: Scraped) -> list[dict[str, Any]]:
     """The files at the split point the scrape read (`scrapers.files`), most recently changed first; none
     where it read none (`scrape.files` off, or an earlier scrape's output without them)."""
+    path = files_path(scraped)
+    return list(read_sequences(path)) if path else []
+
+
+def files_path(scraped: Scraped) -> Path | None:
+    """Where the scrape wrote the files at the split point, where it wrote them."""
     where = (scraped.summary.get("files") or {}).get("path")
-    path = Path(where) if where else None
-    return list(read_sequences(path)) if path and path.exists() else []
+    return Path(where) if where and Path(where).exists() else None
 
 
 def read_sequences(path: Path) -> Iterator[dict[str, Any]]:

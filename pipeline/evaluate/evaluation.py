@@ -286,7 +286,8 @@ def _code_system(
     model, evaluation: Evaluation, prepared: Prepared, plan: Plan, config: EvalConfig
 ) -> dict[str, Any]:
     checks = evaluation.code_checks
-    default = DEFAULT_CODE_SYSTEM if any(p.task == "code_context" for p in checks) else "model"
+    retrieves = any(p.task == "code_context" for p in (*evaluation.prompts, *checks))  # the run has files
+    default = DEFAULT_CODE_SYSTEM if retrieves else "model"
     unchosen = {
         "name": default,
         "validation": {},
@@ -294,18 +295,18 @@ def _code_system(
         "validation_commits": 0,
         "gain": None,
     }
-    what = CODE_LABELS[default][2] + (
-        " (fine-tuning and retrieval add up)" if default == DEFAULT_CODE_SYSTEM else ""
+    what = f"the default, {CODE_LABELS[default][2]}" + (
+        " (fine-tuning and retrieval add up)" if retrieves else " (no files to retrieve context from)"
     )
     if not plan.validate_model:
         return {
             **unchosen,
-            "reason": f"not validated (eval.validate_model is off, the plan says why): the {what}",
+            "reason": f"not validated (eval.validate_model is off; the plan says why): {what}",
         }
     commits = len({p.commit for p in checks})
     if commits < CODE_CHOICE_COMMITS:
         reason = f"{commits} validation commits added lines to complete, too few to tell systems apart"
-        return {**unchosen, "validation_commits": commits, "reason": f"{reason}: the {what}"}
+        return {**unchosen, "validation_commits": commits, "reason": f"{reason}: {what}"}
     started = time.perf_counter()
     answers = _answer_checks(model, checks, prepared, plan, config)
     if evaluation.code_checks_lookup:

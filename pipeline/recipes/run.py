@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.config import LoadedConfig
 from pipeline.data.dataset import keep_newest, pack, validation_blocks
-from pipeline.data.sources import read_files
+from pipeline.data.sources import files_path
 from pipeline.data.sources import scrape as scrape_sources
 from pipeline.data.token_cache import prepare
 from pipeline.evaluate.scoreboard import after_training, before_training
@@ -176,5 +176,5 @@ def save(
     """The adapter, its tokenizer, its suggestion system and its model card, in the output directory."""
     record.step(
         "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir,
-        loaded.config.train.max_prompt_tokens, suggester, model_card(record.doc), read_files(data.scraped),
+        loaded.config.train.max_prompt_tokens, suggester, model_card(record.doc), files_path(data.scraped),
     )  # fmt: skip

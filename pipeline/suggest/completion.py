@@ -32,6 +32,7 @@ LOOKUP_LINES = 3  # the lines before the cursor the lookup matches, and before a
 PROMPT_CHARS = 800
 CHUNK_CHARS = 400  # of a retrieved chunk
 LINE_TOKENS = 32  # most tokens generated for one line
+FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's, which most code models share
 
 # Who writes a next line: (answers with the adapter, prompt with retrieved context), or the lookup for code
 # (None). The fine-tuned model with context answers unless another beats it on the validation commits

@@ -11,7 +11,8 @@ a Hugging Face id or a local directory.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,7 +303,7 @@ def save_adapter(
     prompt_tokens: int,
     suggester=None,
     card: str | None = None,
-    code_files: Sequence[dict] = (),
+    code_files: Path | None = None,
 ) -> Outputs:
     """The adapter in peft's format with the tokenizer and how it reads prompts (`repotune.json`), the
     repository's past beside it (`retrieval/`: the index over the whole history, the selector and the
@@ -318,10 +319,8 @@ def save_adapter(
         suggester.save(adapter_dir)
     if card is not None:
         (adapter_dir / CARD_FILE).write_text(card, encoding="utf-8")
-    if code_files:
-        (adapter_dir / CODE_FILES).write_bytes(
-            b"".join(orjson.dumps(record) + b"\n" for record in code_files)
-        )
+    if code_files:  # as the scrape wrote them: copied, not read
+        shutil.copyfile(code_files, adapter_dir / CODE_FILES)
     files = [
         {"path": str(path.relative_to(output_dir)), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
         for path in sorted(adapter_dir.rglob("*"))

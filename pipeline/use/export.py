@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 from pipeline.errors import ExportError
+from pipeline.suggest.completion import FIM_TOKENS
 from pipeline.suggest.suggestion import saved_file_filters
 from pipeline.train.model import adapter_facts
 from pipeline.use.generate import adapter_directory, load_adapter, model_name
@@ -239,8 +240,8 @@ def code_modelfile(gguf_name: str, tokenizer, name: str) -> str:
     it is (`{{ .Prompt }}`), or, where the tokenizer has fill-in-the-middle tokens, the text around the
     cursor (`{{ .Suffix }}`, Ollama's `suffix`), greedy."""
     vocabulary = tokenizer.get_vocab()
-    prefix, suffix, middle = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
-    if all(token in vocabulary for token in (prefix, suffix, middle)):
+    prefix, suffix, middle = FIM_TOKENS
+    if all(token in vocabulary for token in FIM_TOKENS):
         template = (
             f"{{{{ if .Suffix }}}}{prefix}{{{{ .Prompt }}}}{suffix}{{{{ .Suffix }}}}{middle}"
             "{{ else }}{{ .Prompt }}{{ end }}"

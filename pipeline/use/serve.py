@@ -11,8 +11,10 @@
 
 Greedy unless `temperature` is above 0. Answers stream as server-sent events where `stream` asks; a client
 that disconnects stops its generation. One generation runs at a time (the model is one); others wait
-their turn. Errors are OpenAI's JSON error shape, one line, never a traceback. Built on FastAPI and
-uvicorn: the HTTP, the event stream and the request checks are theirs.
+their turn, and a request that begins as the previous one did reads only what follows (its keys and
+values kept). Errors are OpenAI's JSON error shape, one line, never a traceback: requests are read by
+hand for that. While it runs, SERVE_FILE beside the adapter says where, for the commit hook. Built on
+FastAPI and uvicorn: the HTTP and the event stream are theirs.
 """
 
 from __future__ import annotations
@@ -34,13 +36,12 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
-from pipeline.suggest.completion import LINE_TOKENS
+from pipeline.suggest.completion import FIM_TOKENS, LINE_TOKENS
 from pipeline.use.generate import Answerer, answering, model_name
 from pipeline.use.hook import SERVE_FILE
 
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
 CHAT_TOKENS = 256
-FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's, which most code models share
 
 
 @dataclass(frozen=True)
@@ -143,12 +144,12 @@ class Engine:
                     cache, cached = self.reusable(ids["input_ids"][0].tolist())
                     if told is not None:
                         told["cached_tokens"] = cached
-                    written = self.model.generate(
+                    made = self.model.generate(
                         **ids, cache=cache, streamer=streamer,
                         stopping_criteria=StoppingCriteriaList([Left()]),
                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
                     )  # fmt: skip
-                    self.kept = (written[0].tolist()[: cache.get_seq_length()], cache)
+                    self.kept = (made[0].tolist()[: cache.get_seq_length()], cache)
                 except Exception as error:  # raised where the answer is read, as one line
                     self.kept = None
                     failed.append(error)
