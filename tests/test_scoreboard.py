@@ -964,4 +964,5 @@ def test_chrf_from_summed_statistics_is_sacrebleus_corpus_chrf(pairs):
 
     outputs, references = [output for output, _ in pairs], [reference for _, reference in pairs]
     ours = chrf_of(chrf_statistics(outputs, references).sum(axis=0))
+    assert type(ours) is float  # as the manifest's JSON writes it
     assert ours == pytest.approx(round(CHRF().corpus_score(outputs, [references]).score, 2), abs=0.011)

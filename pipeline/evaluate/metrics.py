@@ -46,7 +46,7 @@ def chrf_of(statistics) -> float:
     factor = CHRF_BETA**2
     precisions, recalls = [], []
     for order in range(CHRF_ORDER):
-        made, asked, matched = statistics[3 * order : 3 * order + 3]
+        made, asked, matched = (float(count) for count in statistics[3 * order : 3 * order + 3])
         if made > 0 and asked > 0:
             precisions.append(matched / made)
             recalls.append(matched / asked)
