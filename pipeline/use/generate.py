@@ -176,6 +176,7 @@ class Answerer:
         self._loaded: tuple[Any, Any] | None = None
         self._suggester: Suggester | None = None
         self._files: list[dict[str, Any]] | None = None
+        self._index: CodeIndex | None = None
 
     @property
     def loaded(self) -> tuple[Any, Any]:
@@ -204,6 +205,13 @@ class Answerer:
                 [orjson.loads(line) for line in saved.read_bytes().splitlines()] if saved.exists() else []
             )
         return self._files
+
+    @property
+    def index(self) -> CodeIndex:
+        """`files` indexed for retrieval and the lookup for code, once (check `files` first)."""
+        if self._index is None:
+            self._index = CodeIndex(self.files)
+        return self._index
 
     def next_line(
         self, before: str, file_path: str, max_new_tokens: int | None = None, system: str | None = None
@@ -236,13 +244,9 @@ class Answerer:
                 raise ModelLoadError(
                     f"--system lookup: {self.directory} has no {CODE_FILES} to look lines up in"
                 )
-            return CodeIndex(records).lookup(case)
+            return self.index.lookup(case)
         tuned, context = asked
-        prompt = (
-            context_prompt(case, CodeIndex(records).context(case))
-            if records and context
-            else bare_prompt(case)
-        )
+        prompt = context_prompt(case, self.index.context(case)) if records and context else bare_prompt(case)
         model, tokenizer = self.loaded
         with answering(model) if tuned else base_only(model):
             return generate_batched(

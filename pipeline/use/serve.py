@@ -75,7 +75,6 @@ class Engine:
         self.model, self.tokenizer = model, tokenizer
         vocabulary = tokenizer.get_vocab()
         self.infills = all(token in vocabulary for token in FIM_TOKENS)
-        self.positions = getattr(model.config, "max_position_embeddings", None)
         self.kept: tuple[list[int], Any] | None = None
         """The last answer's tokens and their keys and values: a request that begins with the same tokens
         (an editor's next request in the same file) reads only the tokens after them."""
@@ -84,16 +83,12 @@ class Engine:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def fits(self, asked: Asked) -> int:
-        """The prompt's tokens, where they and the answer fit the model's positions; else a 400."""
-        count = self.tokens(asked.prompt)
-        if self.positions and count + asked.max_tokens > self.positions:
-            raise ServeError(
-                400,
-                f"the prompt takes {count:,} tokens and max_tokens asks {asked.max_tokens:,}: the model reads at "
-                f"most {self.positions:,} positions; shorten the prompt or ask fewer tokens",
-                param="max_tokens",
-            )
-        return count
+        """The prompt's tokens, where they and the answer fit the model's positions (`check_length`, as
+        `generate` checks them); else a 400."""
+        try:
+            return self.answerer.check_length(asked.prompt, asked.max_tokens, "max_tokens")
+        except PipelineError as error:
+            raise ServeError(400, str(error), param="max_tokens") from None
 
     def reusable(self, prompt: list[int]):
         """A cache for `prompt`: the previous answer's, cut to the tokens they share (at least one token
