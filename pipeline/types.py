@@ -400,6 +400,8 @@ class Prepared:
     time budget: the statistics of the others are estimates); None: all, or a sample."""
     files: DataStats = field(default_factory=lambda: DataStats({}))
     """Token lengths of the files at the split point, most recently changed first (none: none read)."""
+    repository: str = ""
+    """The scraped repository's name (the first one's, with several): what tools call the adapter."""
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,9 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--set", "monitor.collection_interval_seconds=1",
         # fp32 on every CPU: `generate` answers in fp32, and tests hold it to the scoreboard's answers.
         "--set", "plan.precision=fp32",
+        # Five steps: no activations recomputed, one validation (at the end).
+        "--set", "plan.gradient_checkpointing=false",
+        "--set", "train.eval_steps=100",
         *[part for override in overrides for part in ("--set", override)],
     ]  # fmt: skip
     assert run_pipeline.main(argv) == 0
@@ -345,7 +348,12 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
 FAST_TRAINING = (
     # A few dozen optimizer steps on the tiny model: long enough to show warmup and a falling loss (three
     # epochs: each step of a tiny model costs its fixed overhead, about 30 ms, and the suite runs hundreds).
+    # The history alone, for the epochs asked and no time budget: the files at the split point (twice the
+    # steps), their next lines and the cores' pace a budget measures are tested where they are the subject.
     "--model", "tiny",
+    "--set", "train.time_budget=none",
+    "--set", "scrape.files=false",
+    "--set", "eval.code_cases=0",
     "--set", "scrape.format=diff",
     "--set", "plan.batch_size=1",
     "--set", "plan.gradient_accumulation_steps=1",
@@ -353,3 +361,7 @@ FAST_TRAINING = (
     "--set", "train.max_sequence_length=128",
     "--set", "monitor.collection_interval_seconds=0.5",
 )  # fmt: skip
+WITH_FILES = ("--set", "scrape.files=true", "--set", "eval.code_cases=auto")
+"""After FAST_TRAINING: the files at the split point trained on and their next lines scored, as by default."""
+WITH_BUDGET = ("--set", "train.time_budget=auto")
+"""After FAST_TRAINING: the default time budget (the cores' pace and the training speed measured)."""

@@ -12,7 +12,15 @@ import orjson
 import pytest
 
 from pipeline.use.diff import compare
-from tests.conftest import FAST_TRAINING, GitRepo, add_features, cpu_only_host, read_json
+from tests.conftest import (
+    FAST_TRAINING,
+    WITH_BUDGET,
+    WITH_FILES,
+    GitRepo,
+    add_features,
+    cpu_only_host,
+    read_json,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +41,8 @@ def two_runs(tmp_path_factory):
                     "--output-dir",
                     str(out),
                     *FAST_TRAINING,
+                    *WITH_FILES,
+                    *WITH_BUDGET,
                     "--set",
                     f"plan.batch_size={batch}",
                 ]

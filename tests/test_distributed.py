@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import (
     FAST_TRAINING,
+    WITH_FILES,
     GitRepo,
     add_features,
     module_source,
@@ -39,7 +40,14 @@ def test_two_processes_train_one_adapter_with_the_planned_steps(tmp_path):
     repo = add_features(GitRepo(tmp_path / "repo"))
     out = tmp_path / "out"
     result = torchrun(
-        "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=3"
+        "--repo",
+        str(repo.path),
+        "--output-dir",
+        str(out),
+        *FAST_TRAINING,
+        *WITH_FILES,
+        "--set",
+        "train.epochs=3",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == [

@@ -14,7 +14,7 @@ from pipeline.plan.planner import make_plan
 from pipeline.types import DataStats, Speed
 from scrapers.files import FILES_FILE
 from scrapers.scrape import scrape
-from tests.conftest import FAST_TRAINING, GitRepo, add_features, read_json, sequences
+from tests.conftest import FAST_TRAINING, WITH_FILES, GitRepo, add_features, read_json, sequences
 from tests.test_learning_plan import SMOLLM2
 from tests.test_planner import cpu_machine
 
@@ -152,7 +152,9 @@ def test_a_history_of_notebooks_alone_trains_on_them_and_says_it_had_no_next_lin
         notebook = orjson.dumps({"cells": cells, "nbformat": 4}).decode()
         repo.commit(f"Explore sums up to {index}", {f"notebooks/sums_{index}.ipynb": notebook})
     out = tmp_path / "out"
-    result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.epochs=1")
+    result = cli(
+        "--repo", repo.path, "--output-dir", out, *FAST_TRAINING, *WITH_FILES, "--set", "train.epochs=1"
+    )
     assert result.code == 0, result.err
     manifest = read_json(out / "MANIFEST.json")
     assert manifest["scrape"]["files"]["files"] == 18  # the notebooks at the split point, as their cells

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 import run_pipeline
-from tests.conftest import FAST_TRAINING, GitRepo, module_source
+from tests.conftest import FAST_TRAINING, WITH_FILES, GitRepo, module_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,16 @@ def adapter(tmp_path_factory) -> Path:
     for index in range(1, 25):
         repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
     out = root / "out"
-    argv = ["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=1"]
+    argv = [
+        "--repo",
+        str(repo.path),
+        "--output-dir",
+        str(out),
+        *FAST_TRAINING,
+        *WITH_FILES,
+        "--set",
+        "train.epochs=1",
+    ]
     assert run_pipeline.main(argv) == 0
     return out
 

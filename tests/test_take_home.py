@@ -19,7 +19,7 @@ import yaml
 
 import run_pipeline
 from pipeline.use.hook import MARK, installed_adapter
-from tests.conftest import FAST_TRAINING, GIT_ENV, GitRepo, module_source, read_json
+from tests.conftest import FAST_TRAINING, GIT_ENV, WITH_FILES, GitRepo, module_source, read_json
 
 PROMPTS = [
     "def compute_3(values):",
@@ -41,7 +41,7 @@ def tiny_run(tmp_path_factory) -> Path:
     # sdpa, and the random model's near-flat logits flip a greedy token on that rounding in some trainings
     # (this one's, with the files).
     argv = [
-        "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=1",
+        "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, *WITH_FILES, "--set", "train.epochs=1",
         "--set", "plan.precision=fp32", "--set", "scrape.files=false",
     ]  # fmt: skip
     assert run_pipeline.main(argv) == 0

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.train.model import STAMP_FILE
-from tests.conftest import FAST_TRAINING, GitRepo, module_source, read_json
+from tests.conftest import FAST_TRAINING, WITH_FILES, GitRepo, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,10 @@ def trained_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("engine")
     repo = history_repo(base / "repo")
     out = base / "out"
-    assert run_pipeline.main(["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING]) == 0
+    assert (
+        run_pipeline.main(["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, *WITH_FILES])
+        == 0
+    )
     return repo, out, read_json(out / "MANIFEST.json")
 
 

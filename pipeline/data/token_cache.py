@@ -290,7 +290,10 @@ def prepare(
     stats, counts, estimate, tokenized = _statistics(cache, every, scraped.summary["split"])
     facts = describe_model(model_name, config, tokenizer)
     files = file_stats(cache, every)
-    return Prepared(tokenizer, config, facts, cache, stats, counts, style, estimate, tokenized, files)
+    repository = next((r["name"] for r in scraped.summary.get("per_repository", [])), "")
+    return Prepared(
+        tokenizer, config, facts, cache, stats, counts, style, estimate, tokenized, files, repository
+    )
 
 
 def file_stats(cache: TokenCache, every: int = 1) -> DataStats:

@@ -210,11 +210,16 @@ class AdapterFacts:
     prompt_tokens: int | None
     """Where a task's prompt is cut (`train.max_prompt_tokens`: training's chat prompts and the scoreboard's
     questions are): `generate` cuts there too. None for adapters written before this was recorded (no cut)."""
+    repository: str = ""
+    """The repository trained on (`Prepared.repository`): what `serve` and Ollama call the model. Empty for
+    adapters written before this was recorded."""
 
 
 def facts_for(prepared: Prepared, plan: Plan, prompt_tokens: int) -> AdapterFacts:
     """What an adapter trained on `prepared` as `plan` says records beside it."""
-    return AdapterFacts(prepared.facts.name, prepared.style, plan.quantization, prompt_tokens)
+    return AdapterFacts(
+        prepared.facts.name, prepared.style, plan.quantization, prompt_tokens, prepared.repository
+    )
 
 
 def record_base(adapter_dir: Path, facts: AdapterFacts) -> None:
@@ -232,6 +237,7 @@ def record_base(adapter_dir: Path, facts: AdapterFacts) -> None:
         "loss_on": facts.style.loss_on,
         "quantization": facts.quantization,
         "prompt_tokens": facts.prompt_tokens,
+        "repository": facts.repository,
     }
     (adapter_dir / ADAPTER_FACTS_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
 
@@ -246,6 +252,7 @@ def adapter_facts(adapter_dir: Path) -> AdapterFacts:
         TextStyle(record.get("style", "raw"), record.get("loss_on", "all")),
         record.get("quantization", "none"),
         record.get("prompt_tokens"),
+        record.get("repository", ""),
     )
 
 

@@ -157,10 +157,15 @@ def answering(model):
 
 def model_name(directory: Path) -> str:
     """What the adapter at `directory` is called where a tool names models (`serve`, Ollama):
-    `repotune-<repository>`, the repository the run's files came from (CODE_FILES), else the run's folder."""
+    `repotune-<repository>`, the repository it trained on (an adapter older than that record: the one its
+    files came from, CODE_FILES, else the run's folder)."""
     saved = directory / CODE_FILES
     first = saved.read_bytes().split(b"\n", 1)[0] if saved.exists() else b""
-    named = orjson.loads(first)["repo"] if first else directory.parent.name
+    named = (
+        adapter_facts(directory).repository
+        or (orjson.loads(first)["repo"] if first else "")
+        or directory.parent.name
+    )
     base = named.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
     cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in base.lower()).strip("-.")
     return f"repotune-{cleaned or 'model'}"
