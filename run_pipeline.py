@@ -82,8 +82,9 @@ def generate(args: argparse.Namespace) -> None:
 
 
 def export(args: argparse.Namespace) -> None:
-    """Merge the adapter into its base and write a GGUF file (llama.cpp, Ollama) and a Modelfile."""
-    use.export(args.adapter, args.output, args.gguf_type, args.name)
+    """Merge the adapter into its base and write a GGUF file (llama.cpp, Ollama) and a Modelfile, or the
+    adapter alone beside its base."""
+    use.export(args.adapter, args.output, args.gguf_type, args.name, args.adapter_only)
 
 
 def serve(args: argparse.Namespace) -> None:

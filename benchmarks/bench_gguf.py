@@ -2,13 +2,15 @@
 """The exported GGUF in llama.cpp: it loads, writes commit messages, and how fast, beside transformers.
 
     python benchmarks/bench_gguf.py --adapter RUN_DIR --repo /path/to/the/repository [--commits 5] [--type f16]
+        [--adapter-only]
 
 Exports RUN_DIR's adapter (`run_pipeline.py export`), then for each of the newest `--commits` commits asks
 for its commit message twice, greedy, as training asked it (the model's chat template around the
 instruction and the diff): through llama.cpp (`llama-cpp-python`, which must be installed: `pip install
 llama-cpp-python` builds it from source where no wheel fits) and through transformers with the adapter
 merged. Prints load times, prompt and generated tokens per second of each, the ratio, and both answers
-side by side (f16: the same tokens, up to the kernels' rounding).
+side by side (f16: the same tokens, up to the kernels' rounding). With `--adapter-only`, llama.cpp loads the
+base's GGUF with the adapter's LoRA GGUF on it (`export --adapter-only`) in place of the merged file.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def main() -> int:
     parser.add_argument("--repo", required=True, help="a repository to take diffs from")
     parser.add_argument("--commits", type=int, default=5)
     parser.add_argument("--type", dest="gguf_type", default="f16", choices=["f16", "q8_0"])
+    parser.add_argument(
+        "--adapter-only", action="store_true", help="the base's GGUF with the adapter's on it"
+    )
     args = parser.parse_args()
     try:
         from llama_cpp import Llama
@@ -67,10 +72,13 @@ def main() -> int:
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
-        exported = export(args.adapter, Path(scratch) / "model.gguf", args.gguf_type)
+        exported = export(args.adapter, Path(scratch) / "model.gguf", args.gguf_type, None, args.adapter_only)
         export_s = time.perf_counter() - started
         started = time.perf_counter()
-        llama = Llama(str(exported.gguf), n_ctx=2048, n_threads=threads, verbose=False)
+        weights = {"model_path": str(exported.base), "lora_path": str(exported.gguf)} if exported.base else {}
+        llama = Llama(
+            **(weights or {"model_path": str(exported.gguf)}), n_ctx=2048, n_threads=threads, verbose=False
+        )
         llama_load_s = time.perf_counter() - started
         started = time.perf_counter()
         model, tokenizer = load_adapter(args.adapter)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 import torch
@@ -212,7 +213,7 @@ def test_the_code_modelfile_fills_in_the_middle_where_the_tokenizer_can():
 
     fim = {"<fim_prefix>": 1, "<fim_suffix>": 2, "<fim_middle>": 3}
     tokenizer = SimpleNamespace(get_vocab=lambda: fim, eos_token="<|endoftext|>")
-    code = code_modelfile("m.gguf", tokenizer, "repotune-repo-code")
+    code = code_modelfile(["FROM ./m.gguf"], tokenizer, "repotune-repo-code")
     assert (
         'TEMPLATE """{{ if .Suffix }}<fim_prefix>{{ .Prompt }}<fim_suffix>{{ .Suffix }}<fim_middle>'
         '{{ else }}{{ .Prompt }}{{ end }}"""'
@@ -235,12 +236,77 @@ def test_q8_0_is_smaller_and_loads(tiny_run, tmp_path, cli):
     assert len(greedy(model, tokenizer, PROMPTS[0], 4)) == 4
 
 
+def test_the_adapter_alone_applies_to_its_base_as_peft_applies_it(pretrained_run, tmp_path, cli):
+    """`--adapter-only`: llama.cpp's LoRA file beside the base, written once per folder. llama.cpp adds
+    alpha / rank × lora_b @ lora_a to each weight in its own layout: that is peft's update of the same
+    weight, in fp32 (a merged f16 file would hide a wrong layout or scale under rounding)."""
+    import gguf
+
+    from pipeline.use.export import rotary_layout
+    from pipeline.use.generate import load_adapter
+
+    home = tmp_path / "models"
+    first = cli("export", "--adapter", pretrained_run, "--output", home / "repo.gguf", "--adapter-only")
+    assert first.code == 0, first.err
+    (base,) = home.glob("smollm2-135m.f16.*.gguf")
+    assert f"on its base {base} (f16" in first.out and "written now" in first.out
+    printed = {line.split(": ", 1)[0].strip(): line.split(": ", 1)[1] for line in first.out.splitlines()[1:3]}
+    assert shlex.split(printed["llama.cpp"]) == [
+        "llama-cli",
+        "-m",
+        str(base),
+        "--lora",
+        str(home / "repo.gguf"),
+    ]
+    assert shlex.split(printed["ollama"])[-2:] == ["-f", "repo.Modelfile"]
+    for modelfile in ("repo.Modelfile", "repo.Modelfile.code"):
+        assert f"FROM ./{base.name}\nADAPTER ./repo.gguf\n" in (home / modelfile).read_text()
+    second = cli("export", "--adapter", pretrained_run, "--output", home / "other.gguf", "--adapter-only")
+    assert second.code == 0 and "kept: an earlier export wrote this base" in second.out
+    assert sorted(path.name for path in home.glob("*.gguf")) == sorted([base.name, "other.gguf", "repo.gguf"])
+
+    reader = gguf.GGUFReader(home / "repo.gguf")
+    assert (reader.fields["general.type"].contents(), reader.fields["adapter.type"].contents()) == (
+        "adapter",
+        "lora",
+    )
+    alpha = reader.fields["adapter.lora.alpha"].contents()
+    stored = {tensor.name: np.array(tensor.data, dtype=np.float32) for tensor in reader.tensors}
+    based = {tensor.name: np.array(tensor.data) for tensor in gguf.GGUFReader(base).tensors}
+    model, _ = load_adapter(pretrained_run)
+    config = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    adapted = 0
+    for module_name, module in model.named_modules():
+        if "default" not in getattr(module, "lora_A", {}):
+            continue
+        name = names.get_name(
+            module_name.removeprefix("base_model.model.") + ".weight", try_suffixes=(".weight",)
+        )
+        heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}.get(
+            module_name.rsplit(".", 1)[-1]
+        )
+        delta = module.get_delta_weight("default").detach().float().numpy()
+        weight = module.base_layer.weight.detach().half().numpy()
+        if heads:
+            delta, weight = rotary_layout(delta, heads), rotary_layout(weight, heads)
+        down, up = stored[f"{name}.lora_a"], stored[f"{name}.lora_b"]
+        np.testing.assert_allclose(alpha / down.shape[0] * (up @ down), delta, rtol=1e-4, atol=1e-9)
+        np.testing.assert_array_equal(based[name], weight)  # the base is the base, without the update
+        adapted += 1
+    assert 2 * adapted == len(stored) > 0
+
+
 def test_export_refuses_bad_input_in_one_line(tiny_run, tmp_path, cli):
     wrong = cli("export", "--adapter", tiny_run, "--output", tmp_path / "model.bin")
     assert wrong.code == 2 and "ending in .gguf" in wrong.err and wrong.err.count("\n") == 1
     missing = cli("export", "--adapter", tmp_path / "nothing", "--output", tmp_path / "model.gguf")
     assert missing.code == 2 and "adapter_config.json" in missing.err
     assert not (tmp_path / "model.gguf").exists()
+    # the tiny model's base is random: its embeddings train in full, which a LoRA file cannot hold
+    whole = cli("export", "--adapter", tiny_run, "--output", tmp_path / "lora.gguf", "--adapter-only")
+    assert whole.code == 2 and "trains the base's" in whole.err and whole.err.count("\n") == 1, whole.err
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
 
 
 def test_an_adapter_whose_local_base_model_moved_says_so(tiny_run, tmp_path, cli):
@@ -820,3 +886,17 @@ def test_a_next_line_asked_wrongly_is_one_line(tiny_run, cli):
     assert selector.code == 2 and "--system selector: with --task code, one of model-context" in selector.err
     base = cli(*asked, "--task", "message", "--system", "base")
     assert base.code == 2 and "--system base: with --task message, one of lookup, selector, model" in base.err
+
+
+def test_a_model_is_named_after_the_repository_it_trained_on(tmp_path):
+    """What serve and Ollama call a model: the repository recorded beside the adapter, cleaned for a name;
+    an adapter older than that record, the repository its files came from, else its run's folder."""
+    from pipeline.use.generate import model_name
+
+    adapter = tmp_path / "run" / "adapter"
+    adapter.mkdir(parents=True)
+    assert model_name(adapter) == "repotune-run"
+    (adapter / "files.jsonl").write_bytes(orjson.dumps({"repo": "Old Name.git", "path": "a.py"}) + b"\n")
+    assert model_name(adapter) == "repotune-old-name"
+    (adapter / "repotune.json").write_bytes(orjson.dumps({"model": "tiny", "repository": "Flask"}))
+    assert model_name(adapter) == "repotune-flask"

@@ -210,6 +210,12 @@ def export_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--name", metavar="NAME", help="the model's name in Ollama (default: repotune-<repository>)"
     )
+    parser.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="write the adapter alone as a LoRA GGUF (megabytes) and its base beside it, once for every "
+        "adapter of that base exported to the folder (Ollama's FROM + ADAPTER, llama.cpp's --lora)",
+    )
 
 
 def serve_options(parser: argparse.ArgumentParser) -> None:

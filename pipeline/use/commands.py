@@ -15,7 +15,6 @@ from pipeline.use import generate as generation
 from pipeline.use import hook as commit_hook
 from pipeline.use.cli import as_text
 from pipeline.use.diff import run_diff
-from pipeline.use.export import CODE_MODELFILE
 from pipeline.use.export import export as write_gguf
 from pipeline.use.report import write_report
 from pipeline.use.watch import fitted_interval, format_summary, watch
@@ -61,22 +60,33 @@ def serve(adapter: str, host: str, port: int, name: str | None) -> None:
     serving(adapter, host, port, name)
 
 
-def export(adapter: str, output: str, gguf_type: str, name: str | None = None) -> None:
-    """The GGUF file and its Modelfile, and the commands that use them."""
-    exported = write_gguf(adapter, output, gguf_type, name)
-    print(
-        f"wrote {exported.gguf} ({exported.gguf_type}, {exported.tensors} tensors, "
-        f"{exported.bytes / 1e6:.0f} MB) and {exported.modelfile}"
-    )
+def export(
+    adapter: str, output: str, gguf_type: str, name: str | None = None, adapter_only: bool = False
+) -> None:
+    """The GGUF file (or the adapter's, beside its base's) and its Modelfile, and the commands that use
+    them."""
+    exported = write_gguf(adapter, output, gguf_type, name, adapter_only)
+    size = f"{exported.tensors} tensors, {exported.bytes / 1e6:.1f} MB"
+    if exported.base is None:
+        print(f"wrote {exported.gguf} ({exported.gguf_type}, {size}) and {exported.modelfile}")
+        model = f"-m {quote(str(exported.gguf))}"
+    else:
+        base = "written now" if exported.base_written else "kept: an earlier export wrote this base"
+        print(
+            f"wrote {exported.gguf} (the adapter alone, {size}) on its base {exported.base} "
+            f"({exported.gguf_type}, {exported.base.stat().st_size / 1e6:.0f} MB, {base}) and "
+            f"{exported.modelfile}"
+        )
+        model = f"-m {quote(str(exported.base))} --lora {quote(str(exported.gguf))}"
     # Commands to paste into a shell, so quoted: a path may hold a space.
     print(
         f"  ollama: cd {quote(str(exported.gguf.parent))} && ollama create {quote(exported.name)} -f "
         f"{quote(exported.modelfile.name)}"
     )
-    print(f"  llama.cpp: llama-cli -m {quote(str(exported.gguf))}")
+    print(f"  llama.cpp: llama-cli {model}")
     print(
         f"  ollama, for code completion: cd {quote(str(exported.gguf.parent))} && ollama create "
-        f"{quote(exported.name + '-code')} -f {CODE_MODELFILE}"
+        f"{quote(exported.name + '-code')} -f {quote(exported.code_modelfile.name)}"
     )
     print(
         f"  a message for the staged change, its files read as training read them: {exported.staged} | ollama run {quote(exported.name)}"

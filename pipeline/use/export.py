@@ -1,10 +1,14 @@
 """Take the model home: the adapter merged into its base and written as one GGUF file (weights,
-tokenizer and chat template inside) that llama.cpp and Ollama load, with an Ollama Modelfile beside it.
+tokenizer and chat template inside) that llama.cpp and Ollama load, with an Ollama Modelfile beside it;
+or (`adapter_only`) the adapter alone as llama.cpp's LoRA GGUF, a few megabytes, beside its base written
+once for every repository exported to the same folder (Ollama's `FROM` + `ADAPTER`, llama.cpp's `--lora`).
 
 The file is written with the `gguf` package's writer (the library llama.cpp's own converter uses), the
 way that converter writes a Llama-architecture model: tensors under llama.cpp's names, the query and
 key projections permuted into its rotary layout, norms in fp32, the byte-level BPE vocabulary and its
-merges, and the run's text style. The Modelfile makes the model a commit-message writer: its template
+merges, and the run's text style. A LoRA file is written as llama.cpp's `convert_lora_to_gguf.py` writes
+one: each adapted weight's `lora_a` and `lora_b` under the weight's name (the query and key updates'
+`lora_b` permuted as their weights are), and the alpha llama.cpp scales them by (alpha / rank). The Modelfile makes the model a commit-message writer: its template
 is the model's own chat template rendered around the prompt training used, so `git diff --cached |
 ollama run NAME` asks exactly what training taught.
 """
@@ -22,7 +26,7 @@ from pipeline.errors import ExportError
 from pipeline.suggest.completion import FIM_TOKENS
 from pipeline.suggest.suggestion import saved_file_filters
 from pipeline.train.model import adapter_facts
-from pipeline.use.generate import adapter_directory, load_adapter, model_name
+from pipeline.use.generate import adapter_directory, file_name, load_adapter, model_name
 from scrapers.filters import git_pathspecs
 
 GGUF_TYPES = ("f16", "q8_0")
@@ -40,7 +44,14 @@ PROMPT_MARK, SYSTEM_MARK = "\x00PROMPT\x00", "\x00SYSTEM\x00"
 @dataclass(frozen=True)
 class Exported:
     gguf: Path
+    """The merged model, or the adapter alone (`base` beside it)."""
+    base: Path | None
+    """The base model the adapter file applies to (None: `gguf` is the merged model)."""
+    base_written: bool
+    """Whether `base` was written now (else an earlier export of the same base wrote it)."""
     modelfile: Path
+    code_modelfile: Path
+    """The same weights as a code completer's Modelfile."""
     gguf_type: str
     bytes: int
     tensors: int
@@ -51,11 +62,16 @@ class Exported:
 
 
 def export(
-    adapter: str | Path, output: str | Path, gguf_type: str = "f16", name: str | None = None
+    adapter: str | Path,
+    output: str | Path,
+    gguf_type: str = "f16",
+    name: str | None = None,
+    adapter_only: bool = False,
 ) -> Exported:
     """Merge `adapter` into its base and write `output` (a .gguf file) and a Modelfile beside it, the
-    model named `name` in it (default `model_name`: the repository's); the file appears whole or not at
-    all."""
+    model named `name` in it (default `model_name`: the repository's); with `adapter_only`, write the
+    adapter alone as `output` and its base beside it (`gguf_type`), unless an earlier export wrote that
+    base there. Each file appears whole or not at all."""
 
     destination = Path(output).expanduser()
     if destination.suffix != ".gguf":
@@ -63,18 +79,11 @@ def export(
     if gguf_type not in GGUF_TYPES:
         raise ExportError(f"--type {gguf_type}: choose one of {', '.join(GGUF_TYPES)}")
     directory = adapter_directory(adapter)
-    staging = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
-    try:  # said before the model loads and merges (seconds), not after
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        staging.touch()
-    except FileExistsError:  # mkdir, where the folder named is a file
-        raise ExportError(f"--output {output}: {destination.parent} is a file, not a folder") from None
-    except OSError as err:
-        raise ExportError(f"--output {output}: cannot write there ({err.strerror or err})") from None
+    staging = _staging(destination, output)
+    base, base_written = None, False
     try:
         model, tokenizer = load_adapter(adapter, dense=True)
-        merged = model.merge_and_unload()
-        config = merged.config
+        config = model.config
         if config.model_type != "llama":
             raise ExportError(
                 f"export writes Llama-architecture models (smollm2-135m, tiny, Llama); {config.model_type} "
@@ -82,7 +91,18 @@ def export(
                 "llama.cpp's convert_hf_to_gguf.py converts"
             )
         vocabulary = _vocabulary(tokenizer, config.vocab_size)
-        tensors = _write(staging, merged, tokenizer, vocabulary, gguf_type, directory)
+        if adapter_only:
+            tensors = _write_lora(staging, model, directory)
+            base, base_written = _write_base(
+                destination, model.unload(), tokenizer, vocabulary, gguf_type, adapter_facts(directory).model
+            )
+            weights = [f"FROM ./{base.name}", f"ADAPTER ./{destination.name}"]
+        else:
+            merged = model.merge_and_unload()
+            tensors = _write(
+                staging, merged, tokenizer, vocabulary, gguf_type, f"repotune {directory.parent.name}"
+            )
+            weights = [f"FROM ./{destination.name}"]
         os.replace(staging, destination)
     finally:
         staging.unlink(missing_ok=True)
@@ -90,23 +110,117 @@ def export(
     staged = shlex.join(
         ["git", "diff", "--cached", *PIPED_DIFF_OPTIONS, "--", *git_pathspecs(saved_file_filters(directory))]
     )
-    modelfile = destination.with_name(MODELFILE)
-    name = name or model_name(directory)
-    modelfile.write_text(ollama_modelfile(destination.name, tokenizer, style, staged, name), encoding="utf-8")
-    destination.with_name(CODE_MODELFILE).write_text(
-        code_modelfile(destination.name, tokenizer, f"{name}-code"), encoding="utf-8"
+    # Adapters share their base's folder, so each names its Modelfiles after itself.
+    prefix = f"{destination.stem}." if adapter_only else ""
+    modelfile, code = (
+        destination.with_name(prefix + MODELFILE),
+        destination.with_name(prefix + CODE_MODELFILE),
     )
-    return Exported(destination, modelfile, gguf_type, destination.stat().st_size, tensors, staged, name)
+    name = name or model_name(directory)
+    modelfile.write_text(ollama_modelfile(weights, tokenizer, style, staged, name, modelfile.name), "utf-8")
+    code.write_text(code_modelfile(weights, tokenizer, f"{name}-code", code.name), encoding="utf-8")
+    size = destination.stat().st_size
+    return Exported(destination, base, base_written, modelfile, code, gguf_type, size, tensors, staged, name)
 
 
-def _write(path: Path, merged, tokenizer, vocabulary: dict[str, Any], gguf_type: str, adapter: Path) -> int:
+def _staging(destination: Path, output: str | Path) -> Path:
+    """An empty file beside `destination` to write it into, or one line on why there cannot be one (said
+    before the model loads, not after)."""
+    staging = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging.touch()
+    except FileExistsError:  # mkdir, where the folder named is a file
+        raise ExportError(f"--output {output}: {destination.parent} is a file, not a folder") from None
+    except OSError as err:
+        raise ExportError(f"--output {output}: cannot write there ({err.strerror or err})") from None
+    return staging
+
+
+def _write_base(
+    destination: Path, base, tokenizer, vocabulary: dict[str, Any], gguf_type: str, model: str
+) -> tuple[Path, bool]:
+    """The base model's GGUF beside `destination`, named after the `model`, its type and its weights (so
+    every adapter of one base exported to a folder shares one file, and another base never takes its
+    name); whether it was written now."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=4)
+    for tensor in base.state_dict().values():
+        digest.update(tensor.detach().float().numpy().tobytes())
+    cleaned = file_name(model) or "base"
+    path = destination.with_name(f"{cleaned}.{gguf_type}.{digest.hexdigest()}.gguf")
+    if path.exists():
+        return path, False
+    staging = _staging(path, path)
+    try:
+        _write(staging, base, tokenizer, vocabulary, gguf_type, cleaned)
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    return path, True
+
+
+def _write_lora(path: Path, model, adapter: Path) -> int:
+    """The adapter's low-rank updates as llama.cpp's LoRA GGUF, in fp32 (they are small); how many
+    tensors. Refused in one line where the adapter also trains base weights in full (a random base's
+    embeddings), which a LoRA file cannot hold."""
+    import gguf
+    import numpy as np
+
+    trained_whole = model.peft_config["default"].modules_to_save
+    if trained_whole:
+        raise ExportError(
+            f"export --adapter-only: this adapter also trains the base's {', '.join(sorted(trained_whole))} "
+            "in full (its base was random), which a LoRA file cannot hold: export without --adapter-only"
+        )
+    config = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    updates = []
+    for module_name, module in model.named_modules():
+        if "default" not in getattr(module, "lora_A", {}):
+            continue
+        hf_name = module_name.removeprefix("base_model.model.") + ".weight"
+        name = names.get_name(hf_name, try_suffixes=(".weight",))
+        if name is None:
+            raise ExportError(f"export: no llama.cpp name for the adapted weight {hf_name}")
+        down = module.lora_A["default"].weight.detach().float().numpy()
+        # peft scales each update by its own factor (alpha / rank, or alpha / √rank with rsLoRA); llama.cpp
+        # by one alpha over each update's rank: the factor goes into `lora_b`, and that alpha is the rank.
+        up = module.lora_B["default"].weight.detach().float().numpy() * module.scaling["default"]
+        if hf_name.endswith("q_proj.weight"):
+            up = rotary_layout(up, config.num_attention_heads)
+        elif hf_name.endswith("k_proj.weight"):
+            up = rotary_layout(up, config.num_key_value_heads)
+        updates.append((name, down, up))
+    ranks = {down.shape[0] for _, down, _ in updates}
+    if len(ranks) != 1:
+        raise ExportError(
+            f"export --adapter-only: the adapter's ranks differ ({sorted(ranks)}); one alpha cannot scale them"
+        )
+    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_name(f"repotune {adapter.parent.name}")
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(ranks.pop()))
+    for name, down, up in updates:
+        writer.add_tensor(f"{name}.lora_a", np.ascontiguousarray(down, dtype=np.float32))
+        writer.add_tensor(f"{name}.lora_b", np.ascontiguousarray(up, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return 2 * len(updates)
+
+
+def _write(path: Path, merged, tokenizer, vocabulary: dict[str, Any], gguf_type: str, name: str) -> int:
     import gguf
 
     config = merged.config
     writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(f"repotune {adapter.parent.name}")
+    writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -166,9 +280,9 @@ def _tensors(merged, gguf_type: str):
             raise ExportError(f"export: no llama.cpp name for the weight {hf_name}")
         data = tensor.detach().float().numpy()
         if hf_name.endswith("q_proj.weight"):
-            data = _permute(data, config.num_attention_heads)
+            data = rotary_layout(data, config.num_attention_heads)
         elif hf_name.endswith("k_proj.weight"):
-            data = _permute(data, config.num_key_value_heads)
+            data = rotary_layout(data, config.num_key_value_heads)
         if data.ndim == 1:  # norms stay fp32, as llama.cpp expects
             yield name, data.astype(np.float32), None
         elif gguf_type == "q8_0":
@@ -181,7 +295,7 @@ def _tensors(merged, gguf_type: str):
             yield name, data.astype(np.float16), None
 
 
-def _permute(weights, heads: int):
+def rotary_layout(weights, heads: int):
     """Hugging Face's rotary layout (halves) into llama.cpp's (interleaved pairs), per head of the
     projection (`heads`: the key projection's are the key-value heads): what llama.cpp's converter does
     and transformers' GGUF loader undoes."""
@@ -235,7 +349,7 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
     return {"tokens": tokens, "types": types, "merges": merges}
 
 
-def code_modelfile(gguf_name: str, tokenizer, name: str) -> str:
+def code_modelfile(weights: list[str], tokenizer, name: str, file: str = CODE_MODELFILE) -> str:
     """An Ollama Modelfile that makes the GGUF beside it a code completer: the editor's text continued as
     it is (`{{ .Prompt }}`), or, where the tokenizer has fill-in-the-middle tokens, the text around the
     cursor (`{{ .Suffix }}`, Ollama's `suffix`), greedy."""
@@ -251,8 +365,8 @@ def code_modelfile(gguf_name: str, tokenizer, name: str) -> str:
     stops = [tokenizer.eos_token] if tokenizer.eos_token else []
     lines = [
         "# repotune: the fine-tuned model as a code completer (an editor's autocomplete through Ollama):",
-        f"#   ollama create {name} -f {CODE_MODELFILE}",
-        f"FROM ./{gguf_name}",
+        f"#   ollama create {name} -f {file}",
+        *weights,
         f'TEMPLATE """{template}"""',
         *[f'PARAMETER stop "{stop}"' for stop in stops],
         "PARAMETER temperature 0",
@@ -261,8 +375,11 @@ def code_modelfile(gguf_name: str, tokenizer, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str, name: str) -> str:
-    """An Ollama Modelfile for the GGUF beside it: the commit-message prompt exactly as training asked
+def ollama_modelfile(
+    weights: list[str], tokenizer, style, staged: str, name: str, file: str = MODELFILE
+) -> str:
+    """An Ollama Modelfile for the GGUF beside it (`weights`: its FROM, and ADAPTER for an adapter on its
+    base): the commit-message prompt exactly as training asked
     it (the model's chat template rendered around it, or the raw format), greedy, stopping at the end
     of the answer; its comment pipes the staged change with `staged` (the files training read)."""
 
@@ -281,9 +398,9 @@ def ollama_modelfile(gguf_name: str, tokenizer, style, staged: str, name: str) -
     ]
     lines = [
         "# repotune: the fine-tuned model as a commit-message writer. Give it a diff:",
-        f"#   ollama create {name} -f {MODELFILE}",
+        f"#   ollama create {name} -f {file}",
         f"#   {staged} | ollama run {name}",
-        f"FROM ./{gguf_name}",
+        *weights,
         f'TEMPLATE """{template}"""',
     ]
     if system:

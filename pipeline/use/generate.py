@@ -166,9 +166,14 @@ def model_name(directory: Path) -> str:
         or (orjson.loads(first)["repo"] if first else "")
         or directory.parent.name
     )
-    base = named.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in base.lower()).strip("-.")
-    return f"repotune-{cleaned or 'model'}"
+    return f"repotune-{file_name(named) or 'model'}"
+
+
+def file_name(name: str) -> str:
+    """The last part of a path or a hub id (`org/repo.git`: `repo`), lower case, in the characters every
+    tool takes in a name (a model's in Ollama, a file's)."""
+    base = name.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in base.lower()).strip("-.")
 
 
 class Answerer:
