@@ -243,3 +243,39 @@ def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_wi
         expected.append(finished(text, True, False, next_line=True))
     assert generate_batched(model, tokenizer, prompts, NEW_TOKENS, "fp32", next_line=True) == expected
     assert all(answer.strip() for answer in expected)  # a line of code each, never a blank one
+
+
+def test_folded_weights_stay_folded_and_a_base_answer_is_still_the_bases():
+    """A server folds the adapter once (`fold`), so answering (`merged`) neither folds nor unfolds it; a
+    base model's answer (`base_only`) unfolds it, and folding again answers as the fine-tuned model."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.suggest.decoding import base_only, fold, folded, merged
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    lora = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)  # a non-zero update
+    model = get_peft_model(LlamaForCausalLM(config), lora).eval()
+    ids = torch.arange(12).unsqueeze(0)
+    with torch.no_grad():
+        tuned = model(ids).logits
+        with base_only(model):
+            base = model(ids).logits
+        assert not torch.allclose(tuned, base, atol=1e-3)
+        fold(model, "none")
+        assert folded(model)
+        with merged(model, "none"):
+            torch.testing.assert_close(model(ids).logits, tuned, atol=1e-5, rtol=1e-4)
+        assert folded(model)  # answering left it folded
+        with base_only(model):
+            torch.testing.assert_close(model(ids).logits, base, atol=1e-5, rtol=1e-4)
+        assert not folded(model)
+        fold(model, "none")
+        torch.testing.assert_close(model(ids).logits, tuned, atol=1e-5, rtol=1e-4)
+        with base_only(model):
+            model(ids)
+        fold(model, "4bit")  # a quantized base is never folded into
+        assert not folded(model)

@@ -48,8 +48,9 @@ def merged(model, quantization: str) -> Iterator[None]:
     """The LoRA weights folded into the base weights while answering, and taken out after: the same
     function, without a second small matmul and peft's Python per adapted layer on every generated token
     (the scoreboard and `generate` both answer so, and give the same answers). A quantized base is left
-    as it is: folding into 4 or 8 bits would round the adapter away."""
-    fold = hasattr(model, "merge_adapter") and quantization == "none" and getattr(model, "peft_config", None)
+    as it is: folding into 4 or 8 bits would round the adapter away. Weights already folded (`fold`)
+    stay so."""
+    fold = _foldable(model, quantization) and not folded(model)
     if fold:
         model.merge_adapter()
     try:
@@ -57,6 +58,27 @@ def merged(model, quantization: str) -> Iterator[None]:
     finally:
         if fold:
             model.unmerge_adapter()
+
+
+def fold(model, quantization: str) -> None:
+    """The LoRA weights folded into the base weights until something takes them out (`base_only`:
+    peft's `disable_adapter` does), for a process that answers request after request: `merged` then
+    costs nothing, where folding and unfolding each time reads and writes every adapted weight twice."""
+    if _foldable(model, quantization) and not folded(model):
+        model.merge_adapter()
+
+
+def folded(model) -> bool:
+    """Whether the adapter's weights are in the base weights now (peft keeps it per adapted layer)."""
+    return any(
+        getattr(layer, "merged", False) for layer in model.modules() if hasattr(layer, "merged_adapters")
+    )
+
+
+def _foldable(model, quantization: str) -> bool:
+    return bool(
+        hasattr(model, "merge_adapter") and quantization == "none" and getattr(model, "peft_config", None)
+    )
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from pipeline.suggest.completion import (
     bare_prompt,
     context_prompt,
 )
-from pipeline.suggest.decoding import base_only, generate_batched, merged
+from pipeline.suggest.decoding import base_only, fold, generate_batched, merged
 from pipeline.suggest.retrieval import INDEX_DIR
 from pipeline.suggest.suggestion import Suggester, beside, saved_code_system, saved_file_filters
 from pipeline.train.model import (
@@ -150,9 +150,17 @@ def commit_messages(
 def answering(model):
     """A loaded adapter's weights folded into its base while it answers, as the scoreboard answers (a
     quantized base left as it is)."""
-    return merged(
-        model, "none" if getattr(model.config, "quantization_config", None) is None else "quantized"
-    )
+    return merged(model, _quantization(model))
+
+
+def keep_folded(model) -> None:
+    """A loaded adapter's weights folded into its base from now on (`decoding.fold`), where `answering`
+    would fold them."""
+    fold(model, _quantization(model))
+
+
+def _quantization(model) -> str:
+    return "none" if getattr(model.config, "quantization_config", None) is None else "quantized"
 
 
 def model_name(directory: Path) -> str:

@@ -37,7 +37,7 @@ from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import FIM_TOKENS, LINE_TOKENS
-from pipeline.use.generate import Answerer, answering, model_name
+from pipeline.use.generate import Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
@@ -73,11 +73,22 @@ class Engine:
         self.lock = threading.Lock()
         model, tokenizer = answerer.loaded
         self.model, self.tokenizer = model, tokenizer
+        keep_folded(model)
         vocabulary = tokenizer.get_vocab()
         self.infills = all(token in vocabulary for token in FIM_TOKENS)
         self.kept: tuple[list[int], Any] | None = None
         """The last answer's tokens and their keys and values: a request that begins with the same tokens
         (an editor's next request in the same file) reads only the tokens after them."""
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """One request's use of the model: alone (one generation at a time), the adapter folded into the
+        base weights, where it stays for the next request (a base model's answer unfolds it)."""
+        with self.lock:
+            try:
+                yield
+            finally:
+                keep_folded(self.model)
 
     def tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -134,7 +145,7 @@ class Engine:
         def write() -> None:
             import torch
 
-            with self.lock, answering(self.model), torch.no_grad():
+            with self.turn(), torch.no_grad():
                 try:
                     cache, cached = self.reusable(ids["input_ids"][0].tolist())
                     if told is not None:
@@ -277,7 +288,7 @@ async def _next_line(engine: Engine, body: dict[str, Any], before: str):
     asked = _asked(body, before, LINE_TOKENS)
 
     def answer() -> str:
-        with engine.lock:
+        with engine.turn():
             return engine.answerer.next_line(before, path, asked.max_tokens)
 
     try:
@@ -429,7 +440,8 @@ def _suggested(engine: Engine, diff: str, body: dict[str, Any]) -> list[str]:
         raise ServeError(400, "n: give from 1 to 10 choices", param="n")
     start = diff.index("diff --git")
     try:
-        return engine.answerer.commit_messages(diff[start:], count - 1)
+        with engine.turn():
+            return engine.answerer.commit_messages(diff[start:], count - 1)
     except PipelineError as error:
         raise ServeError(400, str(error)) from None
     except Exception as error:  # one line for the client and the log, never a traceback
