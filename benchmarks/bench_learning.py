@@ -134,7 +134,10 @@ def report(budget: str, output: Path, shown: int) -> bool:
     )
 
     print()
-    for line in code_scoreboard(tasks, evaluation.get("code_system")):
+    for line in [
+        *code_scoreboard(tasks, evaluation.get("code_system")),
+        *code_scoreboard(tasks, blocks=True),
+    ]:
         print(line)
     before, after = evaluation["before"], evaluation["after"]
     if before and after:

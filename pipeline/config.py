@@ -177,6 +177,10 @@ class EvalConfig:
     each asked of every model with and without retrieved context; auto: 300 (from 100 commits: intervals
     narrow enough to decide) where an evaluation costs little, 100 on a CPU, where each case is two
     prompts of a few hundred tokens for each model and the budget would go to scoring."""
+    block_cases: int | Auto = field(default="auto", metadata=NON_NEGATIVE)
+    """Most block cases scored (bodies of up to 8 lines the asked commits wrote under a line that opens
+    one, two a commit at most), each asked of every model with and without retrieved context; auto: 100
+    where an evaluation costs little, 30 on a CPU, where each body is up to 96 new tokens of each model."""
     max_blocks: int | Auto = field(default="auto", metadata=POSITIVE)
     """Held-out blocks per format scored for loss; auto: all on a GPU, bounded by time on a CPU."""
     validate_model: bool | Auto = "auto"

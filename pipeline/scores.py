@@ -19,6 +19,8 @@ CODE_LABELS = {
     "model-context": ("after", "code_context", "fine-tuned + context"),
     "lookup": ("nearest_commit", "code", "lookup for code"),
 }
+BLOCK_TASK = {"code": "block", "code_context": "block_context"}
+"""Each next-line task's block task: the same systems asked with the same prompts, for a body."""
 
 
 def with_interval(scored: dict[str, Any], key: str, width: int = 0) -> str:

@@ -311,6 +311,7 @@ class Plan:
     prefetch_factor: int | None
     eval_samples: int
     code_cases: int
+    block_cases: int
     eval_blocks: int | None
     validate_model: bool
     logging_steps: int
@@ -564,6 +565,8 @@ class Evaluation:
     """The held-out blocks of each format the losses are measured on: the same before and after."""
     code_lookup: list[str] = field(default_factory=list)
     """The lookup for code's answers to the code cases (the line after the most similar lines elsewhere)."""
+    block_lookup: list[str] = field(default_factory=list)
+    """And to the block cases (the body that begins there)."""
     code_checks: tuple[TaskPrompt, ...] = ()
     """The next lines of the validation commits, asked as the held-out ones are: they choose who writes a
     next line (`code_system`), never the held-out ones."""

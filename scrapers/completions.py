@@ -1,9 +1,11 @@
 """The code-completion cases of the held-out commits → `completions.jsonl`: what the code scoreboard asks.
 
 A case is a line a held-out (or validation) commit added, with the file as an editor holds it at that
-moment: the lines before it and after it in the file as the commit left it. Whole commits stay on their
-side of the split; the cases of a commit come from its own diff and the file it wrote, redacted as the
-history is (the window the case keeps, read as the diff that adds it).
+moment: the lines before it and after it in the file as the commit left it. A block case is the body a
+commit wrote under a line that opens one (a function's, a loop's: the lines after it indented deeper,
+all added by the commit, at most BLOCK_LINES), the cursor at the end of that line. Whole commits stay on
+their side of the split; the cases of a commit come from its own diff and the file it wrote, redacted as
+the history is (the window the case keeps, read as the diff that adds it).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ COMPLETIONS_FILE = "completions.jsonl"
 BEFORE_LINES = 60  # the file's lines before the cursor a case keeps (a prompt takes what fits of them)
 AFTER_LINES = 20  # and after it, for a model that can fill in the middle
 CASES_PER_COMMIT = 5  # at most, spread over the commit's added lines: a commit's cases are not independent
+BLOCKS_PER_COMMIT = 2  # block cases, at most, spread over the bodies the commit wrote
+BLOCK_LINES = 8  # the longest body asked for: "a short function body"
 MIN_CHARS = 4  # an added line shorter than this without its spaces (a brace, `pass`) is not asked
 MIN_BEFORE = 2  # nor one with fewer lines before it in its file
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@", re.MULTILINE)
@@ -41,16 +45,22 @@ class CasesRead:
 
     cases: Counter = field(default_factory=Counter)
     commits: Counter = field(default_factory=Counter)
+    blocks: Counter = field(default_factory=Counter)
+    """Block cases, by split (counted apart from the next lines in `cases`)."""
     redacted: int = 0
     """Cases left out because a secret was redacted across their lines."""
 
     def add(self, other: CasesRead) -> None:
         self.cases.update(other.cases)
         self.commits.update(other.commits)
+        self.blocks.update(other.blocks)
         self.redacted += other.redacted
 
     def to_manifest(self) -> dict[str, Any]:
-        return {"cases": dict(self.cases), "commits": dict(self.commits), "redacted": self.redacted}
+        return {
+            "cases": dict(self.cases), "blocks": dict(self.blocks), "commits": dict(self.commits),
+            "redacted": self.redacted,
+        }  # fmt: skip
 
 
 def added_lines(change: FileChange) -> list[int]:
@@ -82,12 +92,16 @@ def write_cases(
         if counts and len(lines) != len(window["lines"]):
             read.redacted += 1
             continue
-        at = window.pop("at")
+        at, length = window.pop("at"), window.pop("length")
         del window["lines"]
-        case = {**window, "before": "".join(lines[:at]), "line": lines[at].rstrip("\n")}
-        case["after"] = "".join(lines[at + 1 :])
+        case = {
+            **window,
+            "before": "".join(lines[:at]),
+            "line": "".join(lines[at : at + length]).rstrip("\n"),
+        }
+        case["after"] = "".join(lines[at + length :])
         out.write(orjson.dumps({"repo": name, **case}) + b"\n")
-        read.cases[case["split"]] += 1
+        (read.blocks if case["kind"] == "block" else read.cases)[case["split"]] += 1
     read.commits.update(Counter({split: len(shas) for split, shas in _commits(windows).items()}))
     return read
 
@@ -102,7 +116,8 @@ def _commits(windows: list[dict[str, Any]]) -> dict[str, set[str]]:
 def _windows(
     repo: Repository, held_out: Iterable[dict[str, Any]], config: ScrapeConfig
 ) -> Iterator[dict[str, Any]]:
-    """Each chosen added line of each commit with the lines around it (`lines`, `at`: its place there)."""
+    """Each chosen added line, and each chosen body, of each commit with the lines around it (`lines`;
+    `at`: the place of the line or the body's first line there; `length`: its lines)."""
     for record in held_out:
         changes = [
             change
@@ -111,36 +126,69 @@ def _windows(
         ]
         names = {f"{record['commit']}:{change.path}": change for change in changes}
         contents = blob_contents(repo, list(names), config.max_file_bytes)
-        eligible: list[tuple[str, list[str], int]] = []
+        eligible: list[tuple[str, list[str], int, int]] = []
+        bodies: list[tuple[str, list[str], int, int]] = []
         for name, change in names.items():
             raw = contents.get(name)
             if raw is None or is_binary(raw):
                 continue
             lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
+            added = added_lines(change)
             eligible += [
-                (change.path, lines, number)
-                for number in added_lines(change)
+                (change.path, lines, number, 1)
+                for number in added
                 if MIN_BEFORE <= number < len(lines) and len(lines[number].strip()) >= MIN_CHARS
             ]
-        for path, lines, number in _spread(eligible, record["commit"]):
-            start = max(0, number - BEFORE_LINES)
-            yield {
-                "commit": record["commit"],
-                "split": record["split"],
-                "path": path,
-                "line_number": number + 1,
-                "lines": lines[start : number + 1 + AFTER_LINES],
-                "at": number - start,
-            }
+            written = set(added)
+            for number in added:
+                length = body_length(lines, number) if MIN_BEFORE <= number < len(lines) else 0
+                if length and written.issuperset(range(number + 1, number + 1 + length)):
+                    bodies.append((change.path, lines, number + 1, length))
+        for kind, chosen in (("line", _spread(eligible, record["commit"], CASES_PER_COMMIT)),
+                             ("block", _spread(bodies, record["commit"], BLOCKS_PER_COMMIT))):  # fmt: skip
+            for path, lines, number, length in chosen:
+                start = max(0, number - BEFORE_LINES)
+                yield {
+                    "commit": record["commit"],
+                    "split": record["split"],
+                    "kind": kind,
+                    "path": path,
+                    "line_number": number + 1,
+                    "lines": lines[start : number + length + AFTER_LINES],
+                    "at": number - start,
+                    "length": length,
+                }
 
 
-def _spread(eligible: list, commit: str) -> list:
-    """At most CASES_PER_COMMIT of a commit's eligible lines, evenly spread from a place its hash picks."""
-    if len(eligible) <= CASES_PER_COMMIT:
+def body_length(lines: list[str], opener: int) -> int:
+    """How many lines after `lines[opener]` are its body: the lines indented deeper than it (blank ones
+    within), at least one and at most BLOCK_LINES; 0 where it opens none so short."""
+    indent = _indent(lines[opener])
+    window = lines[opener + 1 : opener + 2 + BLOCK_LINES]  # a longer body is not looked through
+    length = 0
+    for line in window:
+        if line.strip() and _indent(line) <= indent:
+            break
+        length += 1
+    else:
+        if opener + 1 + len(window) < len(lines):  # it goes on past the window: not a short body
+            return 0
+    while length and not lines[opener + length].strip():  # blank lines after the body are not in it
+        length -= 1
+    return length if 0 < length <= BLOCK_LINES and lines[opener].strip() else 0
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _spread(eligible: list, commit: str, most: int) -> list:
+    """At most `most` of a commit's eligible lines, evenly spread from a place its hash picks."""
+    if len(eligible) <= most:
         return eligible
     offset = int(hashlib.sha256(commit.encode()).hexdigest()[:8], 16) % len(eligible)
-    step = len(eligible) / CASES_PER_COMMIT
-    return [eligible[(offset + int(step * index)) % len(eligible)] for index in range(CASES_PER_COMMIT)]
+    step = len(eligible) / most
+    return [eligible[(offset + int(step * index)) % len(eligible)] for index in range(most)]
 
 
 def _diff_of(record: dict[str, Any]) -> str:

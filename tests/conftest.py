@@ -336,9 +336,11 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--set", "monitor.collection_interval_seconds=1",
         # fp32 on every CPU: `generate` answers in fp32, and tests hold it to the scoreboard's answers.
         "--set", "plan.precision=fp32",
-        # Five steps: no activations recomputed, one validation (at the end).
+        # Five steps: no activations recomputed, one validation (at the end); no blocks (tests/test_decoding.py
+        # holds their answers to generate's).
         "--set", "plan.gradient_checkpointing=false",
         "--set", "train.eval_steps=100",
+        "--set", "eval.block_cases=0",
         *[part for override in overrides for part in ("--set", override)],
     ]  # fmt: skip
     assert run_pipeline.main(argv) == 0
@@ -354,6 +356,7 @@ FAST_TRAINING = (
     "--set", "train.time_budget=none",
     "--set", "scrape.files=false",
     "--set", "eval.code_cases=0",
+    "--set", "eval.block_cases=0",
     "--set", "scrape.format=diff",
     "--set", "plan.batch_size=1",
     "--set", "plan.gradient_accumulation_steps=1",
@@ -362,6 +365,7 @@ FAST_TRAINING = (
     "--set", "monitor.collection_interval_seconds=0.5",
 )  # fmt: skip
 WITH_FILES = ("--set", "scrape.files=true", "--set", "eval.code_cases=auto")
-"""After FAST_TRAINING: the files at the split point trained on and their next lines scored, as by default."""
+"""After FAST_TRAINING: the files at the split point trained on and their next lines scored, as by default
+(blocks are scored where a test asks for them: each is up to 96 new tokens of each model)."""
 WITH_BUDGET = ("--set", "train.time_budget=auto")
 """After FAST_TRAINING: the default time budget (the cores' pace and the training speed measured)."""

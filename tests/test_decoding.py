@@ -279,3 +279,36 @@ def test_folded_weights_stay_folded_and_a_base_answer_is_still_the_bases():
             model(ids)
         fold(model, "4bit")  # a quantized base is never folded into
         assert not folded(model)
+
+
+def test_a_block_is_the_body_generate_writes_after_a_line_that_opens_one(pretrained):
+    """A prompt that ends a line opening a body is answered with the body: healed as a next line is, ended
+    where the answer writes a line indented less than its first (or BLOCK_LINES), and cut there: what
+    `model.generate` gives one prompt at a time under the same first-token constraint, cut the same way."""
+    from pipeline.suggest.decoding import line_breaks
+
+    model, tokenizer = pretrained
+    first = line_breaks(tokenizer)
+    body_tokens = 40  # long enough for a body to end
+    everything = list(range(len(tokenizer)))
+    prompts = [
+        "<filename>calc.py\ndef add(a, b):",
+        "<filename>point.py\nclass Point:\n    def __init__(self, x, y):",
+    ]
+    expected = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        width = ids.shape[1]
+        with torch.no_grad():
+            out = model.generate(
+                ids, max_new_tokens=body_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                prefix_allowed_tokens_fn=lambda row, seen, width=width: first if len(seen) == width else everything,
+            )  # fmt: skip
+        expected.append(
+            finished(
+                tokenizer.decode(out[0, width:], skip_special_tokens=True), False, False, True, block=True
+            )
+        )
+    assert generate_batched(model, tokenizer, prompts, body_tokens, "fp32", block=True) == expected
+    assert all(answer.startswith("    ") for answer in expected)  # a body, indented under its line

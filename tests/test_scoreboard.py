@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
 from pipeline.evaluate.evaluation import keep_base_scores, score_past, task_prompts
-from pipeline.evaluate.metrics import paired_difference, score_code, score_messages
+from pipeline.evaluate.metrics import CODE_TASKS, paired_difference, score_code, score_messages
 from pipeline.evaluate.report import EVALUATION_FILE, _message_scoreboard, held_out_note
 from pipeline.record.run import evaluation_seconds
 from pipeline.scores import one_register
@@ -572,6 +572,42 @@ def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_an
     assert index.lookup(case) == "        return self.data[key]"  # the line after the most similar lines
 
 
+def test_a_block_asks_for_the_body_under_the_line_that_opens_it_and_the_lookup_answers_a_body():
+    """A block case's cursor is at the end of the line that opens a body, the reference the body a commit
+    wrote there; it is asked as a next line is, alone and with context, and the lookup for code answers
+    with the body after the most similar lines elsewhere, cut where it ends."""
+    commit = PastCommit("cd" * 20, "Add a store", "diff --git a/pkg/cache.py b/pkg/cache.py\n", "eval")
+    body = "        value = self.data[key]\n        return value"
+    block = CodeCase(
+        commit.sha, "eval", "shop", "pkg/cache.py", "class Cache:\n    def get(self, key):\n", body
+    )
+    store = "class Store:\n    def get(self, key):\n        found = self.data[key]\n        return found\n    def put(self):\n"
+    index = CodeIndex([{"path": "pkg/store.py", "text": store}])
+    [bare, contextual] = task_prompts([], None, RAW, 0, None, [], index, [block])
+    assert (bare.task, contextual.task) == ("block", "block_context")
+    assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):"
+    assert bare.reference == contextual.reference == body
+    assert index.lookup(block, block=True) == "        found = self.data[key]\n        return found"
+
+
+def test_a_body_is_the_lines_indented_deeper_than_the_line_that_opens_it():
+    """What a block case asks (`body_length`: at most BLOCK_LINES lines under the opener, blank ones within)
+    and where an answer's body ends (`body_of`, `body_ended`: a line indented less than its first)."""
+    from pipeline.suggest.completion import body_ended, body_of
+    from scrapers.completions import BLOCK_LINES, body_length
+
+    lines = ["def f(x):\n", "    y = x\n", "\n", "    return y\n", "\n", "z = f(1)\n"]
+    assert body_length(lines, 0) == 3  # the blank line within kept, the one after left out
+    assert body_length(lines, 1) == 0  # a line with nothing under it opens no body
+    assert body_length(lines, 5) == 0
+    long = ["def g():\n", *["    pass\n"] * (BLOCK_LINES + 1), "h = 1\n"]
+    assert body_length(long, 0) == 0  # not a short body
+    assert body_of("    y = x\n\n    return y\nz = f(1)\n") == "    y = x\n\n    return y"
+    assert body_of("    if x:\n        return 1\n    return 2") == "    if x:\n        return 1\n    return 2"
+    assert not body_ended("    y = x\n    ret") and not body_ended("    y = x\n  ")  # no character yet
+    assert body_ended("    y = x\nz") and body_ended("    pass\n" * (BLOCK_LINES + 1))
+
+
 def test_code_intervals_resample_commits_not_lines():
     """Ten lines of one commit are one observation: resampled by commit, their interval is as wide as one
     commit's, where resampled by line it would look ten times surer."""
@@ -799,7 +835,8 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
         and ") and all 60 for new diffs (" in result.err
     )
     answers = [orjson.loads(line) for line in (out / EVALUATION_FILE).read_bytes().splitlines()]
-    assert len(answers) == 6 + tasks["after"]["code"]["samples"] + tasks["after"]["code_context"]["samples"]
+    code = [tasks["after"][task]["samples"] for task in CODE_TASKS if tasks["after"][task]]
+    assert len(answers) == 6 + sum(code) and tasks["after"]["block"]["samples"] > 0
     assert tasks["after"]["code_context"]["vs_before"] and tasks["after"]["code"]["vs_nearest_commit"]
     assert (
         tasks["nearest_commit"]["code"]["samples"] == tasks["after"]["code"]["samples"]

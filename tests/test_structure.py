@@ -190,6 +190,7 @@ CONSUMED_ELSEWHERE = {
     "follow_free_cores": "train.trainer (threads that follow the free cores)",
     "eval_samples": "evaluate.evaluation (the held-out answers scored)",
     "code_cases": "evaluate.scoreboard (the next lines asked)",
+    "block_cases": "evaluate.scoreboard (the bodies asked)",
     "validate_model": "evaluate.evaluation (the validation answers)",
     "eval_blocks": "data.dataset (held-out and validation blocks)",
     "early_stopping_patience": "train.trainer (the early-stopping callback)",

@@ -44,10 +44,19 @@ import orjson
 from pipeline.builtin import cache_home
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
-from pipeline.evaluate.metrics import CODE_TASKS, SCORERS, TASKS, mean_gain, score_code, score_messages
+from pipeline.evaluate.metrics import (
+    BLOCK_TASKS,
+    LINE_TASKS,
+    SCORERS,
+    TASKS,
+    mean_gain,
+    score_code,
+    score_messages,
+)
 from pipeline.progress import Progress, say
 from pipeline.scores import CODE_LABELS
 from pipeline.suggest.completion import (
+    BLOCK_TOKENS,
     DEFAULT_CODE_SYSTEM,
     LINE_TOKENS,
     CodeCase,
@@ -71,15 +80,16 @@ from pipeline.types import (
 )
 
 # As the progress lines count them.
-TASK_NAMES = {"message": "commit messages", "code": "next lines", "code_context": "next lines with context"}
+TASK_NAMES = {
+    "message": "commit messages", "code": "next lines", "code_context": "next lines with context",
+    "block": "blocks", "block_context": "blocks with context",
+}  # fmt: skip
 SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 # Validation commits below which the systems that write a next line are not compared: an interval
 # resampled from a handful of commits is narrow by chance (one commit gives a single point).
 CODE_CHOICE_COMMITS = 10
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = (
-    8  # 8: the code tasks are the file's next line, prompted as code models are pretrained, never blank
-)
+EVALUATION_FORMAT = 9  # 9: blocks, the body under a line that opens one, beside next lines
 
 
 def task_prompts(
@@ -90,11 +100,12 @@ def task_prompts(
     prompt_tokens: int | None,
     cases: Sequence[CodeCase] = (),
     index: CodeIndex | None = None,
+    blocks: Sequence[CodeCase] = (),
 ) -> tuple[TaskPrompt, ...]:
     """The tasks' questions about the newest `count` of `commits` (held-out commits, newest first): each
     one's message rendered as in training (a diff given as a prompt is cut to `prompt_tokens`; None:
-    whole); the next line of `cases` (theirs), alone and, given an `index` of the files at the split
-    point, after the chunks it retrieves."""
+    whole); the next line of `cases` and the body of `blocks` (theirs), alone and, given an `index` of
+    the files at the split point, after the chunks it retrieves."""
     prompts = []
     for commit in commits[:count]:
         prompts.append(
@@ -107,15 +118,16 @@ def task_prompts(
                 commit.diff,
             )
         )
-    given = [f"{case.path}\n{case.before[-SHOWN_CHARS:]}" for case in cases]
-    prompts += [
-        TaskPrompt("code", c.commit, bare_prompt(c), g, c.line) for c, g in zip(cases, given, strict=True)
-    ]
-    if index is not None:
+    for (bare, contextual), asked in ((LINE_TASKS, cases), (BLOCK_TASKS, blocks)):
+        given = [f"{case.path}\n{case.before[-SHOWN_CHARS:]}" for case in asked]
         prompts += [
-            TaskPrompt("code_context", c.commit, context_prompt(c, index.context(c)), g, c.line)
-            for c, g in zip(cases, given, strict=True)
+            TaskPrompt(bare, c.commit, bare_prompt(c), g, c.line) for c, g in zip(asked, given, strict=True)
         ]
+        if index is not None:
+            prompts += [
+                TaskPrompt(contextual, c.commit, context_prompt(c, index.context(c)), g, c.line)
+                for c, g in zip(asked, given, strict=True)
+            ]
     return tuple(prompts)
 
 
@@ -137,7 +149,10 @@ def answer_tasks(
 ) -> dict[str, list[str]]:
     """A model's answers to every prompt, by task, in the prompts' order; how far it has come is shown
     as `who` answering (minutes on a CPU)."""
-    tokens = {"message": config.message_tokens, "code": LINE_TOKENS, "code_context": LINE_TOKENS}
+    tokens = {
+        "message": config.message_tokens, **dict.fromkeys(LINE_TASKS, LINE_TOKENS),
+        **dict.fromkeys(BLOCK_TASKS, BLOCK_TOKENS),
+    }  # fmt: skip
     outputs = {}
     with Progress(f"{who} answering", len(prompts), "question") as progress:
         for task in TASKS:
@@ -145,7 +160,7 @@ def answer_tasks(
             if asked:
                 outputs[task] = generate_batched(
                     model, tokenizer, asked, tokens[task], precision, progress=progress.update,
-                    cut_loops=task == "message", next_line=task in CODE_TASKS,
+                    cut_loops=task == "message", next_line=task in LINE_TASKS, block=task in BLOCK_TASKS,
                 )  # fmt: skip
     return outputs
 

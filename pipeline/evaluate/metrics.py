@@ -1,6 +1,7 @@
 """The scores every system gets, with 95% bootstrap intervals: corpus chrF (sacrebleu's `CHRF()`
 defaults, as Long Code Arena) and edit similarity of a commit message, exact match and edit similarity
-of a next line (resampled by commit: a commit's lines are not independent), and paired differences."""
+of a next line or a block (resampled by commit: a commit's lines are not independent), and paired
+differences."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-TASKS = ("message", "code", "code_context")
-CODE_TASKS = ("code", "code_context")
+TASKS = ("message", "code", "code_context", "block", "block_context")
+LINE_TASKS = ("code", "code_context")  # the next line
+BLOCK_TASKS = ("block", "block_context")  # the body under a line that opens one
+CODE_TASKS = LINE_TASKS + BLOCK_TASKS  # scored by exact match and edit similarity, resampled by commit
 
 BOOTSTRAP_RESAMPLES = 1000
 
@@ -231,4 +234,4 @@ def _pct(count: int, total: int) -> float:
     return round(100 * count / total, 1)
 
 
-SCORERS = {"message": score_messages, "code": score_code, "code_context": score_code}
+SCORERS = {"message": score_messages, **dict.fromkeys(CODE_TASKS, score_code)}

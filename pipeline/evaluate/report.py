@@ -11,7 +11,7 @@ import orjson
 
 from pipeline.evaluate.evaluation import SHOWN_CHARS
 from pipeline.evaluate.metrics import CODE_TASKS, TASKS, paired_difference
-from pipeline.scores import CODE_LABELS, difference, registers, with_interval
+from pipeline.scores import BLOCK_TASK, CODE_LABELS, difference, registers, with_interval
 from pipeline.types import Evaluation, Scores, TaskPrompt
 
 EVALUATION_FILE = "evaluation.jsonl"
@@ -195,40 +195,46 @@ def format_evaluation(result: Evaluation) -> list[str]:
             "next line: nothing to score (the held-out commits added no line of text past a file's second, "
             "notebooks aside); the model trained on the files and history the manifest counts"
         ]
-    lines += code
+    lines += code + code_scoreboard(tasks, blocks=True)
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
         lines.append(held["note"])
     return lines
 
 
-def code_scoreboard(tasks: dict[str, Any], chosen: dict[str, Any] | None = None) -> list[str]:
-    """The next-line tasks as a scoreboard (`tasks`: the manifest's `.evaluation.tasks`): every system's
-    exact match and edit similarity with intervals, a model's gain over the base model given the same
-    prompt, and over the lookup for code; the system `chosen` to write next lines at use marked, and why."""
+def code_scoreboard(
+    tasks: dict[str, Any], chosen: dict[str, Any] | None = None, blocks: bool = False
+) -> list[str]:
+    """The next-line tasks (with `blocks`, the block tasks) as a scoreboard (`tasks`: the manifest's
+    `.evaluation.tasks`): every system's exact match and edit similarity with intervals, a model's gain
+    over the base model given the same prompt, and over the lookup for code; the system `chosen` to write
+    next lines at use marked, and why."""
     scored = {
-        name: ((tasks.get(key) or {}).get(task), key, label)
+        name: ((tasks.get(key) or {}).get(BLOCK_TASK[task] if blocks else task), key, label)
         for name, (key, task, label) in CODE_LABELS.items()
     }
     present = [metrics for metrics, _, _ in scored.values() if metrics]
     if not present:
         return []
     first = present[0]
-    lines = [
-        f"next line at {first['samples']} lines {first.get('commits', '?')} held-out commits added (exact match %, "
-        "edit similarity [95% interval, resampled by commit]):"
-    ]
+    asked = (
+        f"block: the body under a line that opens one, at {first['samples']} bodies {first.get('commits', '?')} "
+        "held-out commits wrote"
+        if blocks
+        else f"next line at {first['samples']} lines {first.get('commits', '?')} held-out commits added"
+    )
+    lines = [f"{asked} (exact match %, edit similarity [95% interval, resampled by commit]):"]
     for name, (metrics, system, label) in scored.items():
         if not metrics:
             continue
-        label += " (chosen)" if chosen and chosen["name"] == name else ""
+        label += " (chosen)" if chosen and chosen["name"] == name and not blocks else ""
         line = f"  {label:<29} EM {with_interval(metrics, 'exact_match_pct', 5)}  ES {with_interval(metrics, 'edit_similarity', 5)}"
         for key, against in (("vs_before", "base"), ("vs_nearest_commit", "lookup")):
             if system == "after" and metrics.get(key):
                 versus = metrics[key]
                 line += f"  vs {against} {difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
         lines.append(line)
-    if chosen:
+    if chosen and not blocks:
         lines.append(f"  next lines come from the {CODE_LABELS[chosen['name']][2]}: {chosen['reason']}")
     return lines
 

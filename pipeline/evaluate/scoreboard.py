@@ -25,6 +25,7 @@ from pipeline.evaluate.evaluation import (
     task_prompts,
     validation_answers,
 )
+from pipeline.evaluate.metrics import BLOCK_TASKS, LINE_TASKS
 from pipeline.evaluate.report import EVALUATION_FILE, format_evaluation, held_out_note, write_answers
 from pipeline.progress import say
 from pipeline.suggest.completion import CodeCase, CodeIndex, read_cases
@@ -41,17 +42,24 @@ def before_training(
     prompts: tuple[TaskPrompt, ...] = ()
     checks: tuple[TaskPrompt, ...] = ()
     lookup: list[str] = []
+    block_lookup: list[str] = []
     checks_lookup: list[str] = []
     if past:
         commits = past.split("eval")[: data.plan.eval_samples]
         cases = read_cases(completions_path(data.scraped), "eval", [commit.sha for commit in commits])
         cases = spread(cases, data.plan.code_cases)
+        blocks = read_cases(
+            completions_path(data.scraped), "eval", [commit.sha for commit in commits], "block"
+        )
+        blocks = spread(blocks, data.plan.block_cases)
         files = read_files(data.scraped)
         index = CodeIndex(files) if files else None
         prompts = task_prompts(
-            commits, prepared.tokenizer, prepared.style, len(commits), config.train.max_prompt_tokens, cases, index
+            commits, prepared.tokenizer, prepared.style, len(commits), config.train.max_prompt_tokens, cases, index,
+            blocks,
         )  # fmt: skip
         lookup = [index.lookup(case) for case in cases] if index else []
+        block_lookup = [index.lookup(case, block=True) for case in blocks] if index else []
         if data.plan.validate_model:  # who writes a next line is chosen on these
             valid = [commit.sha for commit in past.split("valid")]
             checked = spread(read_cases(completions_path(data.scraped), "valid", valid), data.plan.code_cases)
@@ -64,8 +72,8 @@ def before_training(
         cache,
     )  # fmt: skip
     return Evaluation(
-        before, None, [], prompts, held_out=held_out, code_lookup=lookup, code_checks=checks,
-        code_checks_lookup=checks_lookup,
+        before, None, [], prompts, held_out=held_out, code_lookup=lookup, block_lookup=block_lookup,
+        code_checks=checks, code_checks_lookup=checks_lookup,
     )  # fmt: skip
 
 
@@ -125,9 +133,16 @@ def against_the_past(
     )  # fmt: skip
     note = held_out_note(len(past.split("eval")), data.plan.eval_samples, data.scraped.summary)
     nearest = scored.nearest_commit
-    if evaluation.code_lookup:  # the lookup for code answers both code tasks: it reads no prompt
-        lookup = evaluation.code_lookup
-        outputs = {**nearest.outputs, "code": lookup, "code_context": lookup}
+    if (
+        evaluation.code_lookup or evaluation.block_lookup
+    ):  # it answers with context and without: it reads no prompt
+        lines, bodies = evaluation.code_lookup, evaluation.block_lookup
+        outputs = {
+            **nearest.outputs,
+            **dict.fromkeys(LINE_TASKS, lines),
+            **dict.fromkeys(BLOCK_TASKS, bodies),
+        }
+        outputs = {task: answers for task, answers in outputs.items() if answers}
         nearest = replace(nearest, outputs=outputs, tasks=score_outputs(evaluation.prompts, outputs))
     return replace(
         evaluation, nearest_commit=nearest, selector=scored.selector, suggested=scored.suggested,

@@ -69,6 +69,8 @@ CPU_EVAL_BLOCKS = (
 )
 CODE_CASES = 300  # next-line cases scored: from 100 commits, intervals narrow enough to decide
 CPU_CODE_CASES = 100  # on a CPU, where each costs each model two prompts of a few hundred tokens
+BLOCK_CASES = 100  # bodies scored: up to 96 new tokens each, where a next line takes a few
+CPU_BLOCK_CASES = 30
 CPU_TIME_BUDGET_S = 600.0  # a first run on a CPU: minutes, not hours
 BUDGET_TRAIN_SHARE = 0.8  # of a budget, what training fills until the run knows what it spends outside it
 TRAINING_TIME_LIMIT = 0.9  # of it, where training then stops; after, training fills 8/9 of its deadline
@@ -1294,6 +1296,16 @@ def _evaluation_bound(p: Decisions, device: str) -> int | None:
         )
     else:
         p.planned("code_cases", CODE_CASES, f"{device}: {CODE_CASES} next lines, a few of each asked commit")
+    if not p.is_auto(lambda cfg: cfg.eval.block_cases):
+        p.from_config("block_cases", lambda cfg: cfg.eval.block_cases)
+    else:
+        cases = CPU_BLOCK_CASES if device == "cpu" else BLOCK_CASES
+        p.planned(
+            "block_cases",
+            cases,
+            f"{device}: {cases} bodies under a line that opens one, two of each asked commit at most (each up "
+            f"to 96 new tokens of each model{', a line’s time several times over' if device == 'cpu' else ''})",
+        )
     _validate_model(p, device)
     if not p.is_auto(lambda cfg: cfg.eval.max_blocks):
         return p.from_config("eval_blocks", lambda cfg: cfg.eval.max_blocks)

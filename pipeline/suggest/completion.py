@@ -1,14 +1,16 @@
-"""Completing a repository's code: the next line at a cursor, by a model or by the repository's own lines.
+"""Completing a repository's code: the next line at a cursor, or the body under a line that opens one (a
+block), by a model or by the repository's own lines.
 
 - **The prompt** is what code models are pretrained on: the file as `<filename>path` then its text up to
   the cursor (`bare_prompt`); with retrieved context, the repository format, `<repo_name>`, then each
   retrieved chunk of another file and the file itself after `<file_sep>path` (`context_prompt`). It ends
   before the line break that ends the last line, and the answer begins with one (`generate_batched`'s
-  `next_line`: token healing).
+  `next_line`: token healing); a block's answer is cut where a line is indented less than its first
+  (`body_of`).
 - **The context** is BM25 over chunks of the files as they stood at the split point (`CodeIndex`), other
   files than the one being edited, queried with the names in the lines before the cursor.
-- **The lookup for code** needs no model: the line that follows the most similar lines elsewhere in the
-  repository (the no-model floor every model must beat).
+- **The lookup for code** needs no model: the line (or the body) that follows the most similar lines
+  elsewhere in the repository (the no-model floor every model must beat).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import orjson
 
 from pipeline.suggest.retrieval import import_bm25s, name_terms
+from scrapers.completions import BLOCK_LINES
 
 CHUNK_LINES = 10  # a retrieved chunk of another file
 CONTEXT_CHUNKS = 2  # chunks a prompt carries
@@ -32,6 +35,7 @@ LOOKUP_LINES = 3  # the lines before the cursor the lookup matches, and before a
 PROMPT_CHARS = 800
 CHUNK_CHARS = 400  # of a retrieved chunk
 LINE_TOKENS = 32  # most tokens generated for one line
+BLOCK_TOKENS = 96  # and for a block's body
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's, which most code models share
 
 # Who writes a next line: (answers with the adapter, prompt with retrieved context), or the lookup for code
@@ -63,16 +67,22 @@ class CodeCase:
     """The file's lines after it."""
 
 
-def read_cases(path: Path, split: str, commits: Sequence[str] | None = None) -> list[CodeCase]:
-    """The cases of `split` in COMPLETIONS_FILE (newest commit first), of `commits` only where given; none
-    where the scrape wrote none."""
+def read_cases(
+    path: Path, split: str, commits: Sequence[str] | None = None, kind: str = "line"
+) -> list[CodeCase]:
+    """The cases of `split` in COMPLETIONS_FILE (newest commit first), next lines or blocks (`kind`), of
+    `commits` only where given; none where the scrape wrote none."""
     if not path.exists():
         return []
     wanted = set(commits) if commits is not None else None
     cases = []
     for line in path.read_bytes().splitlines():
         record = orjson.loads(line)
-        if record["split"] == split and (wanted is None or record["commit"] in wanted):
+        if (
+            record["split"] == split
+            and record.get("kind", "line") == kind
+            and (wanted is None or record["commit"] in wanted)
+        ):
             cases.append(
                 CodeCase(
                     record["commit"], split, record["repo"], record["path"], record["before"], record["line"],
@@ -99,6 +109,31 @@ def _before(case: CodeCase) -> str:
     return case.before[-PROMPT_CHARS:].removesuffix("\n")
 
 
+def body_of(text: str) -> str:
+    """The body `text` begins with: its first line and the lines after it indented as deep or deeper
+    (blank ones within), at most BLOCK_LINES; a line indented less ends it, as the line after a body does."""
+    lines = text.split("\n")
+    depth = _depth(lines[0])
+    kept: list[str] = []
+    for line in lines[:BLOCK_LINES]:
+        if kept and line.strip() and _depth(line) < depth:
+            break
+        kept.append(line)
+    return "\n".join(kept).rstrip()
+
+
+def body_ended(text: str) -> bool:
+    """Whether `text`, a body being written, already holds the line that ends it (one with a character
+    indented less than its first line), or BLOCK_LINES lines."""
+    lines = text.split("\n")
+    depth = _depth(lines[0])
+    return len(lines) > BLOCK_LINES or any(line.strip() and _depth(line) < depth for line in lines[1:])
+
+
+def _depth(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
 class CodeIndex:
     """The files at the split point for completion: BM25 over their CHUNK_LINES-line chunks (the context),
     and over each line's LOOKUP_LINES predecessors (the lookup), with where each came from."""
@@ -106,9 +141,11 @@ class CodeIndex:
     def __init__(self, files: Iterable[dict[str, Any]]):
         bm25s = import_bm25s()
         self.chunks: list[tuple[str, str]] = []
-        self.lines: list[tuple[str, str]] = []  # (path, the line that follows)
+        self.texts: list[list[str]] = []  # each file's lines
+        self.lines: list[tuple[int, int]] = []  # (file, number) of each line that follows others
         chunk_terms: list[list[str]] = []
         line_terms: list[list[str]] = []
+        paths: list[str] = []
         for record in files:
             path, lines = record["path"], record["text"].splitlines()
             for start in range(0, len(lines), CHUNK_LINES):
@@ -117,12 +154,14 @@ class CodeIndex:
                 chunk_terms.append(name_terms(text) or [""])
             for number in range(1, len(lines)):
                 if lines[number].strip():
-                    self.lines.append((path, lines[number]))
+                    self.lines.append((len(self.texts), number))
+                    paths.append(path)
                     before = lines[max(0, number - LOOKUP_LINES) : number]
                     line_terms.append(name_terms("\n".join(before)) or [""])
+            self.texts.append(lines)
         # Each entry's file, as arrays: a query leaves out the file being edited in one comparison.
         self.chunk_paths = np.asarray([path for path, _ in self.chunks], dtype=object)
-        self.line_paths = np.asarray([path for path, _ in self.lines], dtype=object)
+        self.line_paths = np.asarray(paths, dtype=object)
         self.chunk_index = bm25s.BM25() if chunk_terms else None
         if self.chunk_index is not None:
             self.chunk_index.index(chunk_terms, show_progress=False)
@@ -135,12 +174,16 @@ class CodeIndex:
         query = name_terms("".join(case.before.splitlines(keepends=True)[-QUERY_LINES:]))
         return [self.chunks[i] for i in self._best(self.chunk_index, self.chunk_paths, query, case.path, k)]
 
-    def lookup(self, case: CodeCase) -> str:
-        """The line after the lines of another file most like the LOOKUP_LINES before the cursor ("" where
-        none shares a name with them)."""
+    def lookup(self, case: CodeCase, block: bool = False) -> str:
+        """The line after the lines of another file most like the LOOKUP_LINES before the cursor (with
+        `block`, the body that begins there: `body_of`); "" where none shares a name with them."""
         query = name_terms("".join(case.before.splitlines(keepends=True)[-LOOKUP_LINES:]))
         best = self._best(self.line_index, self.line_paths, query, case.path, 1)
-        return self.lines[best[0]][1] if best else ""
+        if not best:
+            return ""
+        file, number = self.lines[best[0]]
+        lines = self.texts[file]
+        return body_of("\n".join(lines[number : number + BLOCK_LINES])) if block else lines[number]
 
     @staticmethod
     def _best(index, paths, query: list[str], path: str, k: int) -> list[int]:

@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
+from pipeline.suggest.completion import body_ended, body_of
 from pipeline.train.model import causal_lm, scoring
 
 SHARED_PREFIX_MIN = 16  # a common beginning shorter than this is not worth a copy per batch
@@ -99,6 +100,7 @@ def generate_batched(
     progress: Callable[[int], None] | None = None,
     cut_loops: bool = False,
     next_line: bool = False,
+    block: bool = False,
 ) -> list[str]:
     """Greedy continuations of `prompts` (at most `max_new_tokens` each, ending at the end-of-sequence
     token; with `stop_at_newline`, at their first line break, which is left out; with `cut_loops`, for
@@ -106,7 +108,9 @@ def generate_batched(
     each prompt ends where a line of code does, before its line break, and the answer is the next line:
     the first token is one that begins with a line break (`line_breaks`; BPE tokenizers merge a line
     break with the next line's indentation, so a prompt ending in a bare one is off their distribution:
-    token healing), and the answer is what follows it up to the next. `progress` is told how many prompts each prefill
+    token healing), and the answer is what follows it up to the next; with `block`, healed so too, the
+    answer is the body it begins, ended and cut where a line is indented less (`body_ended`, `body_of`).
+    `progress` is told how many prompts each prefill
     forward read (most of the time on a CPU), and 0 after each step that writes the answers, for a
     progress line that keeps coming while they are written."""
     if not prompts:
@@ -122,8 +126,9 @@ def generate_batched(
         if on_cpu
         else _batches(lengths, max_new_tokens, GPU_BATCH_ROWS, None)
     )
-    ends = _Ends(tokenizer, stop_at_newline or next_line, cut_loops, next_line)
-    first = line_breaks(tokenizer) if next_line else None
+    heals = next_line or block
+    ends = _Ends(tokenizer, stop_at_newline or next_line, cut_loops, heals, block)
+    first = line_breaks(tokenizer) if heals else None
     outputs: list[str] = [""] * len(prompts)
     with scoring(model, precision):
         prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
@@ -135,7 +140,7 @@ def generate_batched(
             answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
             for index, answer in zip(chosen, answers, strict=True):
                 text = tokenizer.decode(answer, skip_special_tokens=True)
-                outputs[index] = finished(text, stop_at_newline or next_line, cut_loops, next_line)
+                outputs[index] = finished(text, stop_at_newline or next_line, cut_loops, heals, block)
     return outputs
 
 
@@ -175,12 +180,17 @@ def _shared_prefix(encoded: Sequence[Sequence[int]]) -> int:
     return length if length >= SHARED_PREFIX_MIN else 0
 
 
-def finished(text: str, stop_at_newline: bool, cut_loops: bool, next_line: bool = False) -> str:
+def finished(
+    text: str, stop_at_newline: bool, cut_loops: bool, next_line: bool = False, block: bool = False
+) -> str:
     """A generated continuation as an answer: its first line with `stop_at_newline` (code), cut where it
     starts over with `cut_loops` (commit messages); with `next_line`, the line after the line break it
-    begins with. `model.generate`'s text, finished so, is what the decoder's answers are held to."""
+    begins with; with `block` too, the body that begins there (`body_of`). `model.generate`'s text,
+    finished so, is what the decoder's answers are held to."""
     if next_line:
         text = text.removeprefix("\n")
+    if block:
+        return body_of(text)
     if stop_at_newline:
         text = text.split("\n", 1)[0]
     return unlooped(text) if cut_loops else text
@@ -231,9 +241,16 @@ class _Ends:
     """Whether a generated token ends its answer (each token's text decoded once; with `cut_loops`, the
     answer's text again at each of its line breaks)."""
 
-    def __init__(self, tokenizer, at_newline: bool, cut_loops: bool = False, next_line: bool = False):
+    def __init__(
+        self,
+        tokenizer,
+        at_newline: bool,
+        cut_loops: bool = False,
+        next_line: bool = False,
+        block: bool = False,
+    ):
         self.tokenizer, self.at_newline, self.eos = tokenizer, at_newline, tokenizer.eos_token_id
-        self.cut_loops, self.next_line = cut_loops, next_line
+        self.cut_loops, self.next_line, self.block = cut_loops, next_line, block
         self.newline: dict[int, bool] = {}
 
     def kept(self, token: int) -> bool:
@@ -243,7 +260,10 @@ class _Ends:
     def last(self, token: int, answer: list[int]) -> bool:
         """True when `answer` (its tokens so far, this kept one the last) ends with it: at a line break
         with `at_newline`; with `cut_loops`, at a line break that completes a line the answer already
-        wrote, where `unlooped` cuts it anyway (the steps a loop would take are saved)."""
+        wrote, where `unlooped` cuts it anyway (the steps a loop would take are saved); with `block`, where
+        the body it writes has ended (`body_ended`)."""
+        if self.block:
+            return body_ended(self.tokenizer.decode(answer, skip_special_tokens=True).removeprefix("\n"))
         if not (self.at_newline or self.cut_loops):
             return False
         if self.next_line and len(answer) == 1:  # the line break it begins with: ends if a second follows

@@ -425,7 +425,10 @@ _SYSTEMS = {
     "selector": "selector",
     "suggested": "suggestion",
 }
-_TASKS = {"message": "commit message", "code": "next line"}
+_TASKS = {
+    "message": "commit message", "code": "next line", "code_context": "next line with context",
+    "block": "block", "block_context": "block with context",
+}  # fmt: skip
 _SCORES = {
     "chrf": "chrF",
     "edit_similarity": "edit similarity",

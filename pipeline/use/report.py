@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.manifest import load_manifest, write_text_output
-from pipeline.scores import CODE_LABELS, difference, registers, with_interval
+from pipeline.scores import BLOCK_TASK, CODE_LABELS, difference, registers, with_interval
 from pipeline.use.diff import CATEGORIES, compare
 
 STYLE = """
@@ -235,7 +235,8 @@ def _scoreboard(m: dict[str, Any]) -> str:
     if not evaluation.get("before") and not evaluation.get("after"):
         return f'<h2>What it learned</h2><p class="muted">{_e(evaluation.get("note") or "not measured")}</p>'
     parts = ["<h2>What it learned (held-out commits: the newest, never trained on or retrieved from)</h2>"]
-    parts += _message_scores(evaluation) + _code_scores(evaluation) + _held_out_loss(evaluation)
+    parts += _message_scores(evaluation) + _code_scores(evaluation) + _code_scores(evaluation, blocks=True)
+    parts += _held_out_loss(evaluation)
     return "\n".join(parts)
 
 
@@ -275,13 +276,13 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
     return parts + [f'<p class="muted">{_e(said)}</p>' for said in registers(tasks)]
 
 
-def _code_scores(evaluation: dict[str, Any]) -> list[str]:
-    """The next line at a cursor: every system, a model's gain over the base model given the same prompt,
-    and who writes next lines at use, with why."""
+def _code_scores(evaluation: dict[str, Any], blocks: bool = False) -> list[str]:
+    """The next line at a cursor (with `blocks`, the body under a line that opens one): every system, a
+    model's gain over the base model given the same prompt, and who writes next lines at use, with why."""
     tasks, rows = evaluation.get("tasks") or {}, []
-    chosen = evaluation.get("code_system") or {}
+    chosen = {} if blocks else evaluation.get("code_system") or {}
     for name, (system, task, label) in CODE_LABELS.items():
-        scored = (tasks.get(system) or {}).get(task)
+        scored = (tasks.get(system) or {}).get(BLOCK_TASK[task] if blocks else task)
         if scored:
             versus = scored.get("vs_before") or {}
             rows.append(
@@ -297,11 +298,12 @@ def _code_scores(evaluation: dict[str, Any]) -> list[str]:
         return []
     header = ("system", "exact match % [95%]", "edit similarity [95%]", "exact vs base", "ES vs base")
     said = [f'<p class="muted">{_e(chosen["reason"])}</p>'] if chosen else []
-    return [
-        "<h3>Next line at a cursor (the file before it given; resampled by commit)</h3>",
-        _table(header, rows, escape=False, css="scores"),
-        *said,
-    ]
+    title = (
+        "A block: the body under a line that opens one (the file through that line given; resampled by commit)"
+        if blocks
+        else "Next line at a cursor (the file before it given; resampled by commit)"
+    )
+    return [f"<h3>{title}</h3>", _table(header, rows, escape=False, css="scores"), *said]
 
 
 def _held_out_loss(evaluation: dict[str, Any]) -> list[str]:
