@@ -163,11 +163,11 @@ def _windows(
 def body_length(lines: list[str], opener: int) -> int:
     """How many lines after `lines[opener]` are its body: the lines indented deeper than it (blank ones
     within), at least one and at most BLOCK_LINES; 0 where it opens none so short."""
-    indent = _indent(lines[opener])
+    indent = indent_of(lines[opener])
     window = lines[opener + 1 : opener + 2 + BLOCK_LINES]  # a longer body is not looked through
     length = 0
     for line in window:
-        if line.strip() and _indent(line) <= indent:
+        if line.strip() and indent_of(line) <= indent:
             break
         length += 1
     else:
@@ -178,7 +178,8 @@ def body_length(lines: list[str], opener: int) -> int:
     return length if 0 < length <= BLOCK_LINES and lines[opener].strip() else 0
 
 
-def _indent(line: str) -> int:
+def indent_of(line: str) -> int:
+    """How deep `line` is indented: its leading spaces and tabs."""
     return len(line) - len(line.lstrip(" \t"))
 
 

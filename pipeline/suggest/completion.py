@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from pipeline.suggest.retrieval import import_bm25s, name_terms
-from scrapers.completions import BLOCK_LINES
+from scrapers.completions import BLOCK_LINES, indent_of
 
 CHUNK_LINES = 10  # a retrieved chunk of another file
 CONTEXT_CHUNKS = 2  # chunks a prompt carries
@@ -113,10 +113,10 @@ def body_of(text: str) -> str:
     """The body `text` begins with: its first line and the lines after it indented as deep or deeper
     (blank ones within), at most BLOCK_LINES; a line indented less ends it, as the line after a body does."""
     lines = text.split("\n")
-    depth = _depth(lines[0])
+    depth = indent_of(lines[0])
     kept: list[str] = []
     for line in lines[:BLOCK_LINES]:
-        if kept and line.strip() and _depth(line) < depth:
+        if kept and line.strip() and indent_of(line) < depth:
             break
         kept.append(line)
     return "\n".join(kept).rstrip()
@@ -126,12 +126,8 @@ def body_ended(text: str) -> bool:
     """Whether `text`, a body being written, already holds the line that ends it (one with a character
     indented less than its first line), or BLOCK_LINES lines."""
     lines = text.split("\n")
-    depth = _depth(lines[0])
-    return len(lines) > BLOCK_LINES or any(line.strip() and _depth(line) < depth for line in lines[1:])
-
-
-def _depth(line: str) -> int:
-    return len(line) - len(line.lstrip(" \t"))
+    depth = indent_of(lines[0])
+    return len(lines) > BLOCK_LINES or any(line.strip() and indent_of(line) < depth for line in lines[1:])
 
 
 class CodeIndex:
