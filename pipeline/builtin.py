@@ -124,8 +124,9 @@ def builtin_directory(name: str) -> Path:
 
 def _remove_abandoned(directory: Path) -> None:
     """What interrupted conversions left: a directory without the source stamp (never renamed into
-    place by this code, but possible by hand), and staging directories of processes that are gone."""
-    if directory.exists():
+    place by this code, but possible by hand), and staging directories of processes that are gone. A
+    stamped directory is another process's finished conversion: kept."""
+    if directory.exists() and not (directory / SOURCE_FILE).exists():
         shutil.rmtree(directory, ignore_errors=True)
     for staging in directory.parent.glob(f"{directory.name}.*.tmp"):
         pid = staging.name.removeprefix(f"{directory.name}.").removesuffix(".tmp")

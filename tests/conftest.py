@@ -138,8 +138,15 @@ MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor", "export", "hook"
 @pytest.fixture(scope="session", autouse=True)
 def repotune_cache(tmp_path_factory) -> Path:
     """Converted built-in models and remembered speeds go to a cache of this session's own, so no test
-    reads what another session (or the user) left, and the user's ~/.cache is not written."""
+    reads what another session (or the user) left, and the user's ~/.cache is not written. The session's
+    workers share the converted models (each would convert the built-in one: about 15 s of a core); what
+    runs remember stays each worker's own."""
     cache = tmp_path_factory.mktemp("xdg-cache")
+    root = tmp_path_factory.getbasetemp()
+    shared = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "converted-models"
+    shared.mkdir(exist_ok=True)
+    (cache / "repotune").mkdir()
+    (cache / "repotune" / "models").symlink_to(shared, target_is_directory=True)
     previous = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(cache)
     yield cache / "repotune"
