@@ -40,7 +40,7 @@ def main() -> int:
 
     from pipeline.data.sources import read_sequences
     from pipeline.evaluate.evaluation import task_prompts
-    from pipeline.suggest.completion import LINE_TOKENS, CodeIndex, read_cases
+    from pipeline.suggest.completion import LINE_TOKENS, CodeIndex, cases_of, read_cases
     from pipeline.suggest.decoding import generate_batched
     from pipeline.suggest.retrieval import past_commits
     from pipeline.train.model import adapter_facts
@@ -54,7 +54,7 @@ def main() -> int:
     style = adapter_facts(adapter_directory(args.run)).style
     held_out = [c for c in past_commits(read_sequences(args.run / "sequences.jsonl")) if c.split == "eval"]
     asked_commits = held_out[: config["eval"]["samples"]]
-    cases = read_cases(args.run / COMPLETIONS_FILE, "eval", [c.sha for c in asked_commits])
+    cases = cases_of(read_cases(args.run / COMPLETIONS_FILE), "eval", [c.sha for c in asked_commits])
     files = list(read_sequences(args.run / FILES_FILE)) if (args.run / FILES_FILE).exists() else []
     prompts = task_prompts(
         asked_commits, tokenizer, style, len(asked_commits), config["train"]["max_prompt_tokens"],

@@ -28,7 +28,7 @@ from pipeline.evaluate.evaluation import (
 from pipeline.evaluate.metrics import BLOCK_TASKS, LINE_TASKS
 from pipeline.evaluate.report import EVALUATION_FILE, format_evaluation, held_out_note, write_answers
 from pipeline.progress import say
-from pipeline.suggest.completion import CodeCase, CodeIndex, read_cases
+from pipeline.suggest.completion import CodeCase, CodeIndex, cases_of, read_cases
 from pipeline.types import Data, Evaluation, Loaded, Past, Step, TaskPrompt, TrainOutcome
 
 
@@ -46,12 +46,10 @@ def before_training(
     checks_lookup: list[str] = []
     if past:
         commits = past.split("eval")[: data.plan.eval_samples]
-        cases = read_cases(completions_path(data.scraped), "eval", [commit.sha for commit in commits])
-        cases = spread(cases, data.plan.code_cases)
-        blocks = read_cases(
-            completions_path(data.scraped), "eval", [commit.sha for commit in commits], "block"
-        )
-        blocks = spread(blocks, data.plan.block_cases)
+        every = read_cases(completions_path(data.scraped))
+        asked = [commit.sha for commit in commits]
+        cases = spread(cases_of(every, "eval", asked), data.plan.code_cases)
+        blocks = spread(cases_of(every, "eval", asked, "block"), data.plan.block_cases)
         files = read_files(data.scraped)
         index = CodeIndex(files) if files else None
         prompts = task_prompts(
@@ -62,7 +60,7 @@ def before_training(
         block_lookup = [index.lookup(case, block=True) for case in blocks] if index else []
         if data.plan.validate_model:  # who writes a next line is chosen on these
             valid = [commit.sha for commit in past.split("valid")]
-            checked = spread(read_cases(completions_path(data.scraped), "valid", valid), data.plan.code_cases)
+            checked = spread(cases_of(every, "valid", valid), data.plan.code_cases)
             checks = task_prompts([], prepared.tokenizer, prepared.style, 0, 0, checked, index)
             checks_lookup = [index.lookup(case) for case in checked] if index else []
     held_out = held_out_blocks(data.packed, data.plan.eval_blocks)

@@ -65,31 +65,41 @@ class CodeCase:
     """The line that was written there."""
     after: str = ""
     """The file's lines after it."""
+    kind: str = "line"
+    """`line`, or `block`: then `line` is the body and `before` ends with the line that opens it."""
 
 
-def read_cases(
-    path: Path, split: str, commits: Sequence[str] | None = None, kind: str = "line"
-) -> list[CodeCase]:
-    """The cases of `split` in COMPLETIONS_FILE (newest commit first), next lines or blocks (`kind`), of
-    `commits` only where given; none where the scrape wrote none."""
+def read_cases(path: Path) -> list[CodeCase]:
+    """Every case in COMPLETIONS_FILE (newest commit first); none where the scrape wrote none."""
     if not path.exists():
         return []
+    records = (orjson.loads(line) for line in path.read_bytes().splitlines())
+    return [
+        CodeCase(
+            r["commit"], r["split"], r["repo"], r["path"], r["before"], r["line"], r["after"],
+            r.get("kind", "line"),
+        )
+        for r in records
+    ]  # fmt: skip
+
+
+def cases_of(
+    cases: Sequence[CodeCase], split: str, commits: Sequence[str] | None = None, kind: str = "line"
+) -> list[CodeCase]:
+    """The `cases` of `split`, next lines or blocks (`kind`), of `commits` only where given."""
     wanted = set(commits) if commits is not None else None
-    cases = []
-    for line in path.read_bytes().splitlines():
-        record = orjson.loads(line)
-        if (
-            record["split"] == split
-            and record.get("kind", "line") == kind
-            and (wanted is None or record["commit"] in wanted)
-        ):
-            cases.append(
-                CodeCase(
-                    record["commit"], split, record["repo"], record["path"], record["before"], record["line"],
-                    record["after"],
-                )
-            )  # fmt: skip
-    return cases
+    return [
+        case
+        for case in cases
+        if case.split == split and case.kind == kind and (wanted is None or case.commit in wanted)
+    ]
+
+
+def infills(tokenizer) -> bool:
+    """Whether the tokenizer has fill-in-the-middle tokens (FIM_TOKENS): the text after the cursor can be
+    given."""
+    vocabulary = tokenizer.get_vocab()
+    return all(token in vocabulary for token in FIM_TOKENS)
 
 
 def bare_prompt(case: CodeCase) -> str:

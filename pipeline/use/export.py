@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 from pipeline.errors import ExportError
-from pipeline.suggest.completion import FIM_TOKENS
+from pipeline.suggest.completion import FIM_TOKENS, infills
 from pipeline.suggest.suggestion import saved_file_filters
 from pipeline.train.model import adapter_facts
 from pipeline.use.generate import adapter_directory, file_name, load_adapter, model_name
@@ -353,9 +353,8 @@ def code_modelfile(weights: list[str], tokenizer, name: str, file: str = CODE_MO
     """An Ollama Modelfile that makes the GGUF beside it a code completer: the editor's text continued as
     it is (`{{ .Prompt }}`), or, where the tokenizer has fill-in-the-middle tokens, the text around the
     cursor (`{{ .Suffix }}`, Ollama's `suffix`), greedy."""
-    vocabulary = tokenizer.get_vocab()
     prefix, suffix, middle = FIM_TOKENS
-    if all(token in vocabulary for token in FIM_TOKENS):
+    if infills(tokenizer):
         template = (
             f"{{{{ if .Suffix }}}}{prefix}{{{{ .Prompt }}}}{suffix}{{{{ .Suffix }}}}{middle}"
             "{{ else }}{{ .Prompt }}{{ end }}"

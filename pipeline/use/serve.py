@@ -36,7 +36,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
-from pipeline.suggest.completion import FIM_TOKENS, LINE_TOKENS
+from pipeline.suggest.completion import FIM_TOKENS, LINE_TOKENS, infills
 from pipeline.use.generate import Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
@@ -74,8 +74,7 @@ class Engine:
         model, tokenizer = answerer.loaded
         self.model, self.tokenizer = model, tokenizer
         keep_folded(model)
-        vocabulary = tokenizer.get_vocab()
-        self.infills = all(token in vocabulary for token in FIM_TOKENS)
+        self.infills = infills(tokenizer)
         self.kept: tuple[list[int], Any] | None = None
         """The last answer's tokens and their keys and values: a request that begins with the same tokens
         (an editor's next request in the same file) reads only the tokens after them."""
