@@ -77,8 +77,9 @@ def generate(args: argparse.Namespace) -> None:
         print(use.generation.merge(args.adapter, args.merge))
         return
     use.generate(
-        args.adapter, args.prompt, args.task, args.system, args.max_new_tokens, args.alternatives, args.path
-    )
+        args.adapter, args.prompt, args.task, args.system, args.max_new_tokens, args.alternatives, args.path,
+        args.after,
+    )  # fmt: skip
 
 
 def export(args: argparse.Namespace) -> None:

@@ -19,6 +19,9 @@ TINY = "tiny"
 TINY_VOCAB_SIZE = 1024  # enough merges for code on a small corpus, few enough rows to learn in a short run
 TINY_MAX_POSITIONS = 2048
 EOS_TOKEN = "<|endoftext|>"
+FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+"""Fill-in-the-middle: StarCoder's tokens, which most code models share (and tiny has, so that the suite
+trains and asks infills). A model whose tokenizer has them reads the text after the cursor too."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,23 @@ def tokenizer_recipe(pretrained) -> dict:
         import tokenizers
 
         # Tiny's, trained on the corpus (whose identity is in the scrape part of the key) with this recipe.
-        return {"tiny_vocab_size": TINY_VOCAB_SIZE, "eos": EOS_TOKEN, "tokenizers": tokenizers.__version__}
+        return {
+            "tiny_vocab_size": TINY_VOCAB_SIZE, "special": [EOS_TOKEN, *FIM_TOKENS],
+            "tokenizers": tokenizers.__version__,
+        }  # fmt: skip
     vocabulary = sorted(pretrained.get_vocab().items())
     return {
         "vocab_sha256": hashlib.sha256(repr(vocabulary).encode()).hexdigest(),
         "eos": pretrained.eos_token,
         "class": type(pretrained).__name__,
     }
+
+
+def infills(tokenizer) -> bool:
+    """Whether the tokenizer has fill-in-the-middle tokens (FIM_TOKENS): the text after the cursor can be
+    given."""
+    vocabulary = tokenizer.get_vocab()
+    return all(token in vocabulary for token in FIM_TOKENS)
 
 
 def load_saved_tokenizer(directory: Path):
@@ -161,7 +174,7 @@ def train_tiny_tokenizer(corpus: Iterable[str]):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=[EOS_TOKEN],
+        special_tokens=[EOS_TOKEN, *FIM_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte stays encodable
         show_progress=False,
     )

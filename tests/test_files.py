@@ -60,6 +60,10 @@ def test_no_held_out_or_validation_line_is_trained_on_unless_it_was_there_at_the
         for split in ("train", FILES)
     }
     assert any("KEPT = 1" in text for text in trained[FILES])
+    # tiny has fill-in-the-middle tokens: about half the files are trained as infilling exercises.
+    infilled = [text for text in trained[FILES] if text.startswith("<fim_prefix><filename>")]
+    assert manifest["dataset"]["files_infilled"] == len(infilled) and 4 <= len(infilled) <= 15
+    assert all("<fim_suffix>" in text and "<fim_middle>" in text for text in infilled)
     assert not [
         text for texts in trained.values() for text in texts if any(mark in text for mark in HELD_OUT)
     ]

@@ -77,7 +77,7 @@ def test_a_long_prompt_is_cut_the_same_from_its_head_as_from_the_whole():
     style = TextStyle("chat", "response")
 
     def whole_cut(content: str, room: int) -> str:
-        room = max(MIN_PROMPT_TOKENS, room)
+        content, room = content.strip(), max(MIN_PROMPT_TOKENS, room)  # a chat turn holds it stripped
         text = _render(tokenizer, style, "message", content)
         excess = len(tokenizer(text, add_special_tokens=False)["input_ids"]) - room
         if excess <= 0:

@@ -46,6 +46,8 @@ from tests.conftest import GitRepo, module_source
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = TextStyle("raw", "all")
+NO_FIM = SimpleNamespace(get_vocab=dict)  # a tokenizer as the prompts read it: without infill tokens
+FIM = SimpleNamespace(get_vocab=lambda: {"<fim_prefix>": 1, "<fim_suffix>": 2, "<fim_middle>": 3})
 
 
 def topic_repo(path: Path, commits: int = 40) -> GitRepo:
@@ -562,7 +564,7 @@ def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_an
             {"path": "pkg/cache.py", "text": "class Cache:\n    def get(self, key):\n        return 0\n"},
         ]
     )
-    [message, bare, contextual] = task_prompts([commit], None, RAW, 100, None, [case], index)
+    [message, bare, contextual] = task_prompts([commit], NO_FIM, RAW, 100, None, [case], index)
     assert (message.task, bare.task, contextual.task) == ("message", "code", "code_context")
     assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):"
     assert contextual.text.startswith("<repo_name>shop<file_sep>pkg/store.py\nclass Store:")
@@ -570,6 +572,35 @@ def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_an
     assert "return 0" not in contextual.text  # never the file being edited
     assert bare.reference == contextual.reference == "        return 1"
     assert index.lookup(case) == "        return self.data[key]"  # the line after the most similar lines
+
+
+def test_a_model_that_infills_is_given_the_lines_after_the_cursor_as_its_training_split_a_file():
+    """Where the tokenizer has fill-in-the-middle tokens, a next line's prompt is the prompt above as the
+    prefix and the file after the line as the suffix, beginning with the line break that ends the answer's
+    line: the split `infilled_document` trains on (its prefix, suffix and middle give back the file)."""
+    from pipeline.data.examples import code_document, infilled_document
+
+    case = CodeCase("ab" * 20, "eval", "shop", "pkg/cache.py", "class Cache:\n    def get(self, key):\n",
+                    "        return 1", "\n    def put(self):\n")  # fmt: skip
+    index = CodeIndex([{"path": "pkg/store.py", "text": "class Store:\n    def get(self, key):\n"}])
+    [bare, contextual] = task_prompts([], FIM, RAW, 0, None, [case], index)
+    prefix, suffix, middle = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+    assert bare.text == (
+        f"{prefix}<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):{suffix}\n\n    def put(self):\n{middle}"
+    )
+    assert contextual.text.startswith(f"{prefix}<repo_name>shop<file_sep>pkg/store.py\n")
+    assert contextual.text.endswith(f"{suffix}\n\n    def put(self):\n{middle}")
+    text = "".join(f"def f{n}(x):\n    return x + {n}\n\n" for n in range(6))
+    infilled = [infilled_document(f"pkg/m{n}.py", text) for n in range(40)]
+    assert 10 < sum(prefix in document for document in infilled) < 30  # about half, chosen by the file
+    assert infilled == [infilled_document(f"pkg/m{n}.py", text) for n in range(40)]  # the same each time
+    for n, document in enumerate(infilled):
+        if prefix in document:
+            before, rest = document.removeprefix(prefix).split(suffix)
+            after, span = rest.split(middle)
+            assert before + span + after == code_document(f"pkg/m{n}.py", text)
+            assert span.startswith("\n") and after.startswith("\n")  # split where a line ends
+            assert 1 <= span.count("\n") <= 8
 
 
 def test_a_block_asks_for_the_body_under_the_line_that_opens_it_and_the_lookup_answers_a_body():
@@ -583,7 +614,7 @@ def test_a_block_asks_for_the_body_under_the_line_that_opens_it_and_the_lookup_a
     )
     store = "class Store:\n    def get(self, key):\n        found = self.data[key]\n        return found\n    def put(self):\n"
     index = CodeIndex([{"path": "pkg/store.py", "text": store}])
-    [bare, contextual] = task_prompts([], None, RAW, 0, None, [], index, [block])
+    [bare, contextual] = task_prompts([], NO_FIM, RAW, 0, None, [], index, [block])
     assert (bare.task, contextual.task) == ("block", "block_context")
     assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):"
     assert bare.reference == contextual.reference == body

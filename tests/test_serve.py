@@ -125,15 +125,25 @@ def test_a_completion_that_names_its_file_gets_the_next_line_generate_writes(cli
     assert "".join(chunk.choices[0].text for chunk in streamed) == served.choices[0].text
 
 
-def test_a_suffix_the_model_cannot_infill_is_left_out_and_said(served):
-    asked = {"model": "repotune-repo", "prompt": "def compute_3(values):\n", "max_tokens": 8}
-    plain = httpx.post(f"{served[1]}/completions", json=asked, timeout=60)
-    infill = httpx.post(
-        f"{served[1]}/completions", json={**asked, "suffix": "    return total\n"}, timeout=60
-    )
-    assert plain.status_code == infill.status_code == 200
-    assert infill.headers["x-repotune-suffix"].startswith("ignored: the model has no fill-in-the-middle")
-    assert infill.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+def test_a_suffix_is_read_as_training_infilled_files(served, adapter, cli):
+    """tiny has fill-in-the-middle tokens: a completion's `suffix` is the text after the cursor, in the
+    order its training's infilled files were (prefix, suffix, middle), and with `path` the next line reads
+    it as `generate --task code --after` does."""
+    before, after = "def compute_3(values):\n    total = 0", "\n    return total\n"
+    asked = {"model": "repotune-repo", "prompt": before, "max_tokens": 8}
+    infill = httpx.post(f"{served[1]}/completions", json={**asked, "suffix": after}, timeout=60)
+    spelled = {**asked, "prompt": f"<fim_prefix>{before}<fim_suffix>{after}<fim_middle>"}
+    written = httpx.post(f"{served[1]}/completions", json=spelled, timeout=60)
+    assert infill.status_code == written.status_code == 200 and "x-repotune-suffix" not in infill.headers
+    assert infill.json()["choices"][0]["text"] == written.json()["choices"][0]["text"]
+    path = {**asked, "max_tokens": 32, "path": "pkg/feature_3.py", "suffix": "    return total\n"}
+    line = httpx.post(f"{served[1]}/completions", json=path, timeout=60)
+    local = cli(
+        "generate", "--adapter", adapter, "--task", "code", "--path", "pkg/feature_3.py", "--prompt", before + "\n",
+        "--after", "    return total\n",
+    )  # fmt: skip
+    assert line.status_code == 200 and local.code == 0 and not local.err
+    assert line.json()["choices"][0]["text"] + "\n" == local.out
 
 
 def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(client, adapter, cli):
@@ -232,7 +242,7 @@ def test_the_commit_hook_asks_a_running_server_and_loads_the_model_itself_withou
         answer = (
             client.chat.completions.create(model="repotune-repo", messages=asked).choices[0].message.content
         )
-        assert shown.splitlines()[0] == answer.strip() != "Written in the hook's process"
+        assert shown.startswith(answer.strip() + "\n") and "Written in the hook's process" not in shown
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -43,7 +43,7 @@ def tiny_run(tmp_path_factory) -> Path:
     # (this one's, with the files).
     argv = [
         "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, *WITH_FILES, "--set", "train.epochs=1",
-        "--set", "plan.precision=fp32", "--set", "scrape.files=false",
+        "--set", "plan.precision=fp32", "--set", "scrape.files=false", "--set", "eval.block_cases=auto",
     ]  # fmt: skip
     assert run_pipeline.main(argv) == 0
     return out
@@ -823,18 +823,24 @@ def test_hook_bad_input_is_one_line(tiny_run, tmp_path, cli):
     assert not (bare.path / "hooks" / "prepare-commit-msg").exists()
 
 
-def test_the_model_writes_the_next_line_at_use_as_the_scoreboard_asked_it(tiny_run, cli):
-    """`generate --task code --path FILE` on a held-out case's text before the cursor gives the fine-tuned
-    model's answer in evaluation.jsonl: the same prompt, the same healed first token, the same line (a run
-    without files: the fine-tuned model alone, the default where there is no context to retrieve)."""
+@pytest.mark.parametrize("task", ["code", "block"])
+def test_the_model_writes_the_next_line_and_the_block_at_use_as_the_scoreboard_asked_them(
+    tiny_run, cli, task
+):
+    """`generate --task code|block --path FILE --after TEXT` on a held-out case's text before and after the
+    cursor gives the fine-tuned model's answer in evaluation.jsonl: the same prompt (tiny has
+    fill-in-the-middle tokens: the text after the cursor read as the scoreboard gave it), the same healed
+    first token, the same line or body (a run without files: the fine-tuned model alone, the default where
+    there is no context to retrieve)."""
     chosen = read_json(tiny_run / "MANIFEST.json")["training_report"]["evaluation"]["code_system"]
     assert chosen["name"] == "model"
-    for row, case in held_out_lines(tiny_run, "code"):
+    for row, case in held_out_lines(tiny_run, task):
         result = cli(
-            "generate", "--adapter", tiny_run, "--task", "code", "--path", case["path"], "--prompt", case["before"]
+            "generate", "--adapter", tiny_run, "--task", task, "--path", case["path"], "--prompt", case["before"],
+            "--after", case["after"],
         )  # fmt: skip
         assert result.code == 0, result.err
-        assert result.out == row["fine_tuned"] + "\n"
+        assert result.out == row["fine_tuned"] + "\n" and not result.err
 
 
 @pytest.mark.parametrize(
@@ -862,6 +868,18 @@ def test_each_system_writes_the_next_line_at_use_as_the_scoreboard_asked_it(
     assert result.out == row[column] + "\n"
 
 
+def test_text_after_the_cursor_a_model_cannot_infill_is_said_and_left_out(pretrained_run, cli):
+    """smollm2-135m has no fill-in-the-middle tokens: `--after` is said to be unread, and the answer is the
+    scoreboard's, which asked without it."""
+    row, case = held_out_lines(pretrained_run, "code_context")[0]
+    asked = ("generate", "--adapter", pretrained_run, "--task", "code", "--path", case["path"])
+    result = cli(*asked, "--prompt", case["before"], "--after", "    return total\n")
+    assert result.code == 0 and result.out == row["fine_tuned"] + "\n"
+    assert result.err == "--after not read: the model has no fill-in-the-middle tokens\n"
+    misplaced = cli("generate", "--adapter", pretrained_run, "--prompt", "x", "--after", "y")
+    assert misplaced.code == 2 and "--after is the file a next line or a block is written in" in misplaced.err
+
+
 def held_out_lines(run: Path, task: str) -> list[tuple[dict, dict]]:
     """Each of `run`'s scored `task` questions (evaluation.jsonl) with its case (completions.jsonl)."""
     cases = [orjson.loads(line) for line in (run / "completions.jsonl").read_bytes().splitlines()]
@@ -880,10 +898,13 @@ def held_out_lines(run: Path, task: str) -> list[tuple[dict, dict]]:
 
 def test_a_next_line_asked_wrongly_is_one_line(tiny_run, cli):
     no_path = cli("generate", "--adapter", tiny_run, "--task", "code", "--prompt", "x = 1")
-    assert no_path.code == 2 and "--task code needs --path" in no_path.err
+    assert no_path.code == 2 and "--task code and block need --path" in no_path.err
     asked = ("generate", "--adapter", tiny_run, "--prompt", "x = 1")
     selector = cli(*asked, "--task", "code", "--path", "a.py", "--system", "selector")
-    assert selector.code == 2 and "--system selector: with --task code, one of model-context" in selector.err
+    assert (
+        selector.code == 2
+        and "--system selector: with --task code or block, one of model-context" in selector.err
+    )
     base = cli(*asked, "--task", "message", "--system", "base")
     assert base.code == 2 and "--system base: with --task message, one of lookup, selector, model" in base.err
 

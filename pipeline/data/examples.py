@@ -16,6 +16,9 @@
 - `file` (the repository's files at the split point, whatever the style): the
   file as code models are pretrained on it (`code_document`), then EOS, every
   token learned: completing the code is the model's pretraining task, not a chat.
+  Where the tokenizer has fill-in-the-middle tokens, half the files (chosen by
+  their text) are rearranged to fill in a span of their lines
+  (`infilled_document`), as such models are pretrained and as an editor asks.
 
 Evaluation prompts are rendered by the same functions, so the model is asked
 exactly what it was trained to answer.
@@ -23,8 +26,10 @@ exactly what it was trained to answer.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+from pipeline.base_models import FIM_TOKENS
 from pipeline.config import LoadedConfig
 from pipeline.decisions import Decisions
 from pipeline.errors import ConfigError
@@ -52,6 +57,33 @@ def code_document(path: str, text: str) -> str:
     """A file as StarCoder's and SmolLM2's pretraining saw one: the `<filename>` token, its path, its text
     (a tokenizer without the token reads it as text)."""
     return f"<filename>{path}\n{text}"
+
+
+FIM_RATE = 0.5  # of the files trained on, where the tokenizer infills: StarCoder's rate
+FIM_LINES = 8  # most lines of a file's span filled in: a line or a block's body, as completion asks
+
+
+def infill_text(prefix: str, suffix: str, middle: str = "") -> str:
+    """What a model with fill-in-the-middle tokens reads to write the text between `prefix` and `suffix`
+    (prefix, suffix, middle: the order StarCoder trained), and, in training, `middle` itself."""
+    return f"{FIM_TOKENS[0]}{prefix}{FIM_TOKENS[1]}{suffix}{FIM_TOKENS[2]}{middle}"
+
+
+def infilled_document(path: str, text: str) -> str:
+    """`code_document(path, text)` as a fill-in-the-middle exercise (FIM_RATE of files, chosen by their
+    text, so a cache rebuilt gives the same): a span of 1 to FIM_LINES whole lines moved after the rest,
+    split where completion's answers begin, before the line break in front of the span (BPE merges it
+    with the next line's indentation: the prompts the scoreboard asks end there, `pipeline.suggest.
+    completion`). The other files, and a file of one line, as they are."""
+    document = code_document(path, text)
+    chance = random.Random(f"{path}\0{text}")
+    lines = document.split("\n")
+    if chance.random() >= FIM_RATE or len(lines) < 3:
+        return document
+    start = chance.randrange(1, len(lines) - 1)  # after the <filename> line; the span never the file's end
+    end = min(len(lines) - 1, start + chance.randint(1, FIM_LINES))
+    prefix, middle, suffix = "\n".join(lines[:start]), "\n".join(lines[start:end]), "\n".join(lines[end:])
+    return infill_text(prefix, f"\n{suffix}", f"\n{middle}")
 
 
 def style_key(style: TextStyle) -> dict[str, Any]:
@@ -84,7 +116,9 @@ def render_prompt(
 ) -> str:
     """The text a model continues to answer `content`, as the scraped format or the chat template
     writes it; with `room`, `content` is cut from its end so that the text takes at most that many
-    tokens (never fewer than MIN_PROMPT_TOKENS)."""
+    tokens (never fewer than MIN_PROMPT_TOKENS). `content` is read as training's prompts hold it
+    (`_as_trained`): a diff piped in with more line breaks after it is asked as the scoreboard asks."""
+    content = _as_trained(style, format_name, content)
     if room is None:
         return _render(tokenizer, style, format_name, content)
     room = max(MIN_PROMPT_TOKENS, room)
@@ -132,6 +166,14 @@ def _render(tokenizer, style: TextStyle, format_name: str, content: str) -> str:
             chat_messages(format_name, content), tokenize=False, add_generation_prompt=True
         ) + answer_prefix(style, format_name)
     return f"{content}\n{MESSAGE_HEADING}\n" if format_name == "message" else f"{content}\n\n"
+
+
+def _as_trained(style: TextStyle, format_name: str, content: str) -> str:
+    """`content` as training's prompts hold it, however it ends: a chat turn's stripped (`prompt_content`),
+    raw text's diff ending in the one line break of its last line, raw text's commit message stripped."""
+    if style.style == "chat" or format_name != "message":
+        return content.strip()
+    return content.rstrip("\n") + "\n"
 
 
 def encode_batch(

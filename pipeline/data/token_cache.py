@@ -36,6 +36,7 @@ import orjson
 
 from pipeline.base_models import (
     describe_model,
+    infills,
     load_saved_tokenizer,
     model_config,
     pretrained_tokenizer,
@@ -44,7 +45,14 @@ from pipeline.base_models import (
     train_tiny_tokenizer,
 )
 from pipeline.config import LoadedConfig, ScrapeConfig
-from pipeline.data.examples import FILE_FORMAT, code_document, encode_batch, style_key, text_style
+from pipeline.data.examples import (
+    FILE_FORMAT,
+    code_document,
+    encode_batch,
+    infilled_document,
+    style_key,
+    text_style,
+)  # fmt: skip
 from pipeline.data.sources import read_files, read_sequences, skipped
 from pipeline.errors import OutputDirError
 from pipeline.hardware import usable_cores
@@ -55,7 +63,8 @@ from scrapers.errors import RepositoryError
 from scrapers.filters import what_keeps
 from scrapers.scrape import SPLITS, ending_quietly
 
-CACHE_FORMAT = 5  # bump when the layout or the tokenization changes
+# Bump when the layout or the tokenization changes (6: files infilled where the tokenizer can).
+CACHE_FORMAT = 6
 TOKENIZE_ROWS_PER_PROCESS = 2000  # below this, extra tokenizer processes cost more than they save
 TOKENIZE_CHUNK = 256  # sequences per unit of work (and of progress)
 PLAN_SAMPLE = 1000  # training sequences `plan` tokenizes to estimate a larger history it has not cached
@@ -348,26 +357,39 @@ def _build(
     )
     tokenizer.save_pretrained(staging / "tokenizer")
     files = _file_records(
-        scraped, every, newest and sum(len(r["text"]) for r in records if r["split"] == "train")
-    )
+        scraped, every, newest and sum(len(r["text"]) for r in records if r["split"] == "train"),
+        infills(tokenizer),
+    )  # fmt: skip
     counts: dict[str, Any] = tokenize_sequences([*records, *files], tokenizer, style, max_tokens, staging)
+    counts["files_infilled"] = sum(record["infilled"] for record in files)
     if rest:
         lengths = read_split(staging, "train").column("length").to_numpy()
         counts["estimated_lengths"] = _estimated_lengths(records[:newest], lengths, rest)
     return counts
 
 
-def _file_records(scraped: Scraped, every: int, characters: int | None) -> list[dict[str, Any]]:
+def _file_records(scraped: Scraped, every: int, characters: int | None, infill: bool) -> list[dict[str, Any]]:
     """The files at the split point as records of the FILES split, most recently changed first: every
     `every`-th of them (a sample), or those within about `characters` (tokenized ahead of a time budget,
-    which trains at most that much of anything); none where the scrape read none."""
+    which trains at most that much of anything); none where the scrape read none. With `infill` (the
+    tokenizer has fill-in-the-middle tokens), some as infilling exercises (`infilled_document`)."""
+    document = infilled_document if infill else code_document
     files, total = [], 0
     for record in read_files(scraped)[::every]:
         if characters and total >= characters:
             break
         total += len(record["text"])
-        text = code_document(record["path"], record["text"])
-        files.append({"split": FILES, "format": FILE_FORMAT, "text": text, "commit": record["commit"]})
+        text = document(record["path"], record["text"])
+        infilled = document is infilled_document and text != code_document(record["path"], record["text"])
+        files.append(
+            {
+                "split": FILES,
+                "format": FILE_FORMAT,
+                "text": text,
+                "commit": record["commit"],
+                "infilled": infilled,
+            }
+        )
     return files
 
 
@@ -406,6 +428,7 @@ def _statistics(
         for name in (*SPLITS, FILES)
         for what in ("sequences", "tokens")
     }
+    counts["files_infilled"] = meta["files_infilled"]
     stats, estimate = cache_stats(cache), None
     if "estimated_lengths" in meta:
         tokenized, rest = stats.sequences, meta["estimated_lengths"]

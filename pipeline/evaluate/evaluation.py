@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.base_models import infills
 from pipeline.builtin import cache_home
 from pipeline.config import EvalConfig, RetrievalConfig
 from pipeline.data.examples import render_prompt
@@ -105,7 +106,8 @@ def task_prompts(
     """The tasks' questions about the newest `count` of `commits` (held-out commits, newest first): each
     one's message rendered as in training (a diff given as a prompt is cut to `prompt_tokens`; None:
     whole); the next line of `cases` and the body of `blocks` (theirs), alone and, given an `index` of
-    the files at the split point, after the chunks it retrieves."""
+    the files at the split point, after the chunks it retrieves; where the tokenizer infills, with the
+    lines after the cursor too."""
     prompts = []
     for commit in commits[:count]:
         prompts.append(
@@ -118,14 +120,16 @@ def task_prompts(
                 commit.diff,
             )
         )
+    infill = bool(cases or blocks) and infills(tokenizer)
     for (bare, contextual), asked in ((LINE_TASKS, cases), (BLOCK_TASKS, blocks)):
         given = [f"{case.path}\n{case.before[-SHOWN_CHARS:]}" for case in asked]
         prompts += [
-            TaskPrompt(bare, c.commit, bare_prompt(c), g, c.line) for c, g in zip(asked, given, strict=True)
+            TaskPrompt(bare, c.commit, bare_prompt(c, infill), g, c.line)
+            for c, g in zip(asked, given, strict=True)
         ]
         if index is not None:
             prompts += [
-                TaskPrompt(contextual, c.commit, context_prompt(c, index.context(c)), g, c.line)
+                TaskPrompt(contextual, c.commit, context_prompt(c, index.context(c), infill), g, c.line)
                 for c, g in zip(asked, given, strict=True)
             ]
     return tuple(prompts)

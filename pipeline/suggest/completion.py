@@ -6,7 +6,8 @@ block), by a model or by the repository's own lines.
   retrieved chunk of another file and the file itself after `<file_sep>path` (`context_prompt`). It ends
   before the line break that ends the last line, and the answer begins with one (`generate_batched`'s
   `next_line`: token healing); a block's answer is cut where a line is indented less than its first
-  (`body_of`).
+  (`body_of`). A model whose tokenizer has fill-in-the-middle tokens is also given the lines after the
+  cursor (`infill`), as training's infilled files were.
 - **The context** is BM25 over chunks of the files as they stood at the split point (`CodeIndex`), other
   files than the one being edited, queried with the names in the lines before the cursor.
 - **The lookup for code** needs no model: the line (or the body) that follows the most similar lines
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.data.examples import infill_text
 from pipeline.suggest.retrieval import import_bm25s, name_terms
 from scrapers.completions import BLOCK_LINES, indent_of
 
@@ -34,9 +36,9 @@ LOOKUP_LINES = 3  # the lines before the cursor the lookup matches, and before a
 # CPU, reading the prompts is nearly all a score costs.
 PROMPT_CHARS = 800
 CHUNK_CHARS = 400  # of a retrieved chunk
+AFTER_CHARS = 400  # of the file after the cursor, for a model that infills
 LINE_TOKENS = 32  # most tokens generated for one line
 BLOCK_TOKENS = 96  # and for a block's body
-FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's, which most code models share
 
 # Who writes a next line: (answers with the adapter, prompt with retrieved context), or the lookup for code
 # (None). The fine-tuned model with context answers unless another beats it on the validation commits
@@ -95,24 +97,25 @@ def cases_of(
     ]
 
 
-def infills(tokenizer) -> bool:
-    """Whether the tokenizer has fill-in-the-middle tokens (FIM_TOKENS): the text after the cursor can be
-    given."""
-    vocabulary = tokenizer.get_vocab()
-    return all(token in vocabulary for token in FIM_TOKENS)
-
-
-def bare_prompt(case: CodeCase) -> str:
+def bare_prompt(case: CodeCase, infill: bool = False) -> str:
     """The file up to the cursor as a code model was pretrained on one file, ending before its last
-    line break."""
-    return f"<filename>{case.path}\n{_before(case)}"
+    line break; with `infill`, then the lines after the cursor (`infilled`)."""
+    return infilled(f"<filename>{case.path}\n{_before(case)}", case, infill)
 
 
-def context_prompt(case: CodeCase, chunks: Sequence[tuple[str, str]]) -> str:
-    """The file up to the cursor after `chunks` (path, text) of other files, in the repository format."""
+def context_prompt(case: CodeCase, chunks: Sequence[tuple[str, str]], infill: bool = False) -> str:
+    """The file up to the cursor after `chunks` (path, text) of other files, in the repository format;
+    with `infill`, then the lines after the cursor (`infilled`)."""
     parts = [f"<repo_name>{case.repo}"]
     parts += [f"<file_sep>{path}\n{text[:CHUNK_CHARS]}" for path, text in chunks]
-    return "".join(parts) + f"<file_sep>{case.path}\n{_before(case)}"
+    return infilled("".join(parts) + f"<file_sep>{case.path}\n{_before(case)}", case, infill)
+
+
+def infilled(prompt: str, case: CodeCase, infill: bool) -> str:
+    """`prompt` as the prefix the answer fills in before the file's lines after the cursor (at most
+    AFTER_CHARS), which begin with the line break that ends the answer's line, as training's infilled
+    files split them; `prompt` as it is without `infill`, or at the end of the file."""
+    return infill_text(prompt, f"\n{case.after[:AFTER_CHARS]}") if infill and case.after else prompt
 
 
 def _before(case: CodeCase) -> str:

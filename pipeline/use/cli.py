@@ -149,16 +149,24 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--task",
-        choices=["message", "diff", "code"],
+        choices=["message", "diff", "code", "block"],
         help="ask as training did: `message` writes the commit message for the diff in --prompt, "
         "`diff` writes the change for the commit message in --prompt, `code` the next line after the "
-        "file's text up to the cursor in --prompt (with --path), as the code scoreboard asks it",
+        "file's text up to the cursor in --prompt (with --path), as the code scoreboard asks it, `block` "
+        "the body under the line --prompt ends with (a function's, a loop's), as the scoreboard's blocks",
     )
     parser.add_argument(
         "--path",
         default="",
         metavar="FILE",
-        help="with --task code: the file's path in the repository (its name tells the model the language)",
+        help="with --task code or block: the file's path in the repository (its name says the language)",
+    )
+    parser.add_argument(
+        "--after",
+        default="",
+        metavar="TEXT",
+        help="with --task code or block: the file's text after the cursor, read where the model has "
+        "fill-in-the-middle tokens (said where it is not read)",
     )
     parser.add_argument(
         "--system",
@@ -168,14 +176,15 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
         "similar past commit; selector, the selector's choice among the similar past commits' messages and "
         "the diff's changelog entry; model, the fine-tuned model. With --task code (.code_system): "
         "model-context or base-context, the fine-tuned or the base model given chunks of other files; model "
-        "or base, either without them; lookup, the line after the most similar lines elsewhere",
+        "or base, either without them; lookup, the line after the most similar lines elsewhere (--task block "
+        "too)",
     )
     parser.add_argument(
         "--max-new-tokens",
         type=int,
         metavar="N",
-        help="tokens to generate (default: with --task message as many as the scoreboard let the model "
-        "write, 48; else 128)",
+        help="tokens to generate (default: as many as the scoreboard let the model write, 48 for --task "
+        "message, 32 for code and 96 for block; else 128)",
     )
     parser.add_argument(
         "--alternatives",
@@ -381,12 +390,13 @@ def as_text(given: str) -> str:
 def _not_utf8(args: argparse.Namespace) -> str | None:
     """What to say of an argument that is not UTF-8 (a folder named in Latin-1: Python holds its bytes as
     lone surrogates, which a JSON manifest cannot hold, and the run ended in an internal error); None when
-    each is. A prompt is not asked: `generate` reads one as the scrape reads a diff (`as_text`). (The
-    command line as typed, `argv`, holds nothing else that a parsed value does not.)"""
+    each is. A prompt (or the text after the cursor) is not asked: `generate` reads one as the scrape reads
+    a diff (`as_text`). (The command line as typed, `argv`, holds nothing else that a parsed value does
+    not.)"""
     for name, value in vars(args).items():
         for given in value if isinstance(value, list) else [value]:
             text = str(given) if isinstance(given, str | Path) else ""
-            if name not in ("prompt", "argv") and as_text(text) != text:
+            if name not in ("prompt", "after", "argv") and as_text(text) != text:
                 shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
                 return (
                     f"{shown}: not UTF-8, and repotune records what it is given in JSON, which holds UTF-8 "

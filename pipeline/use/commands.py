@@ -22,7 +22,7 @@ from pipeline.use.watch import fitted_interval, format_summary, watch
 
 def generate(
     adapter: str, prompt: str, task: str, system: str | None, max_new_tokens: int | None, alternatives: int,
-    path: str = "",
+    path: str = "", after: str = "",
 ) -> None:  # fmt: skip
     """A continuation of the prompt (`-`: standard input), and for a commit message the next best ones
     commented below it."""
@@ -36,11 +36,19 @@ def generate(
             "reading the prompt from the terminal: paste it, then Ctrl-D (or pipe it in: git diff --cached --no-ext-diff | …)"
         )
     text = as_text(sys.stdin.read() if prompt == "-" else prompt)
-    if task == "code":
-        print(generation.next_line(adapter, text, path, max_new_tokens, system))
+    if task in ("code", "block"):
+        answer, unread = generation.complete(
+            adapter, text, path, as_text(after), task == "block", max_new_tokens, system
+        )
+        if unread:
+            say(f"--after not read: {unread}")
+        print(answer)
         return
-    if path:
-        raise PipelineError("--path names the file a next line is written in: use it with --task code")
+    for option, value in (("--path", path), ("--after", after)):
+        if value:
+            raise PipelineError(
+                f"{option} is the file a next line or a block is written in: use it with --task code or block"
+            )
     if task != "message":
         print(generation.generate(adapter, text, max_new_tokens, task, system))
         return

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.base_models import FIM_TOKENS, infills
 from pipeline.data.examples import SYSTEM_PROMPT, render_prompt
 from pipeline.errors import ExportError
-from pipeline.suggest.completion import FIM_TOKENS, infills
 from pipeline.suggest.suggestion import saved_file_filters
 from pipeline.train.model import adapter_facts
 from pipeline.use.generate import adapter_directory, file_name, load_adapter, model_name

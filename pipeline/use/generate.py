@@ -8,11 +8,12 @@ from typing import Any
 
 import orjson
 
-from pipeline.base_models import load_pretrained, load_saved_tokenizer, quiet_library_output
+from pipeline.base_models import infills, load_pretrained, load_saved_tokenizer, quiet_library_output
 from pipeline.config import EvalConfig
 from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
 from pipeline.suggest.completion import (
+    BLOCK_TOKENS,
     CODE_SYSTEMS,
     LINE_TOKENS,
     CodeCase,
@@ -101,6 +102,9 @@ def load_adapter(path: str | Path, dense: bool = False):
 
 
 CONTINUATION_TOKENS = 128  # what `generate` writes by default, but for a commit message
+# Why the text after the cursor was not read.
+UNREAD_BY_MODEL = "the model has no fill-in-the-middle tokens"
+UNREAD_BY_LOOKUP = "the lookup for code answers from the lines before the cursor"
 MESSAGE_SYSTEMS = ("lookup", "selector", "model")
 
 
@@ -125,15 +129,17 @@ def generate(
     return answerer.continuation(prompt, task, max_new_tokens)
 
 
-def next_line(
+def complete(
     path: str | Path,
     before: str,
     file_path: str,
+    after: str = "",
+    block: bool = False,
     max_new_tokens: int | None = None,
     system: str | None = None,
-) -> str:
-    """`Answerer.next_line` of the adapter at `path`."""
-    return Answerer(path).next_line(before, file_path, max_new_tokens, system)
+) -> tuple[str, str | None]:
+    """`Answerer.complete` of the adapter at `path`."""
+    return Answerer(path).complete(before, file_path, after, block, max_new_tokens, system)
 
 
 def commit_messages(
@@ -231,45 +237,60 @@ class Answerer:
             self._index = CodeIndex(self.files)
         return self._index
 
-    def next_line(
-        self, before: str, file_path: str, max_new_tokens: int | None = None, system: str | None = None
-    ) -> str:
+    def complete(
+        self,
+        before: str,
+        file_path: str,
+        after: str = "",
+        block: bool = False,
+        max_new_tokens: int | None = None,
+        system: str | None = None,
+    ) -> tuple[str, str | None]:
         """The line written after `before` (a file's text up to the cursor, its last line ending there) in
-        the repository's `file_path` by `system` (default: the one the run chose, `saved_code_system`),
-        asked as the scoreboard asks it: a model's prompt with the chunks of other files the run's split
-        point holds that are most like the lines before the cursor (CODE_FILES beside the adapter) where
-        the system reads them; the lookup for code loads no model."""
+        the repository's `file_path`, or with `block` the body under that last line, by `system` (default:
+        the one the run chose, `saved_code_system`), asked as the scoreboard asks it: a model's prompt with
+        the chunks of other files the run's split point holds that are most like the lines before the
+        cursor (CODE_FILES beside the adapter) where the system reads them, and `after` (the text after the
+        cursor) where the model infills; the lookup for code loads no model. Also why `after` was not
+        read (None: it was, or none was given)."""
         if not before.strip():
             raise PipelineError(
                 "--prompt is empty: give the file's text up to the cursor (`--prompt -` reads it)"
             )
         if not file_path:
             raise PipelineError(
-                "--task code needs --path: the file's path in the repository (its name says the language)"
+                "--task code and block need --path: the file's path in the repository (its name says the language)"
             )
         system = system or saved_code_system(self.directory)
         if system not in CODE_SYSTEMS:
             raise PipelineError(
-                f"--system {system}: with --task code, one of {', '.join(CODE_SYSTEMS)} (default: the run's choice)"
+                f"--system {system}: with --task code or block, one of {', '.join(CODE_SYSTEMS)} (default: the "
+                "run's choice)"
             )
         records = self.files
-        case = CodeCase(
-            "", "", records[0]["repo"] if records else "", file_path, before.removesuffix("\n") + "\n", ""
-        )
+        repo = records[0]["repo"] if records else ""
+        case = CodeCase("", "", repo, file_path, before.removesuffix("\n") + "\n", "", after)
         asked = CODE_SYSTEMS[system]
         if asked is None:
             if not records:
                 raise ModelLoadError(
                     f"--system lookup: {self.directory} has no {CODE_FILES} to look lines up in"
                 )
-            return self.index.lookup(case)
+            return self.index.lookup(case, block), UNREAD_BY_LOOKUP if after else None
         tuned, context = asked
-        prompt = context_prompt(case, self.index.context(case)) if records and context else bare_prompt(case)
         model, tokenizer = self.loaded
+        infill = infills(tokenizer)
+        prompt = (
+            context_prompt(case, self.index.context(case), infill)
+            if records and context
+            else bare_prompt(case, infill)
+        )
+        tokens = max_new_tokens or (BLOCK_TOKENS if block else LINE_TOKENS)
         with answering(model) if tuned else base_only(model):
-            return generate_batched(
-                model, tokenizer, [prompt], max_new_tokens or LINE_TOKENS, "fp32", next_line=True
+            answer = generate_batched(
+                model, tokenizer, [prompt], tokens, "fp32", next_line=not block, block=block
             )[0]
+        return answer, UNREAD_BY_MODEL if after and not infill else None
 
     def commit_messages(
         self, diff: str, alternatives: int = 0, system: str | None = None, max_new_tokens: int | None = None

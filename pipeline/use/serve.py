@@ -4,7 +4,8 @@
 - `POST /v1/completions`: the fine-tuned model continues `prompt` (an editor's text before the cursor);
   `suffix` is read only where the tokenizer has fill-in-the-middle tokens, else left out and said in the
   `X-Repotune-Suffix` header. With repotune's own `path` (the file's path in the repository), the answer
-  is the next line as `generate --task code` writes it: the code system the run chose, context retrieved.
+  is the next line as `generate --task code` writes it: the code system the run chose, context retrieved,
+  `suffix` read as the scoreboard gives the lines after the cursor to a model that infills.
 - `POST /v1/chat/completions`: a chat with the fine-tuned model; a last message that holds a diff is
   answered by the run's suggestion system (the one the scoreboard chose: the repository's past, or the
   model), its `n` choices the next best messages.
@@ -33,14 +34,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from pipeline.base_models import infills
+from pipeline.data.examples import infill_text
 from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
-from pipeline.suggest.completion import FIM_TOKENS, LINE_TOKENS, infills
-from pipeline.use.generate import Answerer, keep_folded, model_name
+from pipeline.suggest.completion import LINE_TOKENS
+from pipeline.use.generate import UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
+SUFFIX_HEADER = "X-Repotune-Suffix"  # says that `suffix` was not read, and why
 CHAT_TOKENS = 256
 
 
@@ -206,13 +210,13 @@ def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
         prompt = _text(body.get("prompt"), "prompt")
         if "path" in body:  # repotune's own field: the next line, as the code scoreboard asks it
             return await _next_line(engine, body, prompt)
-        suffix = body.get("suffix")
+        suffix = _suffix(body)
         headers = {}
         if suffix:
             if engine.infills:
-                prompt = f"{FIM_TOKENS[0]}{prompt}{FIM_TOKENS[1]}{suffix}{FIM_TOKENS[2]}"
+                prompt = infill_text(prompt, suffix)
             else:
-                headers["X-Repotune-Suffix"] = "ignored: the model has no fill-in-the-middle tokens"
+                headers = {SUFFIX_HEADER: f"ignored: {UNREAD_BY_MODEL}"}
         asked = _asked(body, prompt, COMPLETION_TOKENS)
         return await _answer(engine, asked, body, "text_completion", request, headers)
 
@@ -278,30 +282,40 @@ async def _answer(
 async def _next_line(engine: Engine, body: dict[str, Any], before: str):
     """The line after `before` in the repository's file `body["path"]`, as `generate --task code` writes
     it: by the system the run chose, the chunks of other files its split point holds retrieved where
-    that system reads them, greedy, one line (streamed as one piece where asked)."""
+    that system reads them, `suffix` where the model infills, greedy, one line (streamed as one piece
+    where asked)."""
     path = body["path"]
     if not isinstance(path, str) or not path:
         raise ServeError(
             400, "path: the file's path in the repository (its name says the language)", param="path"
         )
     asked = _asked(body, before, LINE_TOKENS)
+    suffix = _suffix(body)
 
-    def answer() -> str:
+    def answer() -> tuple[str, str | None]:
         with engine.turn():
-            return engine.answerer.next_line(before, path, asked.max_tokens)
+            return engine.answerer.complete(before, path, suffix, max_new_tokens=asked.max_tokens)
 
     try:
-        text = await run_in_threadpool(answer)
+        text, unread = await run_in_threadpool(answer)
     except PipelineError as error:
         raise ServeError(400, str(error)) from None
     except Exception as error:  # one line for the client and the log, never a traceback
         raise ServeError(500, _failure(error), "server_error") from None
+    headers = {SUFFIX_HEADER: f"ignored: {unread}"} if unread else {}
     made = {**_made("text_completion"), "model": engine.name}
     choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": "stop"}
     if body.get("stream"):
         events = [_event({**made, "choices": [choice]}), b"data: [DONE]\n\n"]
-        return StreamingResponse(iter(events), media_type="text/event-stream")
-    return JSONResponse({**made, "choices": [choice]})
+        return StreamingResponse(iter(events), media_type="text/event-stream", headers=headers)
+    return JSONResponse({**made, "choices": [choice]}, headers=headers)
+
+
+def _suffix(body: dict[str, Any]) -> str:
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise ServeError(400, "suffix: give the text after the cursor as a string", param="suffix")
+    return suffix or ""
 
 
 async def _events(
