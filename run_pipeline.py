@@ -99,7 +99,8 @@ def hook(args: argparse.Namespace) -> None:
 
 
 def diff(args: argparse.Namespace) -> int:
-    """What changed between two runs; exit 0 identical, 1 different, 2 a tripped --fail-if."""
+    """What changed between two runs; exit 0 identical, 1 different (with --fail-if: 1 a condition
+    tripped, 0 none did); 2 an error."""
     return use.diff(args.before, args.after, args)
 
 
@@ -123,6 +124,7 @@ COMMANDS = {
         update_options,
         needs_repo=False,
         needs_git=True,
+        chooses_commits=False,
     ),
     "scrape": Command(
         scrape, "turn the repository's history into sequences.jsonl, without training", needs_git=True

@@ -2,6 +2,12 @@
 """How long the commit hook adds to `git commit`, cold, and where the time goes.
 
     python benchmarks/bench_hook.py --adapter RUN_DIR --repo /path/to/the/repository [--commits 20]
+    python benchmarks/bench_hook.py --adapter RUN_DIR --repo … --model-writes --commits 10
+
+With `--model-writes`, a copy of the adapter suggests with the fine-tuned model (as where a run chose
+it), and each commit is replayed a third time with `serve` running on that copy: the hook asks the
+server (SERVE_FILE beside the adapter) instead of loading the model in its own process, the baseline
+being the hook loading it per commit.
 
 Clones the repository into a temporary directory, installs the hook with RUN_DIR's adapter, and for
 each of the newest `--commits` commits stages that commit's change on top of its parent and runs `git
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,11 +96,41 @@ def breakdown(adapter: Path, repo: Path) -> dict[str, float]:
     return {"interpreter": interpreter, "imports": imports, "load index and selector": load, "answer": answer}
 
 
+def model_writes(adapter: Path, scratch: Path) -> Path:
+    """A copy of `adapter` whose suggestion system is the fine-tuned model (the run's own is untouched)."""
+    import orjson
+
+    from pipeline.suggest.retrieval import INDEX_DIR
+
+    copy = scratch / "adapter"
+    shutil.copytree(adapter, copy, ignore=shutil.ignore_patterns("serve.json"))
+    chosen = copy / INDEX_DIR / "system.json"
+    chosen.write_bytes(orjson.dumps({**orjson.loads(chosen.read_bytes()), "system": "model"}))
+    return copy
+
+
+def start_serve(adapter: Path) -> subprocess.Popen:
+    """`serve` of `adapter` on a free port, once it says it listens (and wrote SERVE_FILE)."""
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "run_pipeline.py"), "serve", "--adapter", str(adapter), "--port", "0"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in process.stderr:
+        if line.startswith("serving "):
+            return process
+    raise SystemExit(f"serve ended without listening (exit {process.wait()})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--adapter", required=True, help="a run's output directory, or its adapter/")
     parser.add_argument("--repo", required=True, help="the repository the run trained on")
     parser.add_argument("--commits", type=int, default=20, help="newest commits to replay (default 20)")
+    parser.add_argument(
+        "--model-writes",
+        action="store_true",
+        help="suggest with the fine-tuned model, and replay each commit again with `serve` running",
+    )
     args = parser.parse_args()
 
     from pipeline.suggest.suggestion import Suggester
@@ -101,32 +138,49 @@ def main() -> int:
     from pipeline.use.hook import install
 
     adapter = adapter_directory(args.adapter)
-    system = Suggester.load(adapter).system
     with tempfile.TemporaryDirectory() as scratch:
+        if args.model_writes:
+            adapter = model_writes(adapter, Path(scratch))
+        system = Suggester.load(adapter).system
         repo = Path(scratch) / "repo"
         subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", args.repo, str(repo)], check=True)
         shas = git(repo, "rev-list", "--no-merges", f"--max-count={args.commits}", "HEAD").split()
-        print(install(repo, adapter, 10.0))
-        plain, hooked, suggested = [], [], 0
+        # The hook's own timeout, long enough for a model loaded per commit on a slow machine.
+        print(install(repo, adapter, 60.0))
+        plain, hooked, through, suggested = [], [], [], 0
         for sha in shas:
             stage_commit(repo, sha)
             plain.append(timed_commit(repo, hook=False)[0])
             elapsed, message = timed_commit(repo, hook=True)
             hooked.append(elapsed)
             suggested += bool(message)
+        if args.model_writes:
+            server = start_serve(adapter)
+            try:
+                for sha in shas:
+                    stage_commit(repo, sha)
+                    through.append(timed_commit(repo, hook=True)[0])
+            finally:
+                server.terminate()
+                server.wait()
         stage_commit(repo, shas[0])
         parts = breakdown(adapter, repo)
     added = [with_hook - without for with_hook, without in zip(hooked, plain, strict=True)]
     print(
-        f"\n{len(shas)} commits replayed; the suggestion system is the run's `{system}`; cores: {os.cpu_count()}"
+        f"\n{len(shas)} commits replayed; the suggestion system is `{system}`"
+        f"{' (a copy of the adapter set to it)' if args.model_writes else ' (the run’s)'}; cores: {os.cpu_count()}"
     )
-    print(f"{'':24}{'p50 s':>8}{'p95 s':>8}")
-    for name, values in (
-        ("git commit, no hook", plain),
-        ("git commit, hook", hooked),
-        ("added by the hook", added),
-    ):
-        print(f"{name:24}{statistics.median(values):8.2f}{percentile(values, 95):8.2f}")
+    print(f"{'':32}{'p50 s':>8}{'p95 s':>8}")
+    rows = [("git commit, no hook", plain), ("git commit, hook", hooked), ("added by the hook", added)]
+    if through:
+        rows += [("git commit, hook asking serve", through)]
+    for name, values in rows:
+        print(f"{name:32}{statistics.median(values):8.2f}{percentile(values, 95):8.2f}")
+    if through:
+        print(
+            f"the hook asking a running serve: {statistics.median(hooked) / statistics.median(through):.1f}× "
+            "faster at p50 than loading the model per commit"
+        )
     print(f"commits given a suggestion: {suggested} of {len(shas)}")
     print("one cold suggestion: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items()))
     met = statistics.median(hooked) <= GOAL_S

@@ -8,6 +8,7 @@ import signal
 import subprocess
 
 import orjson
+import pytest
 
 from tests.conftest import FAST_TRAINING, read_json
 
@@ -134,6 +135,24 @@ def test_every_help_answers_without_importing_torch():
         )
         assert done.returncode == 0, done.stderr
         assert "usage:" in done.stdout, argv
+        if argv[0] == "run_pipeline.py":  # the program is called by the name the user types
+            assert done.stdout.startswith(f"usage: repotune {argv[1] if len(argv) > 2 else ''}".rstrip())
+        if argv[1] == "update":  # an update reads the commits since its parent: no range to choose
+            assert not any(
+                option in done.stdout for option in ("--rev", "--max-commits", "--since", "--until")
+            )
+
+
+def test_the_version_is_the_installed_one_and_its_commit(capsys):
+    from importlib import metadata
+
+    import run_pipeline
+
+    with pytest.raises(SystemExit) as ended:
+        run_pipeline.main(["--version"])
+    assert ended.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"repotune {metadata.version('repotune')} (commit ")
 
 
 def test_a_short_monitor_fits_its_interval_to_the_duration(cli, tmp_path, host):

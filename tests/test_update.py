@@ -121,7 +121,7 @@ def test_a_rewritten_history_says_so_and_offers_a_full_run(cli, parent, tmp_path
     repo.commit("Rewrite the end", {"pkg/rewritten.py": module_source(99)})
     line = update_error(cli, "--from", out, "--repo", repo.path, "--output-dir", tmp_path / "child")
     assert "history rewritten" in line and "is not in the history of HEAD" in line
-    assert line.endswith(f"train afresh: run_pipeline.py --repo {repo.path} --output-dir NEW_DIR")
+    assert line.endswith(f"train afresh: repotune --repo {repo.path} --output-dir NEW_DIR")
 
 
 def test_another_base_model_is_refused(cli, parent, tmp_path):
@@ -155,7 +155,7 @@ def test_a_parent_that_did_not_complete_is_refused(cli, parent, tmp_path):
     line = update_error(cli, "--from", out, "--repo", repo.path)
     assert line == (
         f"repotune: error: --from {out}: that run did not complete (status interrupted); finish it first "
-        "(its own command with --resume) or train afresh with run_pipeline.py --repo PATH"
+        "(its own command with --resume) or train afresh with repotune --repo PATH"
     )
 
 
@@ -174,7 +174,7 @@ def test_a_missing_parent_and_a_range_are_one_line(cli, parent, tmp_path):
         == f"repotune: error: cannot read {tmp_path / 'nowhere' / 'MANIFEST.json'}: No such file or directory"
     )
     repo.commit("Add more", {"pkg/more.py": module_source(50)})
-    line = update_error(cli, "--from", out, "--repo", repo.path, "--rev", "HEAD~1")
+    line = update_error(cli, "--from", out, "--repo", repo.path, "--set", "scrape.rev=HEAD~1")
     assert line.startswith("repotune: error: update reads the commits made since its parent, so scrape.rev")
 
 

@@ -1298,6 +1298,14 @@ def _evaluation_bound(p: Decisions, device: str) -> int | None:
         p.planned("code_cases", CODE_CASES, f"{device}: {CODE_CASES} next lines, a few of each asked commit")
     if not p.is_auto(lambda cfg: cfg.eval.block_cases):
         p.from_config("block_cases", lambda cfg: cfg.eval.block_cases)
+    elif device == "cpu" and p.decisions["time_budget_s"].value:
+        p.planned(
+            "block_cases",
+            0,
+            "a CPU with a time budget: bodies cost each model a quarter of its scoring, which the budget's "
+            f"training needs more, and {CPU_BLOCK_CASES} give intervals about 20 points wide (eval.block_cases=N "
+            f"scores them; without a budget a CPU scores {CPU_BLOCK_CASES})",
+        )
     else:
         cases = CPU_BLOCK_CASES if device == "cpu" else BLOCK_CASES
         p.planned(

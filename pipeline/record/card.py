@@ -268,9 +268,9 @@ def _use(base: str | None, params: dict[str, Any]) -> list[str]:
         "With repotune (the repository's past, in `retrieval/`, answers where the run chose it):",
         "",
         "```sh",
-        "git diff --cached --no-ext-diff | python run_pipeline.py generate --adapter adapter --task message --prompt -",
-        "python run_pipeline.py export --adapter adapter --output model.gguf   # llama.cpp, Ollama",
-        "python run_pipeline.py hook install --repo . --adapter adapter        # suggestions in git commit",
+        "git diff --cached --no-ext-diff | repotune generate --adapter adapter --task message --prompt -",
+        "repotune export --adapter adapter --output model.gguf   # llama.cpp, Ollama",
+        "repotune hook install --repo . --adapter adapter        # suggestions in git commit",
         "```",
     ]
 
@@ -280,7 +280,7 @@ def _limits(manifest: dict[str, Any], params: dict[str, Any]) -> list[str]:
     lines = [
         "## Limits",
         "",
-        "- It knows the repository up to the commit it was trained at; `run_pipeline.py update` "
+        "- It knows the repository up to the commit it was trained at; `repotune update` "
         "continues it on newer commits.",
         "- Secrets were removed by pattern (keys, tokens, passwords in URLs and assignments) before "
         "training; a secret in a form no pattern knows may remain.",

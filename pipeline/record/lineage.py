@@ -76,12 +76,12 @@ def find_parent(directory: str, repos: list[str], model: str | None) -> Parent:
     if status != "completed":
         raise PipelineError(
             f"--from {where}: that run did not complete (status {status}); finish it first (its own command "
-            "with --resume) or train afresh with run_pipeline.py --repo PATH"
+            "with --resume) or train afresh with repotune --repo PATH"
         )
     if not (where / ADAPTER_DIR / "adapter_config.json").is_file():
         raise PipelineError(
             f"--from {where}: no adapter in {where / ADAPTER_DIR} (deleted or moved?); an update continues "
-            "one: train afresh with run_pipeline.py --repo PATH"
+            "one: train afresh with repotune --repo PATH"
         )
     trained = manifest.get("repositories") or []
     if len(trained) != 1 or len(repos) > 1:
@@ -113,7 +113,7 @@ def find_parent(directory: str, repos: list[str], model: str | None) -> Parent:
         raise PipelineError(
             f"{repo}: history rewritten: {old_head[:12]}, the HEAD {where} trained on, is not in the history "
             f"of HEAD {new_head[:12]} (a rebase, amend or force-push?); an update cannot tell what is new, "
-            f"so train afresh: run_pipeline.py --repo {repo} --output-dir NEW_DIR"
+            f"so train afresh: repotune --repo {repo} --output-dir NEW_DIR"
         )
     added = rev_list(opened, f"{old_head}..{new_head}", None, None, None)
     return Parent(where, manifest, sha256_file(path), repo, old_head, new_head, added, base)
@@ -124,9 +124,9 @@ def update_config(
 ) -> LoadedConfig:
     """The parent's config (its file and overrides, less what an update decides itself), then this
     command's --set and flags; the range is the new commits, the base the parent's."""
-    chosen = [
-        key for key in ("scrape.rev", "scrape.max_commits", "scrape.since", "scrape.until") if key in flags
-    ]
+    ranges = ("scrape.rev", "scrape.max_commits", "scrape.since", "scrape.until")
+    given = {*flags, *(text.split("=", 1)[0].strip() for text in overrides)}
+    chosen = [key for key in ranges if key in given]
     if chosen:
         raise PipelineError(
             f"update reads the commits made since its parent, so {', '.join(chosen)} cannot be set; "

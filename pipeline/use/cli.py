@@ -34,26 +34,45 @@ class Command:
     """--repo is required (an update takes its parent's repository by default)."""
     needs_git: bool = False
     """Reads a repository through git: where git cannot (`git_problem`), the command says so in one line."""
+    chooses_commits: bool = True
+    """Takes --max-commits, --rev, --since and --until (an update reads the commits since its parent)."""
 
 
 def build_parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="run_pipeline.py",
+        prog="repotune",
         description=DESCRIPTION,
-        epilog=f"`{DEFAULT_COMMAND}` is the default: `run_pipeline.py --repo PATH` trains. "
-        "`run_pipeline.py COMMAND --help` shows a command's options.",
+        epilog=f"`{DEFAULT_COMMAND}` is the default: `repotune --repo PATH` trains. "
+        "`repotune COMMAND --help` shows a command's options. (`python run_pipeline.py …` is the same "
+        "command, from a checkout.)",
     )
+    parser.add_argument("--version", action=_Version, help="print repotune's version (and commit) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in commands.items():
         command_parser = sub.add_parser(name, help=command.help, description=command.help)
         if command.shared_options:
-            _add_common_options(command_parser)
+            _add_common_options(command_parser, command.chooses_commits)
         if command.options:
             command.options(command_parser)
     return parser
 
 
-def _add_common_options(parser: argparse.ArgumentParser) -> None:
+class _Version(argparse.Action):
+    """`--version`: the installed version and, from a checkout, its commit (as the manifest's `tool`)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        from pipeline.manifest import tool_info
+
+        tool = tool_info()
+        commit = f" (commit {tool['git_sha'][:12]})" if tool["git_sha"] else ""
+        print(f"repotune {tool['version'] or 'not installed'}{commit}")
+        parser.exit()
+
+
+def _add_common_options(parser: argparse.ArgumentParser, chooses_commits: bool) -> None:
     parser.add_argument(
         "--repo",
         dest="repos",
@@ -92,12 +111,15 @@ def _add_common_options(parser: argparse.ArgumentParser) -> None:
         help="base model: smollm2-135m (pretrained, no download; the default), tiny (random), "
         "a Hugging Face id, or a local path",
     )
-    parser.add_argument("--max-commits", type=int, metavar="N", help="read at most the N newest commits")
-    parser.add_argument(
-        "--rev", metavar="REV", help="revision or range to read, e.g. v1.0..main (default HEAD)"
-    )
-    parser.add_argument("--since", metavar="DATE", help="only commits after this date (as git log --since)")
-    parser.add_argument("--until", metavar="DATE", help="only commits before this date")
+    if chooses_commits:
+        parser.add_argument("--max-commits", type=int, metavar="N", help="read at most the N newest commits")
+        parser.add_argument(
+            "--rev", metavar="REV", help="revision or range to read, e.g. v1.0..main (default HEAD)"
+        )
+        parser.add_argument(
+            "--since", metavar="DATE", help="only commits after this date (as git log --since)"
+        )
+        parser.add_argument("--until", metavar="DATE", help="only commits before this date")
     parser.add_argument(
         "--budget",
         metavar="DURATION",
@@ -298,7 +320,9 @@ def diff_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="COND",
-        help="exit 2 if the condition holds: 'PATH>+5%%' (relative change), 'PATH>+0.1' (change), 'PATH>0.5' (new value)",
+        help="a gate: 'PATH>+5%%' (relative change), 'PATH>+0.1' (change), 'PATH>0.5' (new value); with it the "
+        "exit code is 1 where a condition holds, 0 where none does, 2 an error (without it: 0 identical, 1 "
+        "different, 2 an error)",
     )
 
 
@@ -347,9 +371,9 @@ def monitor_options(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv: list[str], commands: dict[str, Command]) -> argparse.Namespace:
-    """Parse argv; a first argument that is an option (not -h) means the default command."""
+    """Parse argv; a first argument that is an option (not -h or --version) means the default command."""
     typed = list(argv)
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = [DEFAULT_COMMAND, *argv]
     parser = build_parser(commands)
     if not argv:
@@ -428,10 +452,10 @@ def command_flags(args: argparse.Namespace) -> dict[str, Any]:
     flags: dict[str, Any] = {
         "output.dir": args.output_dir,
         "train.model": args.model,
-        "scrape.max_commits": args.max_commits,
-        "scrape.rev": args.rev,
-        "scrape.since": args.since,
-        "scrape.until": args.until,
+        "scrape.max_commits": getattr(args, "max_commits", None),  # not an update's: it reads what is new
+        "scrape.rev": getattr(args, "rev", None),
+        "scrape.since": getattr(args, "since", None),
+        "scrape.until": getattr(args, "until", None),
         "train.time_budget": args.budget,
     }
     return {key: value for key, value in flags.items() if value is not None}

@@ -389,7 +389,9 @@ def schema_warning(before: dict[str, Any], after: dict[str, Any]) -> str | None:
 
 
 def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
-    """(report text, stderr lines, exit code): 0 identical, 1 different, 2 a tripped --fail-if."""
+    """(report text, stderr lines, exit code): 0 identical, 1 different; with --fail-if, a gate's code
+    instead: 1 a condition tripped, 0 none did, however much else differs (an error is 2 either way,
+    raised)."""
     import orjson
 
     before, after = (load_manifest(manifest_file(Path(path))) for path in (before_path, after_path))
@@ -413,8 +415,8 @@ def run_diff(before_path, after_path, options) -> tuple[str, list[str], int]:
             text = f"{text}\n\n({where}{hidden} more outside params and metrics: --all shows them)".lstrip()
     tripped = [reason for condition in conditions if (reason := condition.tripped(before, after))]
     messages += [f"repotune: fail-if tripped: {reason}" for reason in tripped]
-    if tripped:
-        return text, messages, 2
+    if conditions:
+        return text, messages, 1 if tripped else 0
     return text, messages, 1 if differ else 0
 
 

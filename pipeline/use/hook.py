@@ -80,7 +80,7 @@ OPTIONAL_IMPORTS = ("pandas", "sklearn", "dask", "pyarrow")
 DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "-M", "-U3")
 
 SCRIPT = """#!/bin/sh
-{mark} (`run_pipeline.py hook install`; `run_pipeline.py hook uninstall` removes it).
+{mark} (`repotune hook install`; `repotune hook uninstall` removes it).
 # Suggests a commit message for the staged diff. It never blocks a commit: whatever goes wrong, the
 # message stays as git had it and the hook exits 0. REPOTUNE_HOOK=off skips it for one command.
 python={python}
@@ -106,7 +106,7 @@ for busy in rebase-merge rebase-apply CHERRY_PICK_HEAD REVERT_HEAD MERGE_HEAD; d
     [ -e "$git_dir/$busy" ] && exit 0
 done
 if [ ! -x "$python" ]; then
-    echo "repotune: no suggestion: $python is gone (run_pipeline.py hook install again)" >&2
+    echo "repotune: no suggestion: $python is gone (repotune hook install again)" >&2
     exit 0
 fi
 "$python" -I -c {launcher} "$1" "$adapter" "$timeout" "$alternatives" 2>/dev/null
@@ -114,7 +114,7 @@ status=$?
 if [ "$status" -eq 142 ]; then
     echo "repotune: no suggestion within ${{timeout}}s; the message is as git had it" >&2
 elif [ "$status" -ne 0 ]; then
-    echo "repotune: no suggestion (exit $status; run_pipeline.py generate --adapter $adapter --task message says why)" >&2
+    echo "repotune: no suggestion (exit $status; repotune generate --adapter $adapter --task message says why)" >&2
 fi
 exit 0
 """

@@ -91,7 +91,7 @@ def _summary(m: dict[str, Any]) -> str:
             f'<span class="status-{_e(m.get("status"))}">{_e(m.get("status"))}</span>'
             + (f" — {_e(m.get('error'))}" if m.get("error") else ""),
         ),
-        ("command", _e(" ".join(["run_pipeline.py", *(run.get("argv") or [])]))),
+        ("command", _e(" ".join(["repotune", *(run.get("argv") or [])]))),
         ("started / finished", f"{_e(run.get('started_at'))} / {_e(run.get('finished_at'))}"),
         ("total time", _e(_fmt(m.get("total_execution_time_seconds"), " s"))),
         (
