@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
 from pipeline.errors import USER_ERRORS, PipelineError
+from pipeline.manifest import tool_info
 from pipeline.use.hook import ALTERNATIVES
 from scrapers.safe_git import git_problem
 
@@ -64,8 +65,6 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
-        from pipeline.manifest import tool_info
-
         tool = tool_info()
         commit = f" (commit {tool['git_sha'][:12]})" if tool["git_sha"] else ""
         print(f"repotune {tool['version'] or 'not installed'}{commit}")
