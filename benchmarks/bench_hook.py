@@ -183,9 +183,11 @@ def main() -> int:
         )
     print(f"commits given a suggestion: {suggested} of {len(shas)}")
     print("one cold suggestion: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items()))
-    met = statistics.median(hooked) <= GOAL_S
+    # Where the model writes, the hook is meant to ask a running serve: that is the path the goal is for.
+    judged, how = (through, "the hook asking serve") if through else (hooked, "the hook")
+    met = statistics.median(judged) <= GOAL_S
     print(
-        f"{'met' if met else 'NOT met'}: git commit with the hook p50 {statistics.median(hooked):.2f} s (goal ≤ {GOAL_S:g} s)"
+        f"{'met' if met else 'NOT met'}: git commit with {how} p50 {statistics.median(judged):.2f} s (goal ≤ {GOAL_S:g} s)"
     )
     return 0 if met else 1
 
