@@ -86,6 +86,12 @@ def test_the_card_of_a_built_in_base_names_its_hub_id_and_the_scores(pretrained_
     assert_travels(card)
     listed = {entry["path"] for entry in manifest["outputs"]["adapter_files"]}
     assert "adapter/README.md" in listed  # hashed with the adapter's other files
+    # The Hub reads it as its own card loader does: the metadata and its evaluation results.
+    from huggingface_hub import ModelCard
+
+    loaded = ModelCard.load(pretrained_run / "adapter" / "README.md")
+    assert loaded.data.base_model == meta["base_model"] and loaded.data.library_name == "peft"
+    assert {result.metric_name for result in loaded.data.eval_results} == names
 
 
 def test_the_card_of_a_random_base_names_none(tiny_run):
