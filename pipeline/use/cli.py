@@ -64,7 +64,13 @@ class _Version(argparse.Action):
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: Any = None,
+    ) -> NoReturn:
         tool = tool_info()
         commit = f" (commit {tool['git_sha'][:12]})" if tool["git_sha"] else ""
         print(f"repotune {tool['version'] or 'not installed'}{commit}")
