@@ -529,6 +529,8 @@ class Scores:
     """Read back from the evaluation cache (the base model's scores on the same held-out commits)."""
     scored_in_s: float | None = None
     """What scoring them took when they were cached (None: not cached, or cached without it)."""
+    kept: bool = False
+    """Written to the evaluation cache, where the next run on the same questions reads them."""
 
 
 @dataclass(frozen=True)

@@ -247,12 +247,12 @@ def evaluate_base(
             pass  # unreadable: evaluate again, and write it anew
     scores = evaluate(model, held_out, prompts, plan, prepared, config, "the base model")
     if path is not None:
-        keep_base_scores(path, scores)
+        return replace(scores, kept=keep_base_scores(path, scores))
     return scores
 
 
-def keep_base_scores(path: Path, scores: Scores) -> None:
-    """The base model's scores written whole to `path` for the next run; where the cache cannot be
+def keep_base_scores(path: Path, scores: Scores) -> bool:
+    """The base model's scores written whole to `path` for the next run (True); where the cache cannot be
     written (a read-only home, a full disk), a line says so: it costs the next run time, not this run."""
     staging = path.with_suffix(f".{time.time_ns()}.tmp")
     try:
@@ -272,6 +272,8 @@ def keep_base_scores(path: Path, scores: Scores) -> None:
         with suppress(OSError):  # nothing was written where the folder could not be made
             staging.unlink()
         say(f"the base model's scores are not kept for the next run: {path.parent}: {err.strerror or err}")
+        return False
+    return True
 
 
 def validation_answers(

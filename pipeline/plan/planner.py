@@ -1148,6 +1148,21 @@ def time_left(budget_s: float, spent_s: float, before: Scores, validates: bool =
     )
 
 
+def first_run_note(plan: Plan, before: Scores) -> str | None:
+    """What a run with a time budget says where scoring the base model (not cached: a repository's first
+    run) took longer than the budget leaves training, and its answers were kept for the next run, which
+    trains in that time too; None otherwise."""
+    if not (plan.time_budget_s and plan.train_seconds and before.kept):
+        return None
+    if before.seconds <= plan.train_seconds:
+        return None
+    return (
+        f"scoring the base model took {before.seconds:.0f} s of the {plan.time_budget_s:.0f} s budget, so this run "
+        f"trains {plan.total_steps} step{'' if plan.total_steps == 1 else 's'}; its answers are cached now, and the "
+        "next run on this repository trains in that time too (or give a longer --budget)"
+    )
+
+
 def deadline_s(train_seconds: float | None) -> float | None:
     """Where training stops whatever its steps: the deadline `train_seconds` (a plan's) were fitted to."""
     return train_seconds * TRAINING_TIME_LIMIT / BUDGET_TRAIN_SHARE if train_seconds else None

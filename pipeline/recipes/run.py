@@ -17,7 +17,14 @@ from pipeline.data.sources import scrape as scrape_sources
 from pipeline.data.token_cache import prepare
 from pipeline.evaluate.scoreboard import after_training, before_training
 from pipeline.hardware import machine
-from pipeline.plan.planner import format_plan, plan_for, planned_again, time_left, tokenize_ahead
+from pipeline.plan.planner import (
+    first_run_note,
+    format_plan,
+    plan_for,
+    planned_again,
+    time_left,
+    tokenize_ahead,
+)  # fmt: skip
 from pipeline.progress import say
 from pipeline.record.card import model_card
 from pipeline.record.run import Record, open_run
@@ -148,6 +155,8 @@ def fit_to_time_left(record: Record, loaded: LoadedConfig, data: Data, before: S
     record.add(plan)
     packed = record.step("pack", keep_newest, data.packed, data.prepared, plan)
     say(format_plan(plan))
+    if not resume and (note := first_run_note(plan, before)):
+        say(note)
     return replace(data, plan=plan, packed=packed)
 
 
