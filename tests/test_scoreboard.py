@@ -592,10 +592,11 @@ def test_a_model_that_infills_is_given_the_lines_after_the_cursor_as_its_trainin
     assert contextual.text.endswith(f"{suffix}\n\n    def put(self):\n{middle}")
     text = "".join(f"def f{n}(x):\n    return x + {n}\n\n" for n in range(6))
     infilled = [infilled_document(f"pkg/m{n}.py", text) for n in range(40)]
-    assert 10 < sum(prefix in document for document in infilled) < 30  # about half, chosen by the file
+    assert 10 < sum(document is not None for document in infilled) < 30  # about half, chosen by the file
     assert infilled == [infilled_document(f"pkg/m{n}.py", text) for n in range(40)]  # the same each time
     for n, document in enumerate(infilled):
-        if prefix in document:
+        if document is not None:
+            assert document.startswith(prefix)
             before, rest = document.removeprefix(prefix).split(suffix)
             after, span = rest.split(middle)
             assert before + span + after == code_document(f"pkg/m{n}.py", text)

@@ -69,17 +69,16 @@ def infill_text(prefix: str, suffix: str, middle: str = "") -> str:
     return f"{FIM_TOKENS[0]}{prefix}{FIM_TOKENS[1]}{suffix}{FIM_TOKENS[2]}{middle}"
 
 
-def infilled_document(path: str, text: str) -> str:
+def infilled_document(path: str, text: str) -> str | None:
     """`code_document(path, text)` as a fill-in-the-middle exercise (FIM_RATE of files, chosen by their
     text, so a cache rebuilt gives the same): a span of 1 to FIM_LINES whole lines moved after the rest,
     split where completion's answers begin, before the line break in front of the span (BPE merges it
     with the next line's indentation: the prompts the scoreboard asks end there, `pipeline.suggest.
-    completion`). The other files, and a file of one line, as they are."""
-    document = code_document(path, text)
+    completion`). None for the other files, and a file of one line: they are trained as they are."""
     chance = random.Random(f"{path}\0{text}")
-    lines = document.split("\n")
+    lines = code_document(path, text).split("\n")
     if chance.random() >= FIM_RATE or len(lines) < 3:
-        return document
+        return None
     start = chance.randrange(1, len(lines) - 1)  # after the <filename> line; the span never the file's end
     end = min(len(lines) - 1, start + chance.randint(1, FIM_LINES))
     prefix, middle, suffix = "\n".join(lines[:start]), "\n".join(lines[start:end]), "\n".join(lines[end:])

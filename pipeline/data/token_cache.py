@@ -373,21 +373,20 @@ def _file_records(scraped: Scraped, every: int, characters: int | None, infill: 
     `every`-th of them (a sample), or those within about `characters` (tokenized ahead of a time budget,
     which trains at most that much of anything); none where the scrape read none. With `infill` (the
     tokenizer has fill-in-the-middle tokens), some as infilling exercises (`infilled_document`)."""
-    document = infilled_document if infill else code_document
     files, total = [], 0
     for record in read_files(scraped)[::every]:
         if characters and total >= characters:
             break
         total += len(record["text"])
-        text = document(record["path"], record["text"])
-        infilled = document is infilled_document and text != code_document(record["path"], record["text"])
+        infilled = infilled_document(record["path"], record["text"]) if infill else None
+        text = infilled or code_document(record["path"], record["text"])
         files.append(
             {
                 "split": FILES,
                 "format": FILE_FORMAT,
                 "text": text,
                 "commit": record["commit"],
-                "infilled": infilled,
+                "infilled": bool(infilled),
             }
         )
     return files
