@@ -883,7 +883,10 @@ def test_text_after_the_cursor_a_model_cannot_infill_is_said_and_left_out(pretra
     assert result.code == 0 and result.out == row["fine_tuned"] + "\n"
     assert result.err == "--after not read: the model has no fill-in-the-middle tokens\n"
     misplaced = cli("generate", "--adapter", pretrained_run, "--prompt", "x", "--after", "y")
-    assert misplaced.code == 2 and "--after is the file a next line or a block is written in" in misplaced.err
+    assert (
+        misplaced.code == 2
+        and "--after says where in a file a next line or a block is written" in misplaced.err
+    )
 
 
 def held_out_lines(run: Path, task: str) -> list[tuple[dict, dict]]:

@@ -47,7 +47,7 @@ def generate(
     for option, value in (("--path", path), ("--after", after)):
         if value:
             raise PipelineError(
-                f"{option} is the file a next line or a block is written in: use it with --task code or block"
+                f"{option} says where in a file a next line or a block is written: use it with --task code or block"
             )
     if task != "message":
         print(generation.generate(adapter, text, max_new_tokens, task, system))
