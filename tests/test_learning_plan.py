@@ -135,6 +135,17 @@ def test_what_scoring_the_fine_tuned_model_takes_is_what_the_base_model_took_now
     assert "the base model's cached scores do not say" in time_left(600.0, 30.0, unrecorded).why
 
 
+def test_a_first_runs_base_model_scoring_kept_for_the_next_run_is_left_out_of_its_budget():
+    # 250 s spent before training, 200 of them scoring the base model, whose answers the next run on the
+    # repository reads back: training gets what the second run will, 600 − 50 − (200 + 10).
+    kept = time_left(600.0, 250.0, Scores(None, None, seconds=200.0, kept=True))
+    assert kept.seconds == 600 - 50 - (200 + 10)
+    assert "after 50 s spent before training" in kept.why
+    assert "200 s scoring the base model, once for this repository (its answers are cached), is left out" in kept.why
+    # Not kept (a random base, an update): charged, as it will be asked again.
+    assert time_left(600.0, 250.0, Scores(None, None, seconds=200.0)).seconds == 600 - 250 - (200 + 10)
+
+
 def test_where_the_model_answers_the_validation_commits_too_the_budget_keeps_time_for_it():
     # Set on a CPU with a budget (eval.validate_model=true), the answers come after training and take
     # longer than scoring the fine-tuned model (four systems answer each next line, not two): a plan that

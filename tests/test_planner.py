@@ -374,25 +374,23 @@ def test_histogram_and_list_give_the_same_plan(lengths, block):
     )
 
 
-def test_a_first_run_whose_base_model_scoring_took_its_training_time_says_the_next_run_trains_in_it():
-    """A budgeted run whose base-model answers were not cached (a repository's first run) and took longer
-    than training gets says so, and that the next run trains in that time; a cached, an uncacheable (a
-    random base, an update) or an unbounded run says nothing."""
+def test_a_first_run_says_its_base_model_scoring_is_left_out_of_its_budget():
+    """A budgeted run whose base-model answers were not cached (a repository's first run) says that
+    scoring, kept for the next run, is left out of its budget; a cached, an uncacheable (a random base,
+    an update) or an unbounded run says nothing."""
     from pipeline.plan.planner import first_run_note
     from pipeline.types import Scores
 
     plan = dataclasses.replace(
         make_plan(same_length(176, 64), cpu_machine(), TINY, load_config(None)),
-        time_budget_s=600.0, train_seconds=79.0, total_steps=1,
+        time_budget_s=600.0, train_seconds=300.0, total_steps=40,
     )  # fmt: skip
     first = Scores(None, None, seconds=230.0, kept=True)
-    note = first_run_note(plan, first)
-    assert note == (
-        "scoring the base model took 230 s of the 600 s budget, so this run trains 1 step; its answers are "
-        "cached now, and the next run on this repository trains in that time too (or give a longer --budget)"
+    assert first_run_note(plan, first) == (
+        "scoring the base model took 230 s, once for this repository (its answers are cached now): left out "
+        "of the 600 s budget, so this run takes about that much longer"
     )
     cached = dataclasses.replace(first, cached=True, kept=False)  # read back, not written
     assert first_run_note(plan, cached) is None
     assert first_run_note(plan, dataclasses.replace(first, kept=False)) is None  # a random base, an update
-    assert first_run_note(dataclasses.replace(plan, train_seconds=300.0), first) is None
     assert first_run_note(dataclasses.replace(plan, time_budget_s=None), first) is None

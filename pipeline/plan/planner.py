@@ -1122,10 +1122,11 @@ def _train_seconds(p: Decisions, budget: float | None, train_time: TrainTime | N
 
 def time_left(budget_s: float, spent_s: float, before: Scores, validates: bool = False) -> TrainTime:
     """What a time budget leaves training just before it starts: the budget less what the run spent
-    (scraping, tokenizing, loading, measuring, scoring the base model) and what comes after training:
-    scoring the fine-tuned model, as long as the base model's scoring took (now, or when its scores were
-    cached), its answers to the validation commits where it `validates` (VALIDATION_SHARE of that), and
-    AFTER_TRAINING_S."""
+    (scraping, tokenizing, loading, measuring) and what comes after training: scoring the fine-tuned
+    model, as long as the base model's scoring took (now, or when its scores were cached), its answers to
+    the validation commits where it `validates` (VALIDATION_SHARE of that), and AFTER_TRAINING_S. Scoring
+    the base model now is left out where its answers were `kept` for the next run (a repository's first
+    run): charged to one run's budget, that once-only cost left a first CPU run a step or two."""
     scored = before.scored_in_s if before.cached else before.seconds
     if scored is None:
         scored = budget_s * UNMEASURED_AFTER_SHARE
@@ -1140,26 +1141,29 @@ def time_left(budget_s: float, spent_s: float, before: Scores, validates: bool =
     if validates:
         how += f"; {validation:.0f} s its answers to the validation commits"
     after = scored + validation + AFTER_TRAINING_S
+    once = before.seconds if before.kept else 0.0
+    left_out = (
+        f"; {once:.0f} s scoring the base model, once for this repository (its answers are cached), is left out"
+        if once
+        else ""
+    )
     return TrainTime(
-        budget_s - spent_s - after,
-        f"the {budget_s:.0f} s budget leaves after {spent_s:.0f} s spent before training (scraping, tokenizing, "
-        f"loading, measuring, scoring the base model) and {after:.0f} s after it ({how}; {AFTER_TRAINING_S:.0f} s "
-        "the past's backtest and saving)",
+        budget_s - (spent_s - once) - after,
+        f"the {budget_s:.0f} s budget leaves after {spent_s - once:.0f} s spent before training (scraping, "
+        f"tokenizing, loading, measuring{'' if once else ', scoring the base model'}) and {after:.0f} s after it "
+        f"({how}; {AFTER_TRAINING_S:.0f} s the past's backtest and saving){left_out}",
     )
 
 
 def first_run_note(plan: Plan, before: Scores) -> str | None:
-    """What a run with a time budget says where scoring the base model (not cached: a repository's first
-    run) took longer than the budget leaves training, and its answers were kept for the next run, which
-    trains in that time too; None otherwise."""
-    if not (plan.time_budget_s and plan.train_seconds and before.kept):
-        return None
-    if before.seconds <= plan.train_seconds:
+    """What a run with a time budget says where it scored the base model and kept its answers for the next
+    run (a repository's first run): that scoring, left out of the budget, makes this run that much longer;
+    None otherwise."""
+    if not (plan.time_budget_s and before.kept):
         return None
     return (
-        f"scoring the base model took {before.seconds:.0f} s of the {plan.time_budget_s:.0f} s budget, so this run "
-        f"trains {plan.total_steps} step{'' if plan.total_steps == 1 else 's'}; its answers are cached now, and the "
-        "next run on this repository trains in that time too (or give a longer --budget)"
+        f"scoring the base model took {before.seconds:.0f} s, once for this repository (its answers are cached "
+        f"now): left out of the {plan.time_budget_s:.0f} s budget, so this run takes about that much longer"
     )
 
 
