@@ -141,7 +141,10 @@ def test_a_first_runs_base_model_scoring_kept_for_the_next_run_is_left_out_of_it
     kept = time_left(600.0, 250.0, Scores(None, None, seconds=200.0, kept=True))
     assert kept.seconds == 600 - 50 - (200 + 10)
     assert "after 50 s spent before training" in kept.why
-    assert "200 s scoring the base model, once for this repository (its answers are cached), is left out" in kept.why
+    assert (
+        "200 s scoring the base model, once for this repository (its answers are cached), is left out"
+        in kept.why
+    )
     # Not kept (a random base, an update): charged, as it will be asked again.
     assert time_left(600.0, 250.0, Scores(None, None, seconds=200.0)).seconds == 600 - 250 - (200 + 10)
 
