@@ -34,6 +34,7 @@ from pipeline.use.cli import (
     report_options,
     resume_option,
     run_command,
+    runs_options,
     serve_options,
     update_options,
 )
@@ -104,6 +105,11 @@ def diff(args: argparse.Namespace) -> int:
     return use.diff(args.before, args.after, args)
 
 
+def runs(args: argparse.Namespace) -> None:
+    """The runs an output directory keeps under runs/, as a table (`pipeline.record.history`)."""
+    use.runs(args.output_dir, args.only_changed)
+
+
 def report(args: argparse.Namespace) -> None:
     """One HTML page (plots embedded) for a manifest, or comparing several; prints its path."""
     use.report(args.manifests, args.output, args.names)
@@ -151,7 +157,15 @@ COMMANDS = {
         False,
         needs_git=True,
     ),
-    "diff": Command(diff, "compare two manifests: what changed, by how much", diff_options, False),
+    "runs": Command(
+        runs, "list the runs an output directory keeps, with their key scores", runs_options, False
+    ),
+    "diff": Command(
+        diff,
+        "compare two runs (default: the newest two kept): what changed, by how much",
+        diff_options,
+        False,
+    ),
     "report": Command(
         report, "write one self-contained HTML page about a run, or comparing runs", report_options, False
     ),

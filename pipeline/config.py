@@ -247,6 +247,9 @@ class OutputConfig:
     """Where sequences, checkpoints, the adapter and MANIFEST.json go (relative to the working directory)."""
     cache_dir: str | None = None
     """Token cache (tokenized sequences and packed blocks); null keeps it in <dir>/cache."""
+    keep_adapter: bool = False
+    """Also keep each completed run's adapter under <dir>/runs/ beside its record (the record, a few
+    hundred kB, is always kept; an adapter is megabytes a run)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 # A model that begins this share of its answers with one word, and twice as many as the commits written
 # do, writes in one register, and the run says so: a fine-tuned model that learned the format before the
-# repository's words begins most of its answers alike (docs/evaluation.md); retrieval's follow the commits'.
+# repository's words begins most of its answers alike (docs/experiments.md); retrieval's follow the commits'.
 ONE_REGISTER_SHARE = 1 / 3
 
 # Each system that writes a next line (`pipeline.suggest.completion.CODE_SYSTEMS`) → its scores in the

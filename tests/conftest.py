@@ -132,7 +132,7 @@ class CliResult:
     err: str
 
 
-MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor", "export", "hook", "serve"}
+MODEL_FREE_COMMANDS = {"generate", "diff", "report", "monitor", "export", "hook", "serve", "runs"}
 
 
 @pytest.fixture(scope="session", autouse=True)

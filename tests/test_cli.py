@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -288,3 +289,43 @@ def test_git_is_never_given_our_environment_s_pager(monkeypatch, cli, sample_rep
     monkeypatch.setitem(os.environ, "PAGER", "sh -c 'touch /tmp/repotune-pager-ran'")
     assert cli("scrape", "--repo", sample_repo.path, "--output-dir", tmp_path / "out").code == 0
     assert not Path("/tmp/repotune-pager-ran").exists()
+
+
+HELP_OPTION = re.compile(r"^  (?:-\w(?: \S+)?, )?(--[a-z][a-z0-9-]*)(?: (\{[^}]+\}|[A-Z][\w.=/-]*))?", re.M)
+NEEDED = {  # what each command cannot parse without (its required options and positionals)
+    "update": ["--from", "x"],
+    "export": ["--adapter", "x", "--output", "x.gguf"],
+    "serve": ["--adapter", "x"],
+    "hook": ["install", "--repo", "x"],
+    "report": ["x"],
+    "generate": ["--adapter", "x"],
+}
+SAMPLE = {"N": "7", "SECONDS": "3", "PID": "4", "PORT": "5", "SECTION.KEY=VALUE": "train.epochs=1"}
+
+
+@pytest.mark.parametrize("command", list(run_pipeline.COMMANDS))
+def test_every_option_a_commands_help_lists_is_one_it_reads(command, capsys, tmp_path):
+    """Each option `COMMAND --help` lists parses, and reaches the command as a value of its own (`update
+    --help` had listed --rev, --since, --until and --max-commits, which update then refused)."""
+    from pipeline.use.cli import parse_args
+
+    with pytest.raises(SystemExit):
+        run_pipeline.main([command, "--help"])
+    listed = HELP_OPTION.findall(capsys.readouterr().out)
+    shared = run_pipeline.COMMANDS[command].shared_options
+    needed = NEEDED.get(command, ["--repo", "x"] if shared else [])
+    listing = tmp_path / "repos.txt"
+    listing.write_text("x\n")
+    plain = vars(parse_args([command, *needed], run_pipeline.COMMANDS))
+    assert len(listed) >= 2
+    for option, metavar in listed:
+        if option == "--help" or option in needed:
+            continue
+        value = (
+            metavar.strip("{}").split(",")[-1]
+            if metavar.startswith("{")
+            else {**SAMPLE, "FILE": str(listing)}.get(metavar, "x")
+        )
+        given = [option, value] if metavar else [option]
+        parsed = vars(parse_args([command, *needed, *given], run_pipeline.COMMANDS))
+        assert parsed != {**plain, "argv": parsed["argv"]}, f"{command} {' '.join(given)} changed nothing"

@@ -476,7 +476,7 @@ def _retrieval_system(
 
     A default, not the better mean: held out, the selector scored above the lookup in that mean on every
     repository measured, and where the two tie on the older commits the better mean there is a coin's
-    toss that once chose the lookup where the selector was clearly better held out (docs/evaluation.md
+    toss that once chose the lookup where the selector was clearly better held out (docs/experiments.md
     keeps the figures)."""
     listed = ", ".join(
         f"{n} chrF {means[n]['chrf']:.1f} / ES {means[n]['edit_similarity']:.1f}" for n in means
@@ -507,7 +507,7 @@ def _model_against(
     scores there, its gain in the mean of chrF and edit similarity with the interval, and what to say.
     Only a gain clear of its interval counts: on a validation block of a hundred commits a model that
     merely ties can come out ahead, and fine-tunes that did so lost to the selector on the held-out
-    commits (docs/evaluation.md)."""
+    commits (docs/experiments.md)."""
     theirs = block.get(retrieval) or block["lookup"]
     model = score_messages(answers, block["references"])
     other = score_messages(theirs, block["references"])

@@ -38,6 +38,7 @@ from pipeline.manifest import (
     write_json,
 )
 from pipeline.progress import say
+from pipeline.record.history import RUNS_DIR, keep, keep_previous
 from pipeline.train.distributed import Coordinator, launch_from_environment
 from pipeline.train.model import ADAPTER_DIR, CHECKPOINT_DIR, newest_checkpoint
 from pipeline.types import (
@@ -87,6 +88,7 @@ class Record:
         }
         self.doc["distributed"] = coordinator.to_manifest()
         self.doc["run"]["replaced"] = _stale(self.previous)
+        self.keep_adapter = loaded.config.output.keep_adapter
         self.stage: str | None = None
         """The stage running now (named if the run ends in it)."""
         self._started = time.perf_counter()
@@ -157,9 +159,25 @@ class Record:
         mark_finished(self.doc, status, error)
         self.doc["run"]["stage"] = self.stage
         self.save()
+        if self.writes:
+            self.keep(adapter=self.keep_adapter and status == "completed")
         problems = schema_problems(self.doc) if self.writes and error is None else []
         if problems:
             raise RuntimeError(f"{self.manifest_path} does not match its schema: {'; '.join(problems[:3])}")
+
+    def keep(self, adapter: bool = False) -> None:
+        """Copy the run's record under runs/ (`pipeline.record.history`); a copy that fails says so and
+        loses nothing: the run's own files are written already."""
+        try:
+            folder = keep(self.output_dir, self.doc, adapter)
+        except OSError as err:
+            say(f"could not keep this run's record under {self.output_dir / RUNS_DIR}: {err.strerror or err}")
+            return
+        if adapter:
+            size = sum(path.stat().st_size for path in (folder / ADAPTER_DIR).rglob("*") if path.is_file())
+            say(
+                f"kept the adapter in {folder / ADAPTER_DIR} ({size / 1e6:.1f} MB on disk, each run that keeps one)"
+            )
 
     def announce(self) -> None:
         """The result's path, last on stdout (rank 0 only)."""
@@ -500,6 +518,11 @@ def _recorded(record: Record, command: str, coordinator: Coordinator) -> Iterato
             f"({replaced['pid']}) is gone: it was killed (kill -9, out of memory, a reboot); starting afresh"
             + (" (--resume continues from its newest complete checkpoint)" if command == "run" else "")
         )
+    if record.writes:
+        try:
+            keep_previous(output_dir, record.previous)
+        except OSError as err:
+            say(f"could not keep the last run's record under {output_dir / RUNS_DIR}: {err.strerror or err}")
     record.save()
     finished = False
     try:

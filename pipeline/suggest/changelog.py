@@ -13,7 +13,7 @@ and for which diffs, the entry is closer to the message written than the past's 
 (`suggestion.FEATURES`' `changelog` marks it); where a repository keeps no changelog nothing changes.
 
 It helps most where changelogs are written with the change, and changes little where they are
-written at release time (docs/evaluation.md keeps the figures, news fragments' and changesets'
+written at release time (docs/experiments.md keeps the figures, news fragments' and changesets'
 too).
 """
 

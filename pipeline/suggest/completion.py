@@ -42,7 +42,7 @@ BLOCK_TOKENS = 96  # and for a block's body
 
 # Who writes a next line: (answers with the adapter, prompt with retrieved context), or the lookup for code
 # (None). The fine-tuned model with context answers unless another beats it on the validation commits
-# beyond noise: fine-tuning and retrieved context add up in published work (docs/evaluation.md).
+# beyond noise: fine-tuning and retrieved context add up in published work (docs/experiments.md).
 CODE_SYSTEMS: dict[str, tuple[bool, bool] | None] = {
     "model-context": (True, True),
     "model": (True, False),

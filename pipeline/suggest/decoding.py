@@ -33,14 +33,14 @@ from pipeline.train.model import causal_lm, scoring
 
 SHARED_PREFIX_MIN = 16  # a common beginning shorter than this is not worth a copy per batch
 # Tokens per prefill forward on a CPU, where longer forwards prefill fewer tokens a second
-# (docs/evaluation.md, the decoding); a GPU prefills a whole batch in one forward.
+# (docs/experiments.md, the decoding); a GPU prefills a whole batch in one forward.
 CPU_PREFILL_TOKENS = 1024
 # KV-cache tokens (rows × (longest prompt + answer)) of one batch on a CPU: a batch pays its longest
 # answer's steps once, for all its rows, so the held-out commits' messages are one batch.
 CPU_BATCH_TOKENS = 32768
 GPU_BATCH_ROWS = 16  # a GPU's memory is what a larger batch could run out of
 # Rows whose answers ended are taken out of a batch once they are this share of it: a row left in costs a
-# step's share of compute, taking rows out a copy of the whole cache (docs/evaluation.md, the decoding).
+# step's share of compute, taking rows out a copy of the whole cache (docs/experiments.md, the decoding).
 LEFT_SHARE = 0.25
 
 
@@ -447,7 +447,7 @@ def _reserved_layer():
 
     class Reserved(DynamicLayer):
         """A decoding step writes its position in place, where DynamicLayer copies the whole cache to
-        append it, which was a third of a step (docs/evaluation.md, the decoding)."""
+        append it, which was a third of a step (docs/experiments.md, the decoding)."""
 
         def __init__(self, parts: list, shared: int, width: int, room: int):
             super().__init__()

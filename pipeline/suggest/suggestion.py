@@ -264,7 +264,7 @@ def fit_selector(
 def _ranking(config: RetrievalConfig, seed: int) -> dict[str, Any]:
     """The selector's LightGBM parameters. Ranking, not regression: only the order of one diff's
     candidates decides what is suggested, and a regressor spends itself predicting how hard each commit
-    is (it scored better on the older commits of every repository measured: docs/evaluation.md)."""
+    is (it scored better on the older commits of every repository measured: docs/experiments.md)."""
     return {
         "objective": "lambdarank",
         "label_gain": list(range(100 // CLOSENESS_GRADE + 1)),  # a grade's gain is the grade
@@ -273,7 +273,7 @@ def _ranking(config: RetrievalConfig, seed: int) -> dict[str, Any]:
         "num_leaves": 15,
         "min_data_in_leaf": 20,
         # Every feature for every tree: a sample of them made the selector depend on `train.seed`, for nothing
-        # on average (docs/evaluation.md).
+        # on average (docs/experiments.md).
         "feature_fraction": 1.0,
         "deterministic": True,
         "num_threads": 1,
@@ -284,7 +284,7 @@ def _ranking(config: RetrievalConfig, seed: int) -> dict[str, Any]:
 
 # Newest commits to a diff's files offered beside its k nearest (`nearest_and_recent`): a commit often
 # continues the one before it on the same files. Four of them: fewer gained less, more nothing, and the
-# newest to the same directories lost (docs/evaluation.md).
+# newest to the same directories lost (docs/experiments.md).
 RECENT_CANDIDATES = 4
 MIN_SELECTOR_COMMITS = 50  # fewer commits to learn from than this, and the selector is not trusted
 CLOSENESS_GRADE = 10  # closeness points per relevance grade the ranker learns (0–100: grades 0–10)

@@ -8,7 +8,7 @@ diff's added lines that follow the same anchor give the number this commit write
 the old one in the message. Only when the anchors agree on one new number; otherwise the message
 stays as it was written.
 
-It changes few answers, and none for the worse (docs/evaluation.md keeps the figures and what else
+It changes few answers, and none for the worse (docs/experiments.md keeps the figures and what else
 was tried: moving every candidate's numbers before the ranker chooses, moving names by the same
 anchors, anchoring on removed lines, a number without an anchor).
 """

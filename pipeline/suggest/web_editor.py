@@ -7,7 +7,7 @@ many, most few, and no past message can name a file that no earlier message name
 WEB_EDITOR_SHARE of the commits the selector learns from were written so, it is offered both forms for
 a diff that changes one file, and learns from them whether, and for which diffs, one is the closest
 candidate (`suggestion.FEATURES`' `web_default`). Where few write them, offering it only moved the
-ranker's other choices (docs/evaluation.md keeps the figures).
+ranker's other choices (docs/experiments.md keeps the figures).
 """
 
 from __future__ import annotations

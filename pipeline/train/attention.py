@@ -57,7 +57,7 @@ def segments_attention(
 def _next_token(query, key, value, mask, scale: float):
     """One new token's attention over the KV cache while generating (`mask` [batch, 1, 1, keys], True
     where it may attend; None when nothing is padded). transformers' SDPA call for it costs twice these
-    two matmuls when nothing is padded (docs/evaluation.md, the decoding). Each group of query heads shares its key head as one batched
+    two matmuls when nothing is padded (docs/experiments.md, the decoding). Each group of query heads shares its key head as one batched
     matrix, without copies of the cache."""
     batch, heads, _, dim = query.shape
     grouped = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)

@@ -295,8 +295,14 @@ def hook_options(parser: argparse.ArgumentParser) -> None:
 
 
 def diff_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("before", metavar="BEFORE", help="a run's MANIFEST.json, or its output directory")
-    parser.add_argument("after", metavar="AFTER", help="the other run's, to compare with it")
+    parser.add_argument(
+        "before",
+        metavar="BEFORE",
+        nargs="?",
+        help="a run's MANIFEST.json, or its output directory (alone: the newest two runs that directory "
+        "keeps; neither: the newest two of the configured output directory, repotune-output/)",
+    )
+    parser.add_argument("after", metavar="AFTER", nargs="?", help="the other run's, to compare with it")
     parser.add_argument(
         "--all",
         action="store_true",
@@ -328,6 +334,18 @@ def diff_options(parser: argparse.ArgumentParser) -> None:
         help="a gate: 'PATH>+5%%' (relative change), 'PATH>+0.1' (change), 'PATH>0.5' (new value); with it the "
         "exit code is 1 where a condition holds, 0 where none does, 2 an error (without it: 0 identical, 1 "
         "different, 2 an error)",
+    )
+
+
+def runs_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "output_dir",
+        metavar="OUTPUT_DIR",
+        nargs="?",
+        help="the output directory whose runs to list (default: the configured one, repotune-output/)",
+    )
+    parser.add_argument(
+        "--only-changed", action="store_true", help="only the columns whose values differ between the runs"
     )
 
 

@@ -11,6 +11,7 @@ from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from pipeline.manifest import manifest_file
 from pipeline.progress import say
+from pipeline.record.history import newest_two, runs_table
 from pipeline.use import generate as generation
 from pipeline.use import hook as commit_hook
 from pipeline.use.cli import as_text
@@ -111,12 +112,23 @@ def hook(action: str, repo: str, adapter: str | None, timeout: float, alternativ
     print(commit_hook.install(repo, adapter, timeout, alternatives))
 
 
-def diff(before: str, after: str, options) -> int:
-    """What changed between two runs, and its exit code: 0 identical, 1 different, 2 a tripped --fail-if."""
+def diff(before: str | None, after: str | None, options) -> int:
+    """What changed between two runs, and its exit code (`run_diff`'s). No runs named: the newest two an
+    output directory keeps (BEFORE, or the configured one)."""
+    if after is None:
+        before, after = (
+            str(path) for path in newest_two(Path(before or load_config(None).config.output.dir))
+        )
+        say(f"comparing {before} with {after}")
     text, messages, code = run_diff(before, after, options)
     print(text)
     print("\n".join(messages), file=sys.stderr, end="\n" if messages else "")
     return code
+
+
+def runs(output_dir: str | None, only_changed: bool) -> None:
+    """The runs an output directory keeps (the configured one unless named), as a table."""
+    print(runs_table(Path(output_dir or load_config(None).config.output.dir), only_changed))
 
 
 def report(manifests: list[str], output: str | None, names: list[str]) -> None:
