@@ -37,6 +37,9 @@ sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the o
 from pipeline.scores import difference, with_interval  # noqa: E402  (after the path it is found on)
 
 GOAL_POINTS = 3.0  # chrF and edit-similarity points the suggestion must gain over the lookup and the model
+RESULTS = (
+    ROOT / "benchmarks" / "results"
+)  # the files docs/ figures are generated from (benchmarks/figures.py)
 CODE_GOAL_POINTS = 5.0  # exact-match and edit-similarity points fine-tuned + context must gain
 SYSTEMS = {
     "before": "base model",
@@ -62,8 +65,23 @@ def main() -> int:
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], help="more config overrides, as for the CLI"
     )
+    parser.add_argument(
+        "--name", help="what to call the repository in the results (default: its directory's name)"
+    )
+    parser.add_argument(
+        "--label",
+        default="default",
+        help="what the runs vary (default: default, the command as shipped): it names the results file",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="the JSON results file the docs' figures are generated from (default: "
+        "benchmarks/results/learning-REPO_NAME-LABEL.json)",
+    )
     args = parser.parse_args()
-    args.output_dir = args.output_dir or str(Path("bench-learning-output") / Path(args.repo).resolve().name)
+    args.name = args.name or Path(args.repo).resolve().name
+    args.output_dir = args.output_dir or str(Path("bench-learning-output") / args.name)
 
     outcomes = []
     for budget in args.budgets.split(","):
@@ -81,7 +99,55 @@ def main() -> int:
             return 2
         outcomes.append((budget, output))
     met = [report(budget, output, args.samples) for budget, output in outcomes]
+    results = args.results or RESULTS / f"learning-{args.name}-{args.label}.json"
+    write_results(results, args, {budget: summary(output) for budget, output in outcomes})
+    print(f"\nresults: {results}")
     return 0 if all(met) else 1
+
+
+def summary(output: Path) -> dict:
+    """What the docs show of one budget's run: its training, and every system's scores on each task as the
+    manifest has them (with their intervals and paired differences)."""
+    import orjson
+
+    manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
+    params, report_ = manifest["training_parameters"], manifest["training_report"]
+    evaluation = report_["evaluation"]
+    before, after = evaluation["before"] or {}, evaluation["after"] or {}
+    return {
+        "repotune": manifest["tool"]["git_sha"],
+        "head": manifest["repository"]["head"],
+        "cores": manifest["hardware"]["usable_cores"],
+        "gpus": [gpu.get("name") for gpu in manifest["hardware"]["gpus"] or []],
+        "files_share": params.get("files_share"),
+        "train_sequences": params["train_sequences"],
+        "train_files": params.get("train_files"),
+        "steps": report_["training"]["global_step"],
+        "tokens_per_s": report_["throughput"]["tokens_per_s"],
+        "train_s": manifest["timings"]["train_s"],
+        "run_s": manifest["total_execution_time_seconds"],
+        "loss": [before.get("loss"), after.get("loss")],
+        "held_out_commits": evaluation["held_out_commits"],
+        "system": (evaluation["system"] or {}).get("name"),
+        "code_system": (evaluation["code_system"] or {}).get("name"),
+        "tasks": evaluation["tasks"],
+    }
+
+
+def write_results(path: Path, args: argparse.Namespace, budgets: dict) -> None:
+    """The results file: what was run (repository, label, overrides) and each budget's summary."""
+    import orjson
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": "bench_learning",
+        "repository": args.name,
+        "label": args.label,
+        "model": args.model,
+        "overrides": args.overrides,
+        "budgets": budgets,
+    }
+    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
 def report(budget: str, output: Path, shown: int) -> bool:

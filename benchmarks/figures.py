@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""The docs' measured figures, generated from the benchmarks' own results files: each block of a page
+between `<!-- figure: NAME -->` and `<!-- /figure -->` is what FIGURES[NAME] makes of
+benchmarks/results/, so a benchmark run again updates the page, and the suite fails where a page and its
+results disagree.
+
+    python benchmarks/figures.py           # write every block from the results
+    python benchmarks/figures.py --check   # exit 1 naming each block that differs (tests run it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
+
+from pipeline.scores import difference, with_interval  # noqa: E402  (after the path it is found on)
+
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+BLOCK = re.compile(r"(<!-- figure: (\S+) -->\n)(.*?)(<!-- /figure -->)", re.S)
+
+
+def results(name: str) -> dict[str, Any]:
+    import orjson
+
+    path = RESULTS / f"{name}.json"
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: no such results file (run the benchmark that writes it)") from None
+
+
+def _budget(name: str, budget: str = "10m") -> dict[str, Any]:
+    return results(name)["budgets"][budget]
+
+
+def _pair(scored: dict[str, Any], *keys: str) -> str:
+    return " / ".join(f"{scored[key]:.1f}" for key in keys)
+
+
+def _provenance(*runs: dict[str, Any]) -> str:
+    commits = sorted({run["repotune"][:7] for run in runs})
+    machine = {", ".join(run["gpus"]) or f"{run['cores']} CPU cores" for run in runs}
+    return f"repotune {', '.join(commits)} on {', '.join(sorted(machine))}"
+
+
+CODE_SYSTEMS = {
+    ("before", "code"): "base",
+    ("before", "code_context"): "base + context",
+    ("after", "code"): "fine-tuned",
+    ("after", "code_context"): "fine-tuned + context",
+    ("nearest_commit", "code"): "lookup for code",
+}
+MESSAGE_SYSTEMS = {
+    "before": "base",
+    "after": "fine-tuned",
+    "nearest_commit": "lookup",
+    "selector": "selector",
+    "suggested": "suggested",
+}
+
+
+def code_scoreboard(name: str) -> str:
+    """The next-line scoreboard of one repository's default 10-minute run (learning-NAME-default)."""
+    run = _budget(f"learning-{name}-default")
+    tasks = run["tasks"]
+    rows = [
+        "| system | exact match % | edit similarity | − base + context (EM / ES) |",
+        "|---|---|---|---|",
+    ]
+    for (system, task), label in CODE_SYSTEMS.items():
+        scored = tasks[system][task]
+        versus = "" if label == "base + context" else _versus(tasks, system, task)
+        rows.append(
+            f"| {label} | {with_interval(scored, 'exact_match_pct')} | "
+            f"{with_interval(scored, 'edit_similarity')} | {versus} |"
+        )
+    lines = tasks["after"]["code"]
+    return "\n".join(rows) + (
+        f"\n\n{lines['samples']} next lines from {lines['commits']} held-out commits; {run['steps']} steps "
+        f"in {run['train_s']:.0f} s ({run['tokens_per_s']:.0f} tokens/s), the run {run['run_s'] / 60:.1f} "
+        f"minutes; {_provenance(run)}.\n"
+    )
+
+
+def _versus(tasks: dict[str, Any], system: str, task: str) -> str:
+    """`system`'s `task` against base + context, paired: the manifest holds each model against the base
+    on the same task, so only those pairs are shown."""
+    if (system, task) == ("after", "code_context"):
+        versus = tasks["after"]["code_context"]["vs_before"]
+        return f"{difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
+    return ""
+
+
+def message_scoreboard(name: str) -> str:
+    """The commit-message scoreboard of one repository's default 10-minute run."""
+    run = _budget(f"learning-{name}-default")
+    tasks = run["tasks"]
+    rows = ["| system | chrF | edit similarity | − lookup (chrF / ES) |", "|---|---|---|---|"]
+    for system, label in MESSAGE_SYSTEMS.items():
+        scored = (tasks.get(system) or {}).get("message")
+        if not scored:
+            continue
+        versus = scored.get("vs_nearest_commit")
+        shown = f"{difference(versus, 'chrf')} / {difference(versus, 'edit_similarity')}" if versus else ""
+        chosen = f" (chose {run['system']})" if system == "suggested" else ""
+        rows.append(
+            f"| {label}{chosen} | {with_interval(scored, 'chrf')} | "
+            f"{with_interval(scored, 'edit_similarity')} | {shown} |"
+        )
+    return (
+        "\n".join(rows)
+        + f"\n\n{tasks['after']['message']['samples']} held-out commits; {_provenance(run)}.\n"
+    )
+
+
+ABLATION = {
+    "default": "history and files (`train.files_share` 0.5, the default)",
+    "files": "files alone (1)",
+    "history": "history alone (0)",
+}
+
+
+def ablation(name: str) -> str:
+    """What each part of training adds on one repository: the default 10-minute run trained on history and
+    files, on files alone and on history alone (learning-NAME-LABEL), the same held-out lines."""
+    runs = {label: _budget(f"learning-{name}-{label}") for label in ABLATION}
+    rows = [
+        "| trained on | sequences / files | steps | held-out loss | fine-tuned − base (EM / ES) | "
+        "fine-tuned + context − base + context | messages, fine-tuned chrF / ES |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, text in ABLATION.items():
+        run, tasks = runs[label], runs[label]["tasks"]
+        before, after = run["loss"]
+        alone, context = tasks["after"]["code"]["vs_before"], tasks["after"]["code_context"]["vs_before"]
+        rows.append(
+            f"| {text} | {run['train_sequences']} / {run['train_files'] or 0} | {run['steps']} | "
+            f"{before:.3f} → {after:.3f} | {_signed(alone)} | {_signed(context)} | "
+            f"{_pair(tasks['after']['message'], 'chrf', 'edit_similarity')} |"
+        )
+    tasks = runs["default"]["tasks"]
+    return "\n".join(rows) + (
+        f"\n\nOn the same {tasks['after']['code']['samples']} held-out lines: base "
+        f"{_pair(tasks['before']['code'], 'exact_match_pct', 'edit_similarity')}, base + context "
+        f"{_pair(tasks['before']['code_context'], 'exact_match_pct', 'edit_similarity')}, lookup for code "
+        f"{_pair(tasks['nearest_commit']['code'], 'exact_match_pct', 'edit_similarity')} (exact match % / "
+        f"edit similarity); {_provenance(*runs.values())}.\n"
+    )
+
+
+def _signed(versus: dict[str, Any]) -> str:
+    return f"{versus['exact_match_pct']:+.1f} / {difference(versus, 'edit_similarity')}"
+
+
+FIGURES: dict[str, Callable[[], str]] = {
+    "code-flask": lambda: code_scoreboard("flask"),
+    "messages-flask": lambda: message_scoreboard("flask"),
+    "ablation-flask": lambda: ablation("flask"),
+}
+
+
+def rendered(text: str) -> tuple[str, list[str]]:
+    """`text` with every figure block generated again, and the names of those that changed."""
+    changed: list[str] = []
+
+    def fill(found: re.Match[str]) -> str:
+        name = found.group(2)
+        if name not in FIGURES:
+            raise SystemExit(f"<!-- figure: {name} -->: no such figure (benchmarks/figures.py FIGURES)")
+        body = FIGURES[name]()
+        if body != found.group(3):
+            changed.append(name)
+        return found.group(1) + body + found.group(4)
+
+    return BLOCK.sub(fill, text), changed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing: exit 1 where a page differs")
+    args = parser.parse_args()
+    stale = []
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        new, changed = rendered(text)
+        stale += [f"{page.relative_to(ROOT)}: {name}" for name in changed]
+        if changed and not args.check:
+            page.write_text(new)
+    for line in stale:
+        print(f"{'differs from its results' if args.check else 'generated'}: {line}")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
