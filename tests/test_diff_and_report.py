@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import html
 import io
 from html.parser import HTMLParser
 from pathlib import Path
@@ -311,8 +312,8 @@ def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
     after["commonest_opening"] = {"word": "add", "answers": after["samples"], "references": 0}
     page = render_report(manifest)
     assert (
-        f"the fine-tuned model begins {after['samples']} of its {after['samples']} answers with &quot;add&quot;"
-        in page
+        f'the fine-tuned model begins {after["samples"]} of its {after["samples"]} answers with "add"'
+        in html.unescape(page)
     )
     assert "Commit message from its diff" in page and "lookup (most similar past commit)" in page
     assert "chrF vs lookup" in page and "Next line at a cursor" in page and "exact match % [95%]" in page

@@ -1,47 +1,43 @@
 """One self-contained HTML page for a run (summary, plan, curves, evaluation, throughput, stages,
 hardware, data, config), or for several runs compared (overlaid curves, one table of what differs).
 
-Plots are drawn with matplotlib (Agg, no display) and embedded as base64 PNG,
-so the page opens offline and can be attached anywhere. Anything the run did
-not measure says so instead of drawing an empty plot.
+Each section is a list of blocks (headings, paragraphs, tables, figures) built from the manifest here and
+laid out by the Jinja2 template beside this module (templates/report.html), which escapes every value.
+Plots are drawn with matplotlib (Agg, no display) and embedded as base64 PNG, so the page opens offline
+and can be attached anywhere. Anything the run did not measure says so instead of drawing an empty plot.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 from pathlib import Path
 from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
 from pipeline.errors import PipelineError
 from pipeline.manifest import load_manifest, write_text_output
 from pipeline.scores import BLOCK_TASK, CODE_LABELS, difference, registers, with_interval
 from pipeline.use.diff import CATEGORIES, compare
 
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #1d2330; }
-h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #d0d5de; padding-bottom: 0.2rem; margin-top: 2rem; }
-table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
-th, td { border: 1px solid #d0d5de; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top;
-         overflow-wrap: anywhere; }
-th { background: #f2f4f8; } .muted { color: #6b7385; } img { max-width: 100%; }
-pre { background: #f6f8fa; padding: 0.5rem; font-size: 0.8rem; white-space: pre-wrap; overflow-wrap: anywhere; margin: 0;
-      max-height: 24em; overflow-y: auto; }
-table.samples { table-layout: fixed; width: 100%; } table.samples td, table.samples th { width: 25%; }
-table.plan td:nth-child(1), table.plan td:nth-child(3) { white-space: nowrap; overflow-wrap: normal; }
-table.plan td:nth-child(2) { max-width: 14em; } table.plan td:nth-child(4) { width: 60%; }
-table.scores td { white-space: nowrap; overflow-wrap: normal; } .better { color: #1a7f37; } .worse { color: #cf222e; }
-table.scores td:first-child { white-space: normal; min-width: 10em; } table.scores th { overflow-wrap: normal; }
-details > summary { cursor: pointer; font-size: 1.5em; font-weight: bold; margin-top: 2rem; }
-.status-completed { color: #1a7f37; } .status-failed, .status-interrupted { color: #cf222e; }
-"""
+TEMPLATES = Path(__file__).with_name("templates")
+STYLE = (TEMPLATES / "report.css").read_text()
+PAGE = Environment(
+    loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]), keep_trailing_newline=True
+).get_template("report.html")
+
+Block = dict[str, Any]
+"""One piece of a page for the template: {"kind": "h1" | "h2" | "h3" | "p" | "pre" | "table" | "figure" |
+"details", ...}. A table's cells are text, or {"text", "css"} (a span), {"pre": text}, {"blank": count}
+(a blank answer), or a list of those."""
 
 
 def render_report(manifest: dict[str, Any]) -> str:
     """What the run learned first (the scoreboard against the repository's own past, then samples side by
     side), then how it trained, then the plan (folded) and the rest."""
-    sections = [
+    sections: list[list[Block]] = [
         _summary(manifest),
         _scoreboard(manifest),
         _samples(manifest),
@@ -58,11 +54,11 @@ def render_report(manifest: dict[str, Any]) -> str:
     return _page(f"repotune run {(manifest.get('run') or {}).get('id', '')}", sections)
 
 
-def _page(title: str, sections: list[str]) -> str:
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
-        f"<style>{STYLE}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n"
-    )
+def _page(title: str, sections: list[list[Block]]) -> str:
+    # The style is this module's own file, not the manifest's: trusted, and CSS inside <style> is not
+    # read as HTML (an escaped `>` would break its child selectors).
+    blocks = [block for section in sections for block in section]
+    return PAGE.render(title=title, style=Markup(STYLE), blocks=blocks)
 
 
 def write_report(manifest_paths: list[Path], output: Path, names: list[str]) -> Path:
@@ -74,7 +70,7 @@ def write_report(manifest_paths: list[Path], output: Path, names: list[str]) -> 
     return write_text_output(output, render_comparison(run_names(manifest_paths, names), manifests))
 
 
-def _summary(m: dict[str, Any]) -> str:
+def _summary(m: dict[str, Any]) -> list[Block]:
     run, params, report = (
         m.get("run") or {},
         m.get("training_parameters") or {},
@@ -85,51 +81,46 @@ def _summary(m: dict[str, Any]) -> str:
     throughput = report.get("throughput") or {}
     repository = m.get("repository") or {}
     model = m.get("model") or {}
+    status = m.get("status")
     rows = [
         (
             "status",
-            f'<span class="status-{_e(m.get("status"))}">{_e(m.get("status"))}</span>'
-            + (f" — {_e(m.get('error'))}" if m.get("error") else ""),
+            [{"text": status, "css": f"status-{status}"}, f" — {m['error']}" if m.get("error") else ""],
         ),
-        ("command", _e(" ".join(["repotune", *(run.get("argv") or [])]))),
-        ("started / finished", f"{_e(run.get('started_at'))} / {_e(run.get('finished_at'))}"),
-        ("total time", _e(_fmt(m.get("total_execution_time_seconds"), " s"))),
+        ("command", " ".join(["repotune", *(run.get("argv") or [])])),
+        ("started / finished", f"{run.get('started_at')} / {run.get('finished_at')}"),
+        ("total time", _fmt(m.get("total_execution_time_seconds"), " s")),
         (
             "repository",
-            f"{_e(repository.get('path'))} @ {_e((repository.get('head') or '')[:12])} ({_e(repository.get('branch'))})",
+            f"{repository.get('path')} @ {(repository.get('head') or '')[:12]} ({repository.get('branch')})",
         ),
-        ("model", _e(f"{model.get('name')} — {model.get('note') or 'pretrained'}")),
+        ("model", f"{model.get('name')} — {model.get('note') or 'pretrained'}"),
         (
             "device",
-            _e(
-                f"{params.get('device')} · {params.get('precision')} · micro-batch {params.get('batch_size')} × {params.get('gradient_accumulation_steps')} accumulation"
-            ),
+            f"{params.get('device')} · {params.get('precision')} · micro-batch {params.get('batch_size')} × "
+            f"{params.get('gradient_accumulation_steps')} accumulation",
         ),
         (
             "steps",
-            _e(
-                f"{(report.get('training') or {}).get('global_step')} of {params.get('total_steps')} (warmup {params.get('warmup_steps')})"
-            ),
+            f"{(report.get('training') or {}).get('global_step')} of {params.get('total_steps')} (warmup "
+            f"{params.get('warmup_steps')})",
         ),
         (
             "training loss",
-            _e(
-                f"{_fmt(training.get('first'))} → {_fmt(training.get('last'))} (min {_fmt(training.get('min'))} at step {training.get('min_step')})"
-            ),
+            f"{_fmt(training.get('first'))} → {_fmt(training.get('last'))} (min {_fmt(training.get('min'))} at "
+            f"step {training.get('min_step')})",
         ),
-        ("held-out loss", _e(_before_after(evaluation))),
-        ("throughput", _e(_throughput_line(throughput))),
+        ("held-out loss", _before_after(evaluation)),
+        ("throughput", _throughput_line(throughput)),
     ]
-    return f'<h1>{_e("repotune run")}</h1><p class="muted">{_e(run.get("id"))}</p>' + _table(
-        ("", ""), rows, escape=False
-    )
+    return [_heading(1, "repotune run"), _p(run.get("id"), muted=True), _table(("", ""), rows)]
 
 
-def _lineage(m: dict[str, Any]) -> str:
+def _lineage(m: dict[str, Any]) -> list[Block]:
     """An update's parent, what it added, and what it kept of the parent's held-out commits (else nothing)."""
     lineage = m.get("lineage")
     if not lineage:
-        return ""
+        return []
     forgetting = lineage.get("forgetting") or {}
     was, now = (forgetting.get(when) or {} for when in ("before", "after"))
     rows = [
@@ -143,15 +134,15 @@ def _lineage(m: dict[str, Any]) -> str:
             "a rise is forgetting)",
         ),
     ]
-    return "<h2>Lineage (an update)</h2>" + _table(("", ""), rows)
+    return [_heading(2, "Lineage (an update)"), _table(("", ""), rows)]
 
 
-def _decisions(m: dict[str, Any]) -> str:
+def _decisions(m: dict[str, Any]) -> list[Block]:
     """The plan, folded: every decision with its source and reason, in the order the CLI prints them."""
     params = m.get("training_parameters") or {}
     decisions = params.get("decisions") or {}
     if not decisions:
-        return '<h2>Plan</h2><p class="muted">not planned</p>'
+        return [_heading(2, "Plan"), _p("not planned", muted=True)]
     order = [name for name in params.get("decision_order") or [] if name in decisions]  # as the CLI prints
     order += [name for name in decisions if name not in order]
     rows = [
@@ -163,19 +154,22 @@ def _decisions(m: dict[str, Any]) -> str:
         )
         for name in order
     ]
-    return (
-        f"<details><summary>Plan ({len(rows)} decisions, each with its reason)</summary>"
-        + _table(("parameter", "value", "source", "reason"), rows, css="plan")
-        + "</details>"
-    )
+    table = _table(("parameter", "value", "source", "reason"), rows, css="plan")
+    return [
+        {
+            "kind": "details",
+            "summary": f"Plan ({len(rows)} decisions, each with its reason)",
+            "blocks": [table],
+        }
+    ]
 
 
-def _training(m: dict[str, Any]) -> str:
+def _training(m: dict[str, Any]) -> list[Block]:
     report = m.get("training_report") or {}
     losses = (report.get("training") or {}).get("loss_history") or []
     rates = (report.get("learning_rate") or {}).get("history") or []
     if not losses:
-        return '<h2>Training</h2><p class="muted">no training steps recorded</p>'
+        return [_heading(2, "Training"), _p("no training steps recorded", muted=True)]
     norms = [(e["step"], e["grad_norm"]) for e in losses if e.get("grad_norm") is not None]
 
     def draw(plt):
@@ -197,7 +191,7 @@ def _training(m: dict[str, Any]) -> str:
         rate.set_ylabel("learning rate")
         return figure
 
-    return "<h2>Training</h2>" + _figure(draw, "loss, gradient-norm and learning-rate curves")
+    return [_heading(2, "Training"), _figure(draw, "loss, gradient-norm and learning-rate curves")]
 
 
 def held_out_curve(m: dict[str, Any]) -> list[tuple[int, float]]:
@@ -228,19 +222,23 @@ SYSTEM_LABELS = {
 }
 
 
-def _scoreboard(m: dict[str, Any]) -> str:
+def _scoreboard(m: dict[str, Any]) -> list[Block]:
     """The held-out commits' scores: each system's commit messages beside the lookup's (paired
     differences with 95% intervals), the next-line code task before and after, and held-out loss."""
     evaluation = (m.get("training_report") or {}).get("evaluation") or {}
     if not evaluation.get("before") and not evaluation.get("after"):
-        return f'<h2>What it learned</h2><p class="muted">{_e(evaluation.get("note") or "not measured")}</p>'
-    parts = ["<h2>What it learned (held-out commits: the newest, never trained on or retrieved from)</h2>"]
-    parts += _message_scores(evaluation) + _code_scores(evaluation) + _code_scores(evaluation, blocks=True)
-    parts += _held_out_loss(evaluation)
-    return "\n".join(parts)
+        return [_heading(2, "What it learned"), _p(evaluation.get("note") or "not measured", muted=True)]
+    title = "What it learned (held-out commits: the newest, never trained on or retrieved from)"
+    return [
+        _heading(2, title),
+        *_message_scores(evaluation),
+        *_code_scores(evaluation),
+        *_code_scores(evaluation, blocks=True),
+        *_held_out_loss(evaluation),
+    ]
 
 
-def _message_scores(evaluation: dict[str, Any]) -> list[str]:
+def _message_scores(evaluation: dict[str, Any]) -> list[Block]:
     """Each system's commit messages beside the lookup's."""
     tasks, system = evaluation.get("tasks") or {}, evaluation.get("system") or {}
     rows, count = [], None
@@ -253,13 +251,13 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
         versus, count = scored.get("vs_nearest_commit") or {}, count or scored.get("samples")
         rows.append(
             (
-                _e(label),
-                _e(with_interval(scored, "chrf")),
-                _e(with_interval(scored, "edit_similarity")),
+                label,
+                with_interval(scored, "chrf"),
+                with_interval(scored, "edit_similarity"),
                 _signed(versus, "chrf"),
                 _signed(versus, "edit_similarity"),
-                _e(_fmt(scored.get("subject_exact_match_pct"))),
-                _e(f"{_fmt(scored.get('output_chars_mean'))} ({_fmt(scored.get('reference_chars_mean'))})"),
+                _fmt(scored.get("subject_exact_match_pct")),
+                f"{_fmt(scored.get('output_chars_mean'))} ({_fmt(scored.get('reference_chars_mean'))})",
             )
         )
     if not rows:
@@ -267,16 +265,15 @@ def _message_scores(evaluation: dict[str, Any]) -> list[str]:
     header = ("system", "chrF [95%]", "edit similarity [95%]", "chrF vs lookup", "ES vs lookup",
               "subject exact %", "chars (git's)")  # fmt: skip
     parts = [
-        f"<h3>Commit message from its diff ({count} commits)</h3>",
-        _table(header, rows, escape=False, css="scores"),
+        _heading(3, f"Commit message from its diff ({count} commits)"),
+        _table(header, rows, css="scores"),
     ]
     if system:
-        parts.append(f'<p class="muted">suggestion system: {_e(system.get("reason"))}</p>')
+        parts.append(_p(f"suggestion system: {system.get('reason')}", muted=True))
+    return parts + [_p(said, muted=True) for said in registers(tasks)]
 
-    return parts + [f'<p class="muted">{_e(said)}</p>' for said in registers(tasks)]
 
-
-def _code_scores(evaluation: dict[str, Any], blocks: bool = False) -> list[str]:
+def _code_scores(evaluation: dict[str, Any], blocks: bool = False) -> list[Block]:
     """The next line at a cursor (with `blocks`, the body under a line that opens one): every system, a
     model's gain over the base model given the same prompt, and who writes next lines at use, with why."""
     tasks, rows = evaluation.get("tasks") or {}, []
@@ -287,9 +284,9 @@ def _code_scores(evaluation: dict[str, Any], blocks: bool = False) -> list[str]:
             versus = scored.get("vs_before") or {}
             rows.append(
                 (
-                    _e(label + (" (chosen)" if chosen.get("name") == name else "")),
-                    _e(with_interval(scored, "exact_match_pct")),
-                    _e(with_interval(scored, "edit_similarity")),
+                    label + (" (chosen)" if chosen.get("name") == name else ""),
+                    with_interval(scored, "exact_match_pct"),
+                    with_interval(scored, "edit_similarity"),
                     _signed(versus, "exact_match_pct"),
                     _signed(versus, "edit_similarity"),
                 )
@@ -297,16 +294,16 @@ def _code_scores(evaluation: dict[str, Any], blocks: bool = False) -> list[str]:
     if not rows:
         return []
     header = ("system", "exact match % [95%]", "edit similarity [95%]", "exact vs base", "ES vs base")
-    said = [f'<p class="muted">{_e(chosen["reason"])}</p>'] if chosen else []
     title = (
         "A block: the body under a line that opens one (the file through that line given; resampled by commit)"
         if blocks
         else "Next line at a cursor (the file before it given; resampled by commit)"
     )
-    return [f"<h3>{title}</h3>", _table(header, rows, escape=False, css="scores"), *said]
+    said = [_p(chosen["reason"], muted=True)] if chosen else []
+    return [_heading(3, title), _table(header, rows, css="scores"), *said]
 
 
-def _held_out_loss(evaluation: dict[str, Any]) -> list[str]:
+def _held_out_loss(evaluation: dict[str, Any]) -> list[Block]:
     """Held-out loss and perplexity before and after, per format, and what the evaluation cost."""
     before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
     rows = [("held-out loss", _fmt(before.get("loss")), _fmt(after.get("loss")))]
@@ -315,49 +312,47 @@ def _held_out_loss(evaluation: dict[str, Any]) -> list[str]:
     for name, scored in (before.get("per_format") or {}).items():
         later = (after.get("per_format") or {}).get(name) or {}
         rows.append((f"  {name} perplexity", _fmt(scored.get("perplexity")), _fmt(later.get("perplexity"))))
-    parts = ["<h3>Held-out loss</h3>" + _table(("", "before training", "after training"), rows)]
+    parts = [_heading(3, "Held-out loss"), _table(("", "before training", "after training"), rows)]
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
-        parts.append(f'<p class="muted">{_e(held["note"])}</p>')
+        parts.append(_p(held["note"], muted=True))
     cost = evaluation.get("cost") or {}
     if cost:
+        share = cost.get("share_of_run_pct")
         parts.append(
-            f'<p class="muted">evaluation cost: base model {_fmt(cost.get("before_s"), " s")}'
-            + (" (cached)" if cost.get("before_cached") else "")
-            + f", fine-tuned {_fmt(cost.get('after_s'), ' s')}, retrieval {_fmt(cost.get('retrieval_s'), ' s')}"
-            + (
-                f"; {cost['share_of_run_pct']}% of the run"
-                if cost.get("share_of_run_pct") is not None
-                else ""
+            _p(
+                f"evaluation cost: base model {_fmt(cost.get('before_s'), ' s')}"
+                + (" (cached)" if cost.get("before_cached") else "")
+                + f", fine-tuned {_fmt(cost.get('after_s'), ' s')}, retrieval {_fmt(cost.get('retrieval_s'), ' s')}"
+                + (f"; {share}% of the run" if share is not None else ""),
+                muted=True,
             )
-            + "</p>"
         )
     return parts
 
 
-def _signed(versus: dict[str, Any], key: str) -> str:
+def _signed(versus: dict[str, Any], key: str) -> dict[str, str] | str:
     """A paired difference with its interval, green when the interval is above 0, red below."""
     if key not in versus:
         return ""
     low, high = versus[f"{key}_ci95"]
     css = "better" if low > 0 else "worse" if high < 0 else ""
-    return f'<span class="{css}">{difference(versus, key)}</span>'
+    return {"text": difference(versus, key), "css": css}
 
 
-def _samples(m: dict[str, Any]) -> str:
+def _samples(m: dict[str, Any]) -> list[Block]:
     """Held-out commits side by side: what git has, the lookup, the suggestion, the fine-tuned model."""
     evaluation = (m.get("training_report") or {}).get("evaluation") or {}
     samples = evaluation.get("samples") or {}
-    columns = [("what git has", None), ("lookup", "nearest_commit"), ("suggested", "suggested"),
-               ("fine-tuned model", "after"), ("base model", "before")]  # fmt: skip
-    by_commit = {
-        name: {(s["task"], s["commit"]): s for s in samples.get(name) or []} for _, name in columns if name
-    }
+    columns = [("lookup", "nearest_commit"), ("suggested", "suggested"), ("fine-tuned model", "after"),
+               ("base model", "before")]  # fmt: skip
+    by_commit = {name: {(s["task"], s["commit"]): s for s in samples.get(name) or []} for _, name in columns}
     asked = [s for s in samples.get("after") or samples.get("before") or []]
     if not asked:
-        return ""
+        return []
     parts = [
-        '<h2>Samples</h2><p class="muted">the first held-out commits; evaluation.jsonl beside the manifest has every one</p>'
+        _heading(2, "Samples"),
+        _p("the first held-out commits; evaluation.jsonl beside the manifest has every one", muted=True),
     ]
     for sample in asked:
         key = (sample["task"], sample["commit"])
@@ -366,33 +361,25 @@ def _samples(m: dict[str, Any]) -> str:
             if sample["task"] == "message"
             else "the next line of its change"
         )
-        shown = [
-            (label, found)
-            for label, name in columns
-            if name and (found := by_commit[name].get(key)) is not None
+        shown = [(label, found) for label, name in columns if (found := by_commit[name].get(key)) is not None]
+        prompt = sample["prompt"][-300:] if sample["task"] == "code" else sample["prompt"][:300]
+        parts += [
+            _heading(3, f"{sample['commit'][:12]}: {what}"),
+            {"kind": "pre", "text": prompt},
+            _table(
+                ["what git has", *[label for label, _ in shown]],
+                [[{"pre": sample["reference"]}, *[_output(found) for _, found in shown]]],
+                css="samples",
+            ),
         ]
-        header = "".join(
-            f"<th>{_e(label)}</th>" for label in ["what git has", *[label for label, _ in shown]]
-        )
-        cells = f"<td><pre>{_e(sample['reference'])}</pre></td>" + "".join(
-            _output_cell(found) for _, found in shown
-        )
-        parts.append(
-            f"<h3>{_e(sample['commit'][:12])}: {_e(what)}</h3><pre>{_e(sample['prompt'][-300:] if sample['task'] == 'code' else sample['prompt'][:300])}</pre>"
-            f'<table class="samples"><tr>{header}</tr><tr>{cells}</tr></table>'
-        )
-    return "\n".join(parts)
+    return parts
 
 
-def _output_cell(sample: dict[str, Any]) -> str:
-    return f"<td>{_output(sample)}</td>"
-
-
-def _output(sample: dict[str, Any]) -> str:
+def _output(sample: dict[str, Any]) -> dict[str, Any]:
     """A generation; a blank one says so instead of rendering as empty space."""
     if not sample["output"].strip():
-        return f'<p class="muted">(blank: {len(sample["output"])} whitespace characters)</p>'
-    return f"<pre>{_e(sample['output'])}</pre>"
+        return {"blank": len(sample["output"])}
+    return {"pre": sample["output"]}
 
 
 def _throughput_line(throughput: dict[str, Any]) -> str:
@@ -404,10 +391,10 @@ def _throughput_line(throughput: dict[str, Any]) -> str:
     return line
 
 
-def _throughput(m: dict[str, Any]) -> str:
+def _throughput(m: dict[str, Any]) -> list[Block]:
     throughput = (m.get("training_report") or {}).get("throughput") or {}
     if throughput.get("tokens_per_s") is None:
-        return f'<h2>Throughput</h2><p class="muted">{_e(_throughput_line(throughput))}</p>'
+        return [_heading(2, "Throughput"), _p(_throughput_line(throughput), muted=True)]
     step, wait = throughput.get("step_time_s") or {}, throughput.get("data_wait_s") or {}
     rows = [
         ("tokens per second", _fmt(throughput.get("tokens_per_s"))),
@@ -421,38 +408,44 @@ def _throughput(m: dict[str, Any]) -> str:
         ("bottleneck", _fmt(throughput.get("bottleneck"))),
         ("what to change", _fmt(throughput.get("suggestion"))),
     ]
-    return "<h2>Throughput</h2>" + _table(("", ""), rows)
+    return [_heading(2, "Throughput"), _table(("", ""), rows)]
 
 
-def _stages(m: dict[str, Any]) -> str:
+def _stages(m: dict[str, Any]) -> list[Block]:
     timings = m.get("timings") or {}
     if not timings:
-        return '<h2>Stages</h2><p class="muted">no stage timed</p>'
+        return [_heading(2, "Stages"), _p("no stage timed", muted=True)]
     total = m.get("total_execution_time_seconds") or sum(timings.values())
     rows = [
         (name.removesuffix("_s"), _fmt(seconds, " s"), f"{seconds / total:.0%}" if total else "—")
         for name, seconds in sorted(timings.items(), key=lambda item: -item[1])
     ]
-    return f"<h2>Stages</h2><p>{_e(_fmt(total, ' s'))} in all</p>" + _table(("stage", "time", "share"), rows)
+    return [
+        _heading(2, "Stages"),
+        _p(f"{_fmt(total, ' s')} in all"),
+        _table(("stage", "time", "share"), rows),
+    ]
 
 
-def _config(m: dict[str, Any]) -> str:
+def _config(m: dict[str, Any]) -> list[Block]:
     config = m.get("config") or {}
     overrides = config.get("overrides") or {}
-    source = _e(config.get("source") or "the shipped training_config.yaml")
+    source = config.get("source") or "the shipped training_config.yaml"
     if not overrides:
-        return f"<h2>Config</h2><p>{source}, nothing overridden</p>"
+        return [_heading(2, "Config"), _p(f"{source}, nothing overridden")]
     rows = sorted((key, _fmt(value)) for key, value in overrides.items())
-    return f"<h2>Config</h2><p>{source}, with these overrides (--set and flags)</p>" + _table(
-        ("key", "value"), rows
-    )
+    return [
+        _heading(2, "Config"),
+        _p(f"{source}, with these overrides (--set and flags)"),
+        _table(("key", "value"), rows),
+    ]
 
 
-def _hardware(m: dict[str, Any]) -> str:
+def _hardware(m: dict[str, Any]) -> list[Block]:
     hardware = (m.get("training_report") or {}).get("hardware") or {}
     samples = hardware.get("samples") or []
     if not samples:
-        return '<h2>Hardware</h2><p class="muted">no samples</p>'
+        return [_heading(2, "Hardware"), _p("no samples", muted=True)]
     gpu_indexes = sorted({gpu["index"] for sample in samples for gpu in sample["gpus"]})
 
     def draw(plt):
@@ -480,30 +473,32 @@ def _hardware(m: dict[str, Any]) -> str:
         return figure
 
     interval = hardware.get("collection_interval_seconds")
-    note = f'<p class="muted">{_e(hardware.get("gpu_note"))}</p>' if hardware.get("gpu_note") else ""
-    return f"<h2>Hardware (a sample every {_e(_fmt(interval))} s)</h2>{note}" + _figure(
-        draw, "hardware utilisation over time"
-    )
+    note = [_p(hardware["gpu_note"], muted=True)] if hardware.get("gpu_note") else []
+    return [
+        _heading(2, f"Hardware (a sample every {_fmt(interval)} s)"),
+        *note,
+        _figure(draw, "hardware utilisation over time"),
+    ]
 
 
-def _epochs(m: dict[str, Any]) -> str:
+def _epochs(m: dict[str, Any]) -> list[Block]:
     epochs = ((m.get("training_report") or {}).get("training") or {}).get("epoch_summaries") or []
     if not epochs:
-        return '<h2>Epochs</h2><p class="muted">no epoch summaries</p>'
+        return [_heading(2, "Epochs"), _p("no epoch summaries", muted=True)]
     columns = ("epoch", "end_step", "loss_mean", "loss_min", "loss_max", "duration_s", "tokens_per_s")
-    return "<h2>Epochs</h2>" + _table(columns, [tuple(_fmt(e.get(c)) for c in columns) for e in epochs])
+    return [_heading(2, "Epochs"), _table(columns, [tuple(_fmt(e.get(c)) for c in columns) for e in epochs])]
 
 
-def _scrape(m: dict[str, Any]) -> str:
+def _scrape(m: dict[str, Any]) -> list[Block]:
     scrape = m.get("scrape") or {}
     if scrape.get("commits_seen") is None:
-        return '<h2>Data</h2><p class="muted">not scraped</p>'
+        return [_heading(2, "Data"), _p("not scraped", muted=True)]
     counts = [
         (name, _fmt(scrape.get(name)))
         for name in ("commits_seen", "commits_kept", "files_seen", "files_kept", "sequences", "duration_s")
     ]
     skipped = scrape.get("skipped") or {}
-    parts = ["<h2>Data</h2>", _table(("", ""), counts)]
+    parts = [_heading(2, "Data"), _table(("", ""), counts)]
     if skipped:
 
         def draw(plt):
@@ -523,18 +518,29 @@ def _scrape(m: dict[str, Any]) -> str:
     parts.append(
         _table(("secrets redacted (rule)", "count"), sorted(redactions.items()))
         if redactions
-        else "<p>no secret found to redact</p>"
+        else _p("no secret found to redact")
     )
     cache = (m.get("dataset") or {}).get("cache") or {}
     if cache:
         state = "hit: reused" if cache.get("hit") else "miss: tokenized"
-        parts.append(
-            f"<p>token cache {_e(cache.get('key'))} ({_e(state)} in {_e(_fmt(cache.get('seconds'), ' s'))})</p>"
-        )
-    return "\n".join(parts)
+        parts.append(_p(f"token cache {cache.get('key')} ({state} in {_fmt(cache.get('seconds'), ' s')})"))
+    return parts
 
 
-def _figure(draw, alt: str) -> str:
+def _heading(level: int, text: str) -> Block:
+    return {"kind": f"h{level}", "text": text}
+
+
+def _p(text: Any, muted: bool = False) -> Block:
+    return {"kind": "p", "text": text, "muted": muted}
+
+
+def _table(header, rows, css: str | None = None) -> Block:
+    """A table; a header of empty names is none (a list of facts)."""
+    return {"kind": "table", "header": list(header), "rows": [list(row) for row in rows], "css": css}
+
+
+def _figure(draw, alt: str) -> Block:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -545,17 +551,7 @@ def _figure(draw, alt: str) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
-    data = base64.b64encode(buffer.getvalue()).decode()
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _table(header, rows, escape: bool = True, css: str | None = None) -> str:
-    cell = _e if escape else str
-    headings = "".join(f"<th>{_e(h)}</th>" for h in header)
-    head = f"<tr>{headings}</tr>" if any(header) else ""  # none: a list of facts
-    body = "".join("<tr>" + "".join(f"<td>{cell(value)}</td>" for value in row) + "</tr>" for row in rows)
-    attribute = f' class="{css}"' if css else ""
-    return f"<table{attribute}>{head}{body}</table>"
+    return {"kind": "figure", "alt": alt, "png": base64.b64encode(buffer.getvalue()).decode()}
 
 
 def _before_after(evaluation: dict[str, Any]) -> str:
@@ -577,10 +573,6 @@ def _fmt(value: Any, unit: str = "") -> str:
     return f"{value}{unit}"
 
 
-def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
-
-
 def run_names(paths: list[Path], names: list[str]) -> list[str]:
     """What each run is called on a comparison page: its --name, else its output directory's name (made
     unique with its position when two share one)."""
@@ -597,7 +589,7 @@ def render_comparison(names: list[str], manifests: list[dict[str, Any]]) -> str:
     return _page(
         f"repotune: {' vs '.join(names)}",
         [
-            "<h1>repotune: runs compared</h1>",
+            [_heading(1, "repotune: runs compared")],
             _runs_table(names, manifests),
             _messages_compared(names, manifests),
             _overlaid_curves(names, manifests),
@@ -606,7 +598,7 @@ def render_comparison(names: list[str], manifests: list[dict[str, Any]]) -> str:
     )
 
 
-def _runs_table(names: list[str], manifests: list[dict[str, Any]]) -> str:
+def _runs_table(names: list[str], manifests: list[dict[str, Any]]) -> list[Block]:
     rows = []
     for name, m in zip(names, manifests, strict=True):
         report = m.get("training_report") or {}
@@ -624,10 +616,10 @@ def _runs_table(names: list[str], manifests: list[dict[str, Any]]) -> str:
             )
         )
     header = ("run", "status", "model", "steps", "training loss", "held-out loss", "tokens/s", "total time")
-    return "<h2>Runs</h2>" + _table(header, rows)
+    return [_heading(2, "Runs"), _table(header, rows)]
 
 
-def _messages_compared(names: list[str], manifests: list[dict[str, Any]]) -> str:
+def _messages_compared(names: list[str], manifests: list[dict[str, Any]]) -> list[Block]:
     """Each run's commit messages on its held-out commits: the suggestion (and the system that made it)
     and its paired difference from the lookup, beside the fine-tuned model's and the lookup's scores."""
     rows = []
@@ -645,26 +637,29 @@ def _messages_compared(names: list[str], manifests: list[dict[str, Any]]) -> str
         versus = scored["suggested"].get("vs_nearest_commit") or {}
         rows.append(
             (
-                _e(name),
-                _e((evaluation.get("system") or {}).get("name")),
-                _e(scored["suggested"].get("samples")),
-                _e(both["suggested"]),
+                name,
+                (evaluation.get("system") or {}).get("name"),
+                scored["suggested"].get("samples"),
+                both["suggested"],
                 _signed(versus, "chrf"),
                 _signed(versus, "edit_similarity"),
-                _e(both["after"]),
-                _e(both["nearest_commit"]),
+                both["after"],
+                both["nearest_commit"],
             )
         )
     if not rows:
-        return ""
+        return []
     header = ("run", "suggested by", "commits", "suggested chrF / ES", "chrF vs lookup [95%]",
               "ES vs lookup [95%]", "fine-tuned chrF / ES", "lookup chrF / ES")  # fmt: skip
-    return (
-        "<h2>Commit messages</h2>"
-        + _table(header, rows, escape=False, css="scores")
-        + '<p class="muted">each run on its own held-out commits: runs on the same repository and head compare'
-        " directly, and a difference between them within the intervals is noise</p>"
-    )
+    return [
+        _heading(2, "Commit messages"),
+        _table(header, rows, css="scores"),
+        _p(
+            "each run on its own held-out commits: runs on the same repository and head compare directly, and "
+            "a difference between them within the intervals is noise",
+            muted=True,
+        ),
+    ]
 
 
 ABSENT = "(absent)"
@@ -674,12 +669,12 @@ def _newer(change) -> str:
     return ABSENT if change.kind == "removed" else _fmt(change.new)
 
 
-def _overlaid_curves(names: list[str], manifests: list[dict[str, Any]]) -> str:
+def _overlaid_curves(names: list[str], manifests: list[dict[str, Any]]) -> list[Block]:
     histories = [
         ((m.get("training_report") or {}).get("training") or {}).get("loss_history") or [] for m in manifests
     ]
     if not any(histories):
-        return '<h2>Curves</h2><p class="muted">no run recorded a training step</p>'
+        return [_heading(2, "Curves"), _p("no run recorded a training step", muted=True)]
 
     def draw(plt):
         figure, (training, held_out) = plt.subplots(1, 2, figsize=(13, 4))
@@ -697,10 +692,10 @@ def _overlaid_curves(names: list[str], manifests: list[dict[str, Any]]) -> str:
             axis.legend()
         return figure
 
-    return "<h2>Curves</h2>" + _figure(draw, "training and held-out loss of every run, overlaid")
+    return [_heading(2, "Curves"), _figure(draw, "training and held-out loss of every run, overlaid")]
 
 
-def _differences(names: list[str], manifests: list[dict[str, Any]]) -> str:
+def _differences(names: list[str], manifests: list[dict[str, Any]]) -> list[Block]:
     """Every path whose value differs between the runs, a column per run; params and metrics as `diff`
     shows them by default, the rest below."""
 
@@ -708,8 +703,8 @@ def _differences(names: list[str], manifests: list[dict[str, Any]]) -> str:
     pairs = [{change.path: change for change in compare(first, other)} for other in others]
     differing = {path for pair in pairs for path, change in pair.items() if change.kind != "unchanged"}
     if not differing:
-        return "<h2>What differs</h2><p>nothing: the runs agree on every compared value</p>"
-    parts = ["<h2>What differs</h2>"]
+        return [_heading(2, "What differs"), _p("nothing: the runs agree on every compared value")]
+    parts = [_heading(2, "What differs")]
     for category in CATEGORIES:
         ordered = []
         for pair in pairs:
@@ -725,5 +720,5 @@ def _differences(names: list[str], manifests: list[dict[str, Any]]) -> str:
             values = [base] + [_newer(pair[path]) if path in pair else base for pair in pairs]
             rows.append((path, *values))
         title = {"params": "Params", "metrics": "Metrics", "other": "Everything else"}[category]
-        parts += [f"<h3>{title}</h3>", _table(("path", *names), rows)]
-    return "\n".join(parts)
+        parts += [_heading(3, title), _table(("path", *names), rows)]
+    return parts
