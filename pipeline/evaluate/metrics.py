@@ -1,4 +1,4 @@
-"""The scores every system gets, with 95% bootstrap intervals: corpus chrF (sacrebleu's `CHRF()`
+"""The scores every system gets, with 95% bootstrap intervals (scipy's `bootstrap`): corpus chrF (sacrebleu's `CHRF()`
 defaults, as Long Code Arena) and edit similarity of a commit message, exact match and edit similarity
 of a next line or a block (resampled by commit: a commit's lines are not independent), and paired
 differences."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 TASKS = ("message", "code", "code_context", "block", "block_context")
@@ -70,30 +70,49 @@ def edit_similarities(outputs: Sequence[str], references: Sequence[str]):
     )
 
 
-def _resamples(count: int):
-    """The same BOOTSTRAP_RESAMPLES resamples of `count` samples for every score of a run."""
+def _interval(statistic: Callable[[Any], Any], units: int) -> list[float]:
+    """The 95% percentile interval of `statistic` over BOOTSTRAP_RESAMPLES bootstrap resamples of `units`
+    units (samples, or the commits code is resampled by), from scipy's bootstrap. `statistic` maps drawn
+    units' indices (a row a resample) to the score of each row; every score of a run draws the same
+    resamples (one seed), so paired scores move together. Under two units there is nothing to resample."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    if units < 2:
+        value = round(float(statistic(np.arange(units)[None])[0]), 2) if units else 0.0
+        return [value, value]
+
+    def rows(drawn, axis=-1):
+        return statistic(drawn) if drawn.ndim > 1 else statistic(drawn[None])[0]
+
+    found = bootstrap(
+        (np.arange(units),), rows, n_resamples=BOOTSTRAP_RESAMPLES, vectorized=True, method="percentile",
+        random_state=np.random.default_rng(0),
+    ).confidence_interval  # fmt: skip
+    return [round(float(found.low), 2), round(float(found.high), 2)]
+
+
+def _mean_over(values, commits: Sequence[str] | None = None) -> Callable[[Any], Any]:
+    """The statistic of `values`' mean for `_interval`, over samples, or over `commits` where given (a commit
+    drawn k times counts each of its values k times: the interval of a mean over cases that share commits)."""
     import numpy as np
 
-    return np.random.default_rng(0).integers(0, count, size=(BOOTSTRAP_RESAMPLES, count))
-
-
-def _resampled_means(values, commits: Sequence[str]):
-    """`values`' mean in each of BOOTSTRAP_RESAMPLES resamples of their commits (a commit drawn k times
-    counts each of its values k times): the interval of a mean over cases that share commits."""
-    import numpy as np
-
+    values = np.asarray(values, dtype=float)
+    if not commits:
+        return lambda drawn: values[drawn].mean(axis=1)
     names = list(dict.fromkeys(commits))
-    of_case = np.asarray([names.index(commit) for commit in commits]) if names else np.zeros(0, dtype=int)
-    drawn = _resamples(len(names))
-    weights = np.stack([np.bincount(row, minlength=len(names)) for row in drawn])[:, of_case]
-    return (weights @ np.asarray(values, dtype=float)) / np.maximum(weights.sum(axis=1), 1)
+    of_case = np.asarray([names.index(commit) for commit in commits])
+
+    def resampled(drawn):
+        weights = np.stack([np.bincount(row, minlength=len(names)) for row in drawn])[:, of_case]
+        return (weights @ values) / np.maximum(weights.sum(axis=1), 1)
+
+    return resampled
 
 
-def _interval(values) -> list[float]:
-    import numpy as np
-
-    low, high = np.percentile(values, [2.5, 97.5])
-    return [round(float(low), 2), round(float(high), 2)]
+def _units(samples: int, commits: Sequence[str] | None) -> int:
+    """What a score's bootstrap resamples: its commits where given, else its samples."""
+    return len(set(commits)) if commits else samples
 
 
 def score_messages(
@@ -104,14 +123,13 @@ def score_messages(
     wanted = [r.strip() for r in references]
     statistics = chrf_statistics(produced, wanted)
     similarity = edit_similarities(produced, wanted)
-    resamples = _resamples(len(wanted))
     subjects = [(_subject(o), _subject(r)) for o, r in zip(produced, wanted, strict=True)]
     return {
         "samples": len(wanted),
         "chrf": chrf_of(statistics.sum(axis=0)),
-        "chrf_ci95": _interval([chrf_of(statistics[rows].sum(axis=0)) for rows in resamples]),
+        "chrf_ci95": _interval(_chrf_over(statistics), len(wanted)),
         "edit_similarity": round(float(similarity.mean()), 2),
-        "edit_similarity_ci95": _interval(similarity[resamples].mean(axis=1)),
+        "edit_similarity_ci95": _interval(_mean_over(similarity), len(wanted)),
         "subject_exact_match_pct": _pct(sum(o == r for o, r in subjects), len(wanted)),
         "first_word_match_pct": _pct(sum(_first_word(o) == _first_word(r) for o, r in subjects), len(wanted)),
         "commonest_opening": _commonest_opening(produced, wanted),
@@ -134,9 +152,9 @@ def score_code(outputs: Sequence[str], references: Sequence[str], commits: Seque
         "samples": len(wanted),
         "commits": len(set(commits)),
         "exact_match_pct": round(float(exact.mean()), 2),
-        "exact_match_pct_ci95": _interval(_resampled_means(exact, commits)),
+        "exact_match_pct_ci95": _interval(_mean_over(exact, commits), len(set(commits))),
         "edit_similarity": round(float(similarity.mean()), 2),
-        "edit_similarity_ci95": _interval(_resampled_means(similarity, commits)),
+        "edit_similarity_ci95": _interval(_mean_over(similarity, commits), len(set(commits))),
         "whitespace_only": sum(not o for o in produced),
         "output_chars_mean": round(sum(len(o) for o in produced) / len(wanted), 1),
         "reference_chars_mean": round(sum(len(r) for r in wanted) / len(wanted), 1),
@@ -153,9 +171,10 @@ def paired_difference(
     """`system` − `baseline` on the same samples, with 95% paired bootstrap intervals: chrF and edit
     similarity for messages, exact match and edit similarity for code (resampled by `commits` where
     given: a commit's lines are not independent)."""
+    units = _units(len(references), commits)
     result: dict[str, Any] = {}
-    for key, (point, resampled) in _paired_resampled(task, baseline, system, references, commits).items():
-        result[key], result[f"{key}_ci95"] = round(point, 2), _interval(resampled)
+    for key, (point, statistic) in _paired_statistics(task, baseline, system, references, commits).items():
+        result[key], result[f"{key}_ci95"] = round(point, 2), _interval(statistic, units)
     return result
 
 
@@ -166,47 +185,49 @@ def mean_gain(
     95% paired bootstrap interval: chrF and edit similarity of commit messages, or with `commits` (a code
     task's, resampled by commit) exact match and edit similarity."""
     task = "code" if commits else "message"
-    (first, firsts), (second, seconds) = _paired_resampled(
+    (first, firsts), (second, seconds) = _paired_statistics(
         task, baseline, system, references, commits or None
     ).values()
-    return {"mean": round((first + second) / 2, 2), "mean_ci95": _interval((firsts + seconds) / 2)}
+    both = _interval(lambda drawn: (firsts(drawn) + seconds(drawn)) / 2, _units(len(references), commits))
+    return {"mean": round((first + second) / 2, 2), "mean_ci95": both}
 
 
-def _paired_resampled(
+def _paired_statistics(
     task: str,
     baseline: Sequence[str],
     system: Sequence[str],
     references: Sequence[str],
     commits: Sequence[str] | None = None,
-) -> dict[str, tuple[float, Any]]:
-    """Each metric's paired difference, and its value in each of the run's bootstrap resamples (of
-    `commits` where given, else of the samples)."""
+) -> dict[str, tuple[float, Callable[[Any], Any]]]:
+    """Each metric's paired difference, and its statistic for `_interval` (over `commits` where given,
+    else over the samples)."""
     import numpy as np
 
     wanted = [r.strip() for r in references]
     ours, theirs = [o.strip() for o in system], [o.strip() for o in baseline]
-    resamples = _resamples(len(wanted))
-
-    def resampled(values):
-        return _resampled_means(values, commits) if commits else values[resamples].mean(axis=1)
-
     similarity = edit_similarities(ours, wanted) - edit_similarities(theirs, wanted)
-    result = {"edit_similarity": (float(similarity.mean()), resampled(similarity))}
+    result = {"edit_similarity": (float(similarity.mean()), _mean_over(similarity, commits))}
     if task == "message":
         mine, other = chrf_statistics(ours, wanted), chrf_statistics(theirs, wanted)
+        gained, lost = _chrf_over(mine), _chrf_over(other)
         result["chrf"] = (
             chrf_of(mine.sum(axis=0)) - chrf_of(other.sum(axis=0)),
-            np.asarray(
-                [chrf_of(mine[rows].sum(axis=0)) - chrf_of(other[rows].sum(axis=0)) for rows in resamples]
-            ),
+            lambda drawn: gained(drawn) - lost(drawn),
         )
     else:
         exact = 100 * (
             np.asarray([o == r for o, r in zip(ours, wanted, strict=True)], dtype=float)
             - np.asarray([o == r for o, r in zip(theirs, wanted, strict=True)], dtype=float)
         )
-        result["exact_match_pct"] = (float(exact.mean()), resampled(exact))
+        result["exact_match_pct"] = (float(exact.mean()), _mean_over(exact, commits))
     return result
+
+
+def _chrf_over(statistics) -> Callable[[Any], Any]:
+    """The statistic of corpus chrF for `_interval`: each resample's summed n-gram counts scored."""
+    import numpy as np
+
+    return lambda drawn: np.asarray([chrf_of(statistics[row].sum(axis=0)) for row in drawn])
 
 
 def _subject(text: str) -> str:
