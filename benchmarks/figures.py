@@ -72,12 +72,12 @@ def code_scoreboard(name: str) -> str:
     run = _budget(f"learning-{name}-default")
     tasks = run["tasks"]
     rows = [
-        "| system | exact match % | edit similarity | − base + context (EM / ES) |",
+        "| system | exact match % | edit similarity | − the base model, same prompt (EM / ES) |",
         "|---|---|---|---|",
     ]
     for (system, task), label in CODE_SYSTEMS.items():
         scored = tasks[system][task]
-        versus = "" if label == "base + context" else _versus(tasks, system, task)
+        versus = _versus(tasks, system, task)
         rows.append(
             f"| {label} | {with_interval(scored, 'exact_match_pct')} | "
             f"{with_interval(scored, 'edit_similarity')} | {versus} |"
@@ -91,12 +91,12 @@ def code_scoreboard(name: str) -> str:
 
 
 def _versus(tasks: dict[str, Any], system: str, task: str) -> str:
-    """`system`'s `task` against base + context, paired: the manifest holds each model against the base
-    on the same task, so only those pairs are shown."""
-    if (system, task) == ("after", "code_context"):
-        versus = tasks["after"]["code_context"]["vs_before"]
-        return f"{difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
-    return ""
+    """A fine-tuned model against the base model given the same prompt (the manifest's `vs_before`): with
+    context, that is base + context."""
+    versus = tasks[system][task].get("vs_before") if system == "after" else None
+    return (
+        f"{difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}" if versus else ""
+    )
 
 
 def message_scoreboard(name: str) -> str:
@@ -163,6 +163,8 @@ def _signed(versus: dict[str, Any]) -> str:
 FIGURES: dict[str, Callable[[], str]] = {
     "code-flask": lambda: code_scoreboard("flask"),
     "messages-flask": lambda: message_scoreboard("flask"),
+    "code-requests": lambda: code_scoreboard("requests"),
+    "messages-requests": lambda: message_scoreboard("requests"),
     "ablation-flask": lambda: ablation("flask"),
 }
 
