@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pipeline.record.history import kept_name
 from tests.conftest import (
     FAST_TRAINING,
     WITH_FILES,
@@ -73,8 +74,9 @@ def test_two_processes_train_one_adapter_with_the_planned_steps(tmp_path):
     # One of everything: one manifest, one adapter, one scrape (no rank scraped twice).
     assert sorted(path.name for path in out.iterdir() if not path.name.startswith(".")) == [
         "MANIFEST.json", "adapter", "base_model", "cache", "checkpoints", "completions.jsonl", "evaluation.jsonl",
-        "files.jsonl", "sequences.jsonl",
+        "files.jsonl", "runs", "sequences.jsonl",
     ]  # fmt: skip
+    assert [path.name for path in (out / "runs").iterdir()] == [f"{kept_name(manifest)}"]  # rank 0 keeps it
     assert len((out / "sequences.jsonl").read_text().splitlines()) == manifest["scrape"]["sequences"]
     assert len(list(out.rglob("adapter_model.safetensors"))) == 1 + len(
         list((out / "checkpoints").glob("checkpoint-*"))
