@@ -135,10 +135,11 @@ def summary(output: Path) -> dict:
 
 
 def write_results(path: Path, args: argparse.Namespace, budgets: dict) -> None:
-    """The results file: what was run (repository, label, overrides) and each budget's summary."""
+    """The results file: what was run (repository, label, overrides) and each budget's summary. Budgets run
+    before with the same repository, label, model and overrides are kept beside the new ones (each says
+    which repotune commit measured it), so 20 and 40 minutes can be run after 10."""
     import orjson
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": "bench_learning",
         "repository": args.name,
@@ -147,6 +148,11 @@ def write_results(path: Path, args: argparse.Namespace, budgets: dict) -> None:
         "overrides": args.overrides,
         "budgets": budgets,
     }
+    if path.exists():
+        earlier = orjson.loads(path.read_bytes())
+        same = all(earlier.get(key) == document[key] for key in ("repository", "label", "model", "overrides"))
+        document["budgets"] = {**(earlier["budgets"] if same else {}), **budgets}
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 

@@ -156,6 +156,49 @@ def ablation(name: str) -> str:
     )
 
 
+def budgets(name: str) -> str:
+    """What a longer budget buys on one repository: the default command with each time budget
+    (learning-NAME-default), the same held-out lines and commits."""
+    found = results(f"learning-{name}-default")["budgets"]
+    order = sorted(found, key=lambda budget: float(budget.rstrip("m")))
+    runs = [found[budget] for budget in order]
+    rows = [
+        "| | " + " | ".join(f"{budget[:-1]} minutes" if budget.endswith("m") else budget for budget in order) + " |",
+        "|---|" + "---|" * len(order),
+    ]
+
+    def row(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
+        rows.append(f"| {label} | " + " | ".join(cell(run) for run in runs) + " |")
+
+    row(
+        "trained (steps; sequences / files)",
+        lambda r: f"{r['steps']}; {r['train_sequences']} / {r['train_files'] or 0}",
+    )
+    row("held-out loss", lambda r: f"{r['loss'][0]:.3f} → {r['loss'][1]:.3f}")
+    row(
+        "fine-tuned + context, next line EM % / ES",
+        lambda r: _pair(r["tasks"]["after"]["code_context"], "exact_match_pct", "edit_similarity"),
+    )
+    row("− base + context", lambda r: _signed(r["tasks"]["after"]["code_context"]["vs_before"]))
+    row("fine-tuned alone − base", lambda r: _signed(r["tasks"]["after"]["code"]["vs_before"]))
+    row(
+        "messages, fine-tuned chrF / ES",
+        lambda r: _pair(r["tasks"]["after"]["message"], "chrf", "edit_similarity"),
+    )
+    row(
+        "messages, suggested chrF / ES",
+        lambda r: _pair(r["tasks"]["suggested"]["message"], "chrf", "edit_similarity"),
+    )
+    row("the run, minutes", lambda r: f"{r['run_s'] / 60:.1f}")
+    base = runs[0]["tasks"]
+    return "\n".join(rows) + (
+        f"\n\nBase model {_pair(base['before']['code'], 'exact_match_pct', 'edit_similarity')}, base + context "
+        f"{_pair(base['before']['code_context'], 'exact_match_pct', 'edit_similarity')}, lookup for code "
+        f"{_pair(base['nearest_commit']['code'], 'exact_match_pct', 'edit_similarity')} on the same "
+        f"{base['after']['code']['samples']} lines; {_provenance(*runs)}.\n"
+    )
+
+
 def _signed(versus: dict[str, Any]) -> str:
     return f"{versus['exact_match_pct']:+.1f} / {difference(versus, 'edit_similarity')}"
 
@@ -166,6 +209,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "code-requests": lambda: code_scoreboard("requests"),
     "messages-requests": lambda: message_scoreboard("requests"),
     "ablation-flask": lambda: ablation("flask"),
+    "budgets-flask": lambda: budgets("flask"),
 }
 
 
