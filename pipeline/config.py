@@ -248,8 +248,8 @@ class OutputConfig:
     cache_dir: str | None = None
     """Token cache (tokenized sequences and packed blocks); null keeps it in <dir>/cache."""
     keep_adapter: bool = False
-    """Also keep each completed run's adapter under <dir>/runs/ beside its record (the record, a few
-    hundred kB, is always kept; an adapter is megabytes a run)."""
+    """Also keep each completed run's adapter under <dir>/runs/ beside its record (the record, its manifest
+    and answers, is always kept; an adapter with its retrieval index is tens of megabytes a run)."""
 
 
 @dataclass(frozen=True)

@@ -342,12 +342,13 @@ def test_diff_compares_the_task_metrics(cli, two_runs):
     assert any(path.startswith("training_report.evaluation.tasks.after.") for path in paths)
 
 
-def cookbook_queries() -> list[str]:
-    """Every jq filter in the manual's cookbook and in the README, as a user would copy them."""
+def cookbook_queries() -> list[tuple[str, bool]]:
+    """Every jq filter in the manual's cookbook and in the README, as a user would copy them, and whether
+    it reads its manifests as one array (`-s`, over the runs an output directory keeps)."""
     return jq_lines("docs/manifest.md", "### jq cookbook") + jq_lines("README.md", "## Read what happened")
 
 
-def jq_lines(page: str, heading: str) -> list[str]:
+def jq_lines(page: str, heading: str) -> list[tuple[str, bool]]:
     """The jq filters of the first ```sh block after `heading` in `page`."""
     import shlex
     from pathlib import Path
@@ -358,8 +359,8 @@ def jq_lines(page: str, heading: str) -> list[str]:
     for line in block.splitlines():
         words = shlex.split(line, comments=True)
         if words[:1] == ["jq"]:
-            assert words[-1] == "MANIFEST.json", line
-            queries.append(next(word for word in words[1:] if not word.startswith("-")))
+            assert words[-1] in ("MANIFEST.json", "repotune-output/runs/*/MANIFEST.json"), line
+            queries.append((next(word for word in words[1:] if not word.startswith("-")), "-s" in words))
     return queries
 
 
@@ -367,7 +368,10 @@ def test_the_readme_cookbook_runs_against_a_real_manifest(two_runs):
     import jq
 
     manifest = read_json(two_runs[1])
-    results = {query: jq.compile(query).input(manifest).all() for query in cookbook_queries()}
+    results = {
+        query: jq.compile(query).input([manifest, manifest] if slurp else manifest).all()
+        for query, slurp in cookbook_queries()
+    }
     assert len(results) >= 18
     rates = [
         entry["learning_rate"] for entry in results[".training_report.learning_rate.history | .[0:5]"][0]
