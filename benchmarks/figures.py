@@ -163,7 +163,9 @@ def budgets(name: str) -> str:
     order = sorted(found, key=lambda budget: float(budget.rstrip("m")))
     runs = [found[budget] for budget in order]
     rows = [
-        "| | " + " | ".join(f"{budget[:-1]} minutes" if budget.endswith("m") else budget for budget in order) + " |",
+        "| | "
+        + " | ".join(f"{budget[:-1]} minutes" if budget.endswith("m") else budget for budget in order)
+        + " |",
         "|---|" + "---|" * len(order),
     ]
 
