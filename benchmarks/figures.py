@@ -20,7 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
-from pipeline.scores import difference, with_interval  # noqa: E402  (after the path it is found on)
+from pipeline.scores import CODE_LABELS, difference, with_interval  # noqa: E402  (after the path it is found on)
 
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"
@@ -51,13 +51,6 @@ def _provenance(*runs: dict[str, Any]) -> str:
     return f"repotune {', '.join(commits)} on {', '.join(sorted(machine))}"
 
 
-CODE_SYSTEMS = {
-    ("before", "code"): "base",
-    ("before", "code_context"): "base + context",
-    ("after", "code"): "fine-tuned",
-    ("after", "code_context"): "fine-tuned + context",
-    ("nearest_commit", "code"): "lookup for code",
-}
 MESSAGE_SYSTEMS = {
     "before": "base",
     "after": "fine-tuned",
@@ -75,7 +68,7 @@ def code_scoreboard(name: str) -> str:
         "| system | exact match % | edit similarity | − the base model, same prompt (EM / ES) |",
         "|---|---|---|---|",
     ]
-    for (system, task), label in CODE_SYSTEMS.items():
+    for system, task, label in CODE_LABELS.values():
         scored = tasks[system][task]
         versus = _versus(tasks, system, task)
         rows.append(
