@@ -161,7 +161,8 @@ def report(budget: str, output: Path, shown: int) -> bool:
     import orjson
 
     from pipeline.evaluate.metrics import paired_difference
-    from pipeline.evaluate.report import EVALUATION_FILE, code_scoreboard
+    from pipeline.evaluate.report import code_scoreboard
+    from pipeline.manifest import EVALUATION_FILE
 
     manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
     answers = [orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line]

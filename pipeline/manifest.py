@@ -25,6 +25,7 @@ from pipeline.errors import PipelineError
 from scrapers.safe_git import run_safe_git
 
 MANIFEST_FILE = "MANIFEST.json"
+EVALUATION_FILE = "evaluation.jsonl"  # every held-out question and each system's answer, beside it
 TENSORBOARD_DIR = "tensorboard"  # train.report_to=[tensorboard]: event files beside MANIFEST.json
 SCHEMA_PATH = Path(__file__).resolve().parent / "manifest.schema.json"
 SCHEMA = orjson.loads(SCHEMA_PATH.read_bytes())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 
 PLAIN_EVERY_S = 10.0  # away from a terminal (a log, CI), a progress line at most this often
 
@@ -13,6 +14,15 @@ PLAIN_EVERY_S = 10.0  # away from a terminal (a log, CI), a progress line at mos
 def say(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr, flush=True)
+
+
+def aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """Rows of cells as lines, each column padded to its widest cell (trailing spaces dropped)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
+    return [
+        indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def clock(seconds: float) -> str:

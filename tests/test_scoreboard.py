@@ -19,7 +19,8 @@ from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
 from pipeline.evaluate.evaluation import keep_base_scores, score_past, task_prompts
 from pipeline.evaluate.metrics import CODE_TASKS, paired_difference, score_code, score_messages
-from pipeline.evaluate.report import EVALUATION_FILE, _message_scoreboard, held_out_note
+from pipeline.evaluate.report import _message_scoreboard, held_out_note
+from pipeline.manifest import EVALUATION_FILE
 from pipeline.record.run import evaluation_seconds
 from pipeline.scores import one_register
 from pipeline.suggest.changelog import entry

@@ -14,7 +14,6 @@ from pipeline.evaluate.metrics import CODE_TASKS, TASKS, paired_difference
 from pipeline.scores import BLOCK_TASK, CODE_LABELS, difference, registers, with_interval
 from pipeline.types import Evaluation, Scores, TaskPrompt
 
-EVALUATION_FILE = "evaluation.jsonl"
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
 
 

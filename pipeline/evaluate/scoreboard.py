@@ -26,7 +26,8 @@ from pipeline.evaluate.evaluation import (
     validation_answers,
 )
 from pipeline.evaluate.metrics import BLOCK_TASKS, LINE_TASKS
-from pipeline.evaluate.report import EVALUATION_FILE, format_evaluation, held_out_note, write_answers
+from pipeline.evaluate.report import format_evaluation, held_out_note, write_answers
+from pipeline.manifest import EVALUATION_FILE
 from pipeline.progress import say
 from pipeline.suggest.completion import CodeCase, CodeIndex, cases_of, read_cases
 from pipeline.types import Data, Evaluation, Loaded, Past, Step, TaskPrompt, TrainOutcome

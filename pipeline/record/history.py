@@ -5,14 +5,14 @@ directory's `runs/`, so a run again in the same directory does not destroy the l
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate.report import EVALUATION_FILE
-from pipeline.manifest import MANIFEST_FILE, read_manifest
+from pipeline.manifest import EVALUATION_FILE, MANIFEST_FILE, read_manifest
+from pipeline.progress import aligned
 from pipeline.train.model import ADAPTER_DIR
 
 RUNS_DIR = "runs"
@@ -46,8 +46,7 @@ def keep(output_dir: Path, manifest: dict[str, Any], adapter: bool = False) -> P
     if written_during(answers, manifest):
         shutil.copy2(answers, folder / EVALUATION_FILE)
     if adapter and (output_dir / ADAPTER_DIR).is_dir():
-        shutil.rmtree(folder / ADAPTER_DIR, ignore_errors=True)
-        shutil.copytree(output_dir / ADAPTER_DIR, folder / ADAPTER_DIR)
+        shutil.copytree(output_dir / ADAPTER_DIR, folder / ADAPTER_DIR, dirs_exist_ok=True)
     return folder
 
 
@@ -146,14 +145,7 @@ def runs_table(output_dir: Path, only_changed: bool = False) -> str:
     shown = [0] + [
         index for index in range(1, len(header)) if not only_changed or len({row[index] for row in rows}) > 1
     ]
-    return _aligned([[header[i] for i in shown]] + [[row[i] for i in shown] for row in rows]) + (
+    return "\n".join(aligned([[header[i] for i in shown]] + [[row[i] for i in shown] for row in rows])) + (
         f"\n\n{len(rows)} run{'s' if len(rows) != 1 else ''} kept in {output_dir / RUNS_DIR} (repotune diff "
         f"{output_dir} compares the newest two; repotune report {output_dir / RUNS_DIR}/RUN … any of them)"
-    )
-
-
-def _aligned(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
     )

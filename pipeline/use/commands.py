@@ -116,9 +116,7 @@ def diff(before: str | None, after: str | None, options) -> int:
     """What changed between two runs, and its exit code (`run_diff`'s). No runs named: the newest two an
     output directory keeps (BEFORE, or the configured one)."""
     if after is None:
-        before, after = (
-            str(path) for path in newest_two(Path(before or load_config(None).config.output.dir))
-        )
+        before, after = (str(path) for path in newest_two(_output_dir(before)))
         say(f"comparing {before} with {after}")
     text, messages, code = run_diff(before, after, options)
     print(text)
@@ -128,7 +126,12 @@ def diff(before: str | None, after: str | None, options) -> int:
 
 def runs(output_dir: str | None, only_changed: bool) -> None:
     """The runs an output directory keeps (the configured one unless named), as a table."""
-    print(runs_table(Path(output_dir or load_config(None).config.output.dir), only_changed))
+    print(runs_table(_output_dir(output_dir), only_changed))
+
+
+def _output_dir(given: str | None) -> Path:
+    """The output directory a user named, or the configured one (`output.dir`: repotune-output/)."""
+    return Path(given or load_config(None).config.output.dir)
 
 
 def report(manifests: list[str], output: str | None, names: list[str]) -> None:

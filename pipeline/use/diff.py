@@ -25,6 +25,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.manifest import SCHEMA_VERSION, load_manifest, manifest_file
+from pipeline.progress import aligned
 
 # Arrays of records and the field that identifies a record across two runs.
 IDENTITY = {
@@ -538,12 +539,8 @@ def render_table(changes: list[Change], markdown: bool) -> str:
             ]
             lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
         else:
-            widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
             lines.append(f"== {title} ==")
-            lines += [
-                "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
-                for row in [header, *rows]
-            ]
+            lines += aligned([header, *rows], indent="  ")
         lines.append("")
     return "\n".join(lines).rstrip()
 
