@@ -273,7 +273,8 @@ def test_report_is_one_page_whose_images_all_decode(cli, two_runs, tmp_path):
     parser = Images()
     parser.feed(page.read_text())
     assert parser.headings == [
-        "What it learned", "Samples", "Training", "Throughput", "Stages", "Hardware", "Epochs", "Data", "Config"
+        "What it learned", "Samples", "The run", "Training", "Throughput", "Stages", "Hardware", "Epochs", "Data",
+        "Config",
     ]  # fmt: skip
     text = page.read_text()
     assert text.index("What it learned") < text.index("<summary>Plan") < text.index("Throughput")  # folded
@@ -322,14 +323,21 @@ def test_report_shows_the_task_metrics_and_names_a_blank_answer(two_runs):
 
 
 def test_report_tables_read_at_a_glance(two_runs):
-    """A list of facts has no blank header row; the scoreboard's headings break between words, never inside
-    one ("subject exact %" had stood one letter a line, the table wider than the page, in a 1280-pixel
-    window); the held-out loss's change is a percentage, as the run prints it."""
+    """The scoreboard comes first, under a one-line title, and the run's facts after it; a list of facts
+    has no blank header row and its names never wrap, nor a compared path; the scoreboard's headings break
+    between words, never inside one (in a 1280-pixel window of headless Chromium, "subject exact %" had
+    stood one letter a line, and "started / finished", "repository" a syllable a line); the held-out
+    loss's change is a percentage, as the run prints it."""
     from pipeline.use.report import STYLE, render_report
 
     manifest = read_json(two_runs[0])
     page = render_report(manifest)
+    title = page.split("<h1>", 1)[1].split("<h2>", 1)[0]
+    assert manifest["run"]["id"] in title and "completed" in title and "<table" not in title
+    assert page.index("<h2>What it learned") < page.index("<h2>The run</h2>")
     assert "<tr><th></th><th></th></tr>" not in page
+    assert '<table class="facts"><tr><td>status</td>' in page
+    assert "table.facts td:first-child, table.paths td:first-child { white-space: nowrap;" in STYLE
     assert "table.scores th { overflow-wrap: normal; }" in STYLE
     assert "table.scores td:first-child { white-space: normal;" in STYLE  # the system's name may wrap
     change = manifest["training_report"]["evaluation"]["relative_change"]
@@ -447,7 +455,7 @@ def test_compare_page_overlays_runs_and_tables_what_differs(cli, two_runs, tmp_p
         )
     assert len(parser.sources) == 1 and "training and held-out loss of every run, overlaid" in html
     params = html.split("<h3>Params</h3>", 1)[1].split("<h3>", 1)[0]
-    assert "<th>micro-1</th><th>micro-2</th>" in params
+    assert '<table class="paths"><tr><th>path</th><th>micro-1</th><th>micro-2</th>' in params
     assert "<tr><td>config.effective.plan.batch_size</td><td>1</td><td>2</td></tr>" in params
     assert (
         html.index("<h3>Params</h3>")

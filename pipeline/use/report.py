@@ -35,12 +35,14 @@ Block = dict[str, Any]
 
 
 def render_report(manifest: dict[str, Any]) -> str:
-    """What the run learned first (the scoreboard against the repository's own past, then samples side by
-    side), then how it trained, then the plan (folded) and the rest."""
+    """What the run learned first (under a one-line title: the scoreboard against the repository's own past,
+    then samples side by side), then the run's facts and how it trained, then the plan (folded) and the
+    rest."""
     sections: list[list[Block]] = [
-        _summary(manifest),
+        _title(manifest),
         _scoreboard(manifest),
         _samples(manifest),
+        _summary(manifest),
         _lineage(manifest),
         _training(manifest),
         _decisions(manifest),
@@ -68,6 +70,19 @@ def write_report(manifest_paths: list[Path], output: Path, names: list[str]) -> 
     if len(manifests) == 1:
         return write_text_output(output, render_report(manifests[0]))
     return write_text_output(output, render_comparison(run_names(manifest_paths, names), manifests))
+
+
+def _title(m: dict[str, Any]) -> list[Block]:
+    """The run in one line above the scoreboard: which run, how it ended, on what, with which model."""
+    run, repository, status = m.get("run") or {}, m.get("repository") or {}, m.get("status")
+    said = [
+        f"{run.get('id')} · ",
+        {"text": status, "css": f"status-{status}"},
+        f" — {m['error']}" if m.get("error") else "",
+        f" · {repository.get('path')} @ {(repository.get('head') or '')[:12]} · {(m.get('model') or {}).get('name')}",
+        f" · {_fmt(m.get('total_execution_time_seconds'), ' s')}",
+    ]
+    return [_heading(1, "repotune run"), _p(said, muted=True)]
 
 
 def _summary(m: dict[str, Any]) -> list[Block]:
@@ -113,7 +128,7 @@ def _summary(m: dict[str, Any]) -> list[Block]:
         ("held-out loss", _before_after(evaluation)),
         ("throughput", _throughput_line(throughput)),
     ]
-    return [_heading(1, "repotune run"), _p(run.get("id"), muted=True), _table(("", ""), rows)]
+    return [_heading(2, "The run"), _table(("", ""), rows)]
 
 
 def _lineage(m: dict[str, Any]) -> list[Block]:
@@ -536,8 +551,10 @@ def _p(text: Any, muted: bool = False) -> Block:
 
 
 def _table(header, rows, css: str | None = None) -> Block:
-    """A table; a header of empty names is none (a list of facts)."""
-    return {"kind": "table", "header": list(header), "rows": [list(row) for row in rows], "css": css}
+    """A table; a header of empty names is none: a list of facts, whose names never wrap."""
+    facts = not any(header)
+    rows = [list(row) for row in rows]
+    return {"kind": "table", "header": list(header), "rows": rows, "css": css or ("facts" if facts else None)}
 
 
 def _figure(draw, alt: str) -> Block:
@@ -720,5 +737,5 @@ def _differences(names: list[str], manifests: list[dict[str, Any]]) -> list[Bloc
             values = [base] + [_newer(pair[path]) if path in pair else base for pair in pairs]
             rows.append((path, *values))
         title = {"params": "Params", "metrics": "Metrics", "other": "Everything else"}[category]
-        parts += [_heading(3, title), _table(("path", *names), rows)]
+        parts += [_heading(3, title), _table(("path", *names), rows, css="paths")]
     return parts
