@@ -110,6 +110,8 @@ def summary(output: Path) -> dict:
     manifest has them (with their intervals and paired differences)."""
     import orjson
 
+    from pipeline.manifest import EVALUATION_FILE
+
     manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
     params, report_ = manifest["training_parameters"], manifest["training_report"]
     evaluation = report_["evaluation"]
@@ -129,9 +131,26 @@ def summary(output: Path) -> dict:
         "loss": [before.get("loss"), after.get("loss")],
         "held_out_commits": evaluation["held_out_commits"],
         "system": (evaluation["system"] or {}).get("name"),
+        "system_reason": (evaluation["system"] or {}).get("reason"),
         "code_system": (evaluation["code_system"] or {}).get("name"),
+        "code_system_reason": (evaluation["code_system"] or {}).get("reason"),
         "tasks": evaluation["tasks"],
+        "samples": first_samples(output / EVALUATION_FILE),
     }
+
+
+def first_samples(answers: Path) -> dict:
+    """The first held-out commit message and the first next line with context, every system's answer as
+    evaluation.jsonl has it: the README shows them as what a run's samples look like (the first, not the
+    best)."""
+    import orjson
+
+    firsts: dict = {}
+    for line in answers.read_bytes().splitlines():
+        record = orjson.loads(line)
+        if record["task"] in ("message", "code_context"):
+            firsts.setdefault(record["task"], record)
+    return firsts
 
 
 def write_results(path: Path, args: argparse.Namespace, budgets: dict) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The docs' measured figures, generated from the benchmarks' own results files: each block of a page
+"""The README's and docs' measured figures, generated from the benchmarks' own results files: each block of a page
 between `<!-- figure: NAME -->` and `<!-- /figure -->` is what FIGURES[NAME] makes of
 benchmarks/results/, so a benchmark run again updates the page, and the suite fails where a page and its
 results disagree.
@@ -198,7 +198,50 @@ def _signed(versus: dict[str, Any]) -> str:
     return f"{versus['exact_match_pct']:+.1f} / {difference(versus, 'edit_similarity')}"
 
 
+def printed(name: str) -> str:
+    """What one repository's default 10-minute run prints of its scoreboard (the run's own lines, the
+    systems a user meets: the fine-tuned model, the lookup and the suggestion; base + context beside the
+    models that complete code), then its first held-out commit message and first next line with context,
+    each system's answer's first line."""
+    from pipeline.evaluate import report
+
+    run = _budget(f"learning-{name}-default")
+    evaluation = {
+        "tasks": run["tasks"],
+        "system": {"name": run["system"], "reason": run["system_reason"]},
+    }
+    chosen = {"name": run["code_system"], "reason": run["code_system_reason"]}
+    messages = ("commit message", "  fine-tuned", "  lookup", "  suggested")
+    code = (
+        "next line",
+        "  base + context",
+        "  fine-tuned + context",
+        "  lookup for code",
+        "  next lines come",
+    )
+    lines = [line for line in report.message_scoreboard(evaluation) if line.startswith(messages)]
+    lines += [line for line in report.code_scoreboard(run["tasks"], chosen) if line.startswith(code)]
+    message, line = run["samples"]["message"], run["samples"]["code_context"]
+    lines += ["", f"the first held-out commit ({message['commit'][:12]}), its message:"]
+    lines += _answers(
+        message, ("reference", "git has"), ("suggested", "suggested"), ("fine_tuned", "fine-tuned")
+    )
+    lines += ["the first line it added, given the file before it and the retrieved chunks:"]
+    lines += _answers(
+        line, ("reference", "git has"), ("fine_tuned", "fine-tuned + context"), ("base", "base + context"),
+        ("nearest_commit", "lookup for code"),
+    )  # fmt: skip
+    return "\n".join(f"    {line}".rstrip() for line in lines) + f"\n\n({_provenance(run)}.)\n"
+
+
+def _answers(record: dict[str, Any], *systems: tuple[str, str]) -> list[str]:
+    """Each system's answer, its first line (a blank answer said so)."""
+    return [f"  {label:<22}{(record[key] or '').splitlines()[0] if (record[key] or '').strip() else '(blank)'}"
+            for key, label in systems]  # fmt: skip
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "readme-flask": lambda: printed("flask"),
     "code-flask": lambda: code_scoreboard("flask"),
     "messages-flask": lambda: message_scoreboard("flask"),
     "code-requests": lambda: code_scoreboard("requests"),
@@ -206,6 +249,11 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ablation-flask": lambda: ablation("flask"),
     "budgets-flask": lambda: budgets("flask"),
 }
+
+
+def pages() -> list[Path]:
+    """The pages figures are generated into: the README and the manual."""
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 
 
 def rendered(text: str) -> tuple[str, list[str]]:
@@ -229,7 +277,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="write nothing: exit 1 where a page differs")
     args = parser.parse_args()
     stale = []
-    for page in sorted(DOCS.glob("*.md")):
+    for page in pages():
         text = page.read_text()
         new, changed = rendered(text)
         stale += [f"{page.relative_to(ROOT)}: {name}" for name in changed]

@@ -11,16 +11,16 @@ ROOT = Path(__file__).resolve().parent.parent
 FIGURES = runpy.run_path(str(ROOT / "benchmarks" / "figures.py"))
 
 
-def test_every_figure_in_the_docs_is_generated_from_its_results():
+def test_every_figure_in_the_readme_and_the_docs_is_generated_from_its_results():
     stale = []
-    for page in sorted((ROOT / "docs").glob("*.md")):
+    for page in FIGURES["pages"]():
         _, changed = FIGURES["rendered"](page.read_text())
         stale += [f"{page.name}: {name}" for name in changed]
     assert not stale, f"run `python benchmarks/figures.py` (or the benchmark again): {stale}"
 
 
 def test_every_figure_is_on_a_page_and_every_results_file_is_read():
-    pages = "".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
+    pages = "".join(page.read_text() for page in FIGURES["pages"]())
     assert all(f"<!-- figure: {name} -->" in pages for name in FIGURES["FIGURES"])
     for name in FIGURES["FIGURES"]:
         FIGURES["FIGURES"][name]()  # every results file it reads is there

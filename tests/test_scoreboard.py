@@ -19,7 +19,7 @@ from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
 from pipeline.evaluate.evaluation import keep_base_scores, score_past, task_prompts
 from pipeline.evaluate.metrics import CODE_TASKS, paired_difference, score_code, score_messages
-from pipeline.evaluate.report import _message_scoreboard, held_out_note
+from pipeline.evaluate.report import held_out_note, message_scoreboard
 from pipeline.manifest import EVALUATION_FILE
 from pipeline.record.run import evaluation_seconds
 from pipeline.scores import one_register
@@ -532,7 +532,7 @@ def test_a_model_that_writes_in_one_register_is_named():
     assert one_register("after", scored) == (
         'the fine-tuned model begins 9 of its 12 answers with "add", where 3 of the commits written do'
     )
-    board = _message_scoreboard({"tasks": {"after": {"message": scored}}})  # as the run prints it
+    board = message_scoreboard({"tasks": {"after": {"message": scored}}})  # as the run prints it
     assert board[1].startswith("  fine-tuned ") and board[-1] == f"  {one_register('after', scored)}"
     assert one_register("before", score_messages(references, references)) is None  # as the commits do
     varied = ["Add a parser", "Fix docs", "Remove tests", "Rename the exit"] * 3

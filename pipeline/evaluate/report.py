@@ -187,7 +187,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
                     f"({now['perplexity'] / was['perplexity'] - 1:+.1%})"
                 )
     tasks = evaluation["tasks"]
-    lines += _message_scoreboard(evaluation)
+    lines += message_scoreboard(evaluation)
     code = code_scoreboard(tasks, evaluation.get("code_system"))
     if not code and (tasks.get("after") or {}).get("message"):
         code = [
@@ -238,7 +238,7 @@ def code_scoreboard(
     return lines
 
 
-def _message_scoreboard(evaluation: dict[str, Any]) -> list[str]:
+def message_scoreboard(evaluation: dict[str, Any]) -> list[str]:
     """The commit-message task as a scoreboard (`evaluation`: the manifest's): every system's scores
     with intervals and the gain over the lookup, who suggests and why, and a model writing in one
     register."""
