@@ -47,8 +47,6 @@ def test_two_processes_train_one_adapter_with_the_planned_steps(tmp_path):
         str(out),
         *FAST_TRAINING,
         *WITH_FILES,
-        "--set",
-        "train.epochs=3",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == [

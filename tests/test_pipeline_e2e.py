@@ -11,7 +11,8 @@ from tests.conftest import FAST_TRAINING, read_json
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One real run shared by the assertions below (training is the slow part)."""
+    """One real run shared by the assertions below (training is the slow part): three epochs, to show
+    warmup, a falling loss and a summary per epoch."""
     import run_pipeline
     from tests.conftest import GitRepo, module_source
 
@@ -24,7 +25,7 @@ def trained(tmp_path_factory):
         )
     out = base / "out"
     code = run_pipeline.main(
-        ["--repo", str(repo.path), "--output-dir", str(out), "--model", "tiny", *FAST_TRAINING]
+        ["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=3"]
     )
     assert code == 0
     return out, read_json(out / "MANIFEST.json")
