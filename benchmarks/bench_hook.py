@@ -15,7 +15,8 @@ commit` (no editor: the message the hook prepared is what git keeps) twice: with
 time, the baseline) and with it. Prints p50 / p95 of both and of the difference, and a breakdown of one
 cold suggestion: the interpreter, the imports, loading the index (and selector), and answering. The goal:
 at most 3 s p50 on 2 cores. (Latency only: the replayed commits are in the run's index, so what they
-get suggested says nothing of quality; the run's held-out scores do.)
+get suggested says nothing of quality; the run's held-out scores do.) What it prints goes to
+benchmarks/results/hook-NAME[-model].json too, which docs/use.md's figures are generated from.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.measured import RESULTS, machine, percentile, write_result  # noqa: E402  (after the path it is found on)
 
 GOAL_S = 3.0
 ENV = {
@@ -131,6 +133,9 @@ def main() -> int:
         action="store_true",
         help="suggest with the fine-tuned model, and replay each commit again with `serve` running",
     )
+    parser.add_argument(
+        "--name", help="what to call the repository in the results (default: its directory's name)"
+    )
     args = parser.parse_args()
 
     from pipeline.suggest.suggestion import Suggester
@@ -174,27 +179,28 @@ def main() -> int:
     rows = [("git commit, no hook", plain), ("git commit, hook", hooked), ("added by the hook", added)]
     if through:
         rows += [("git commit, hook asking serve", through)]
+    timed = {}
     for name, values in rows:
-        print(f"{name:32}{statistics.median(values):8.2f}{percentile(values, 95):8.2f}")
+        timed[name] = {"p50_s": percentile(values, 50), "p95_s": percentile(values, 95), "s": values}
+        print(f"{name:32}{timed[name]['p50_s']:8.2f}{timed[name]['p95_s']:8.2f}")
     if through:
         print(
-            f"the hook asking a running serve: {statistics.median(hooked) / statistics.median(through):.1f}× "
+            f"the hook asking a running serve: {percentile(hooked, 50) / percentile(through, 50):.1f}× "
             "faster at p50 than loading the model per commit"
         )
     print(f"commits given a suggestion: {suggested} of {len(shas)}")
     print("one cold suggestion: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items()))
     # Where the model writes, the hook is meant to ask a running serve: that is the path the goal is for.
     judged, how = (through, "the hook asking serve") if through else (hooked, "the hook")
-    met = statistics.median(judged) <= GOAL_S
+    met = percentile(judged, 50) <= GOAL_S
     print(
-        f"{'met' if met else 'NOT met'}: git commit with {how} p50 {statistics.median(judged):.2f} s (goal ≤ {GOAL_S:g} s)"
+        f"{'met' if met else 'NOT met'}: git commit with {how} p50 {percentile(judged, 50):.2f} s (goal ≤ {GOAL_S:g} s)"
     )
+    name = f"hook-{args.name or Path(args.repo).resolve().name}{'-model' if args.model_writes else ''}"
+    measured = {"commits": len(shas), "system": system, "suggested": suggested, "timed": timed, "cold": parts}
+    path = write_result(RESULTS / f"{name}.json", machine() | measured | {"goal_s": GOAL_S})
+    print(f"results: {path}")
     return 0 if met else 1
-
-
-def percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
 if __name__ == "__main__":

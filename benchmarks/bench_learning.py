@@ -34,12 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
+from benchmarks.measured import RESULTS, write_result  # noqa: E402  (after the path it is found on)
 from pipeline.scores import difference, with_interval  # noqa: E402  (after the path it is found on)
 
 GOAL_POINTS = 3.0  # chrF and edit-similarity points the suggestion must gain over the lookup and the model
-RESULTS = (
-    ROOT / "benchmarks" / "results"
-)  # the files docs/ figures are generated from (benchmarks/figures.py)
 CODE_GOAL_POINTS = 5.0  # exact-match and edit-similarity points fine-tuned + context must gain
 SYSTEMS = {
     "before": "base model",
@@ -172,7 +170,7 @@ def write_results(path: Path, args: argparse.Namespace, budgets: dict) -> None:
         same = all(earlier.get(key) == document[key] for key in ("repository", "label", "model", "overrides"))
         document["budgets"] = {**(earlier["budgets"] if same else {}), **budgets}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    write_result(path, document)
 
 
 def report(budget: str, output: Path, shown: int) -> bool:

@@ -2,6 +2,7 @@
 """How fast `serve` answers an editor, warm, through the real HTTP path, against a cold `generate`.
 
     python benchmarks/bench_serve.py --adapter RUN_DIR [--requests 20] [--clients 4] [--leak-requests 1000]
+        [--name flask]
 
 Starts `run_pipeline.py serve` on a free port and asks it, with the official OpenAI client, for the next
 line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl), each cut at a line
@@ -11,7 +12,8 @@ the time to the first token and to the complete line, p50 and p95. Then the same
 an editor typing in one file (the cursor a line further each request) with the last request's cached
 keys and values kept and evicted, then `--leak-requests` short requests with the server's resident
 memory before and after. The baseline, in the same run: `generate --task code` as a fresh process for a few of the same files (what a tool that
-shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line.
+shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. Everything it
+prints goes to benchmarks/results/serve-NAME.json too, which docs/use.md's figure is generated from.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.measured import RESULTS, machine, percentile, write_result  # noqa: E402  (after the path it is found on)
+
 GOAL_S = 0.5
 
 
@@ -44,6 +48,9 @@ def main() -> None:
     parser.add_argument(
         "--cold", type=int, default=3, help="cold `generate --task code` processes (the baseline)"
     )
+    parser.add_argument(
+        "--name", help="what to call the run's repository in the results (default: its directory's name)"
+    )
     args = parser.parse_args()
 
     import openai
@@ -56,9 +63,11 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     files = [orjson.loads(line) for line in (directory / "files.jsonl").read_bytes().splitlines()]
     cases = contexts(files, tokenizer, args.context_tokens, args.requests)
-    print(
-        f"{len(cases)} files, {statistics.mean(tokens for _, _, tokens in cases):.0f} tokens before the cursor on average"
-    )
+    mean_tokens = statistics.mean(tokens for _, _, tokens in cases)
+    print(f"{len(cases)} files, {mean_tokens:.0f} tokens before the cursor on average")
+    measured: dict = {
+        "files": len(cases), "context_tokens": args.context_tokens, "tokens_mean": mean_tokens, "goal_s": GOAL_S
+    }  # fmt: skip
 
     process, url = start_server(args.adapter)
     try:
@@ -66,10 +75,13 @@ def main() -> None:
         name = client.models.list().data[0].id
         ask(client, name, cases[0][1])  # warm: the first request pays for what loads lazily
         alone = [ask(client, name, prompt) for _, prompt, _ in cases]
-        report("one client", alone)
-        together = concurrently(client, name, cases, args.clients)
-        report(f"{args.clients} clients at once", together)
-        typing(client, name, cases[0][1])
+        measured["one_client"] = report("one client", alone)
+        together, failed = concurrently(client, name, cases, args.clients)
+        measured["clients"] = {
+            "clients": args.clients, "failed": failed,
+            **report(f"{args.clients} clients at once", together),
+        }  # fmt: skip
+        measured["typing_kept"], measured["typing_evicted"] = typing(client, name, cases[0][1])
         server = psutil.Process(process.pid)
         before = server.memory_info().rss
         for index in range(args.leak_requests):
@@ -79,17 +91,36 @@ def main() -> None:
             f"resident memory over {args.leak_requests} requests: {before / 1e6:.0f} MB → {after / 1e6:.0f} MB "
             f"({(after - before) / 1e6:+.0f} MB)"
         )
+        measured["memory"] = {
+            "requests": args.leak_requests,
+            "before_mb": before / 1e6,
+            "after_mb": after / 1e6,
+        }
     finally:
         process.terminate()
         process.wait(timeout=60)
     cold = [cold_generate(args.adapter, path, prompt) for path, prompt, _ in cases[: args.cold]]
-    cold_p50 = statistics.median(cold)
-    warm_p50 = statistics.median(line for _, line in alone)
+    cold_p50, warm_p50 = percentile(cold, 50), measured["one_client"]["line_p50_s"]
     print(f"baseline, `generate --task code` as a fresh process: p50 {cold_p50:.2f} s over {len(cold)}")
     print(
         f"serve, warm, complete next line: p50 {warm_p50:.2f} s: {cold_p50 / warm_p50:.1f}× as fast as the baseline"
     )
     print(f"goal p50 ≤ {GOAL_S:.1f} s to a complete next line: {'met' if warm_p50 <= GOAL_S else 'not met'}")
+    measured["baseline"] = {"processes": len(cold), "p50_s": cold_p50}
+    run = orjson.loads((Path(args.adapter) / "MANIFEST.json").read_bytes())
+    name = args.name or Path(run["repository"]["path"]).name
+    path = write_result(RESULTS / f"serve-{name}.json", provenance(run) | measured)
+    print(f"results: {path}")
+
+
+def provenance(run: dict) -> dict:
+    """What measured (machine()) and which run's adapter it served."""
+    adapter = {
+        "repository": run["repository"]["path"],
+        "model": run["model"]["name"],
+        "budget": run["config"]["effective"]["train"]["time_budget"],
+    }
+    return machine() | {"adapter": adapter}
 
 
 def contexts(files: list[dict], tokenizer, budget: int, count: int) -> list[tuple[str, str, int]]:
@@ -135,7 +166,7 @@ def ask(client, name: str, prompt: str) -> tuple[float, float]:
     return (done if first is None else first), done
 
 
-def typing(client, name: str, text: str, steps: int = 12) -> None:
+def typing(client, name: str, text: str, steps: int = 12) -> tuple[dict, dict]:
     """An editor's successive requests in one file, the cursor a line further each time: with the last
     request's keys and values kept (what serve does), and with them evicted before each (another file's
     request in between, not timed): what the reuse buys."""
@@ -148,17 +179,18 @@ def typing(client, name: str, text: str, steps: int = 12) -> None:
     for index, prompt in enumerate(prompts[1:]):
         client.completions.create(model=name, prompt=f"evict_{index} = ", max_tokens=1, temperature=0)
         evicted.append(ask(client, name, prompt))
-    report("typing, the last request's cache kept", kept)
-    report("typing, the cache evicted before each", evicted)
-    was, now = statistics.median(line for _, line in evicted), statistics.median(line for _, line in kept)
+    kept_said = report("typing, the last request's cache kept", kept)
+    evicted_said = report("typing, the cache evicted before each", evicted)
+    was, now = evicted_said["line_p50_s"], kept_said["line_p50_s"]
     print(
         f"reusing the shared beginning: complete line p50 {was:.2f} s → {now:.2f} s ({was / now:.1f}× as fast)"
     )
+    return kept_said, evicted_said
 
 
 def concurrently(
     client, name: str, cases: list[tuple[str, str, int]], clients: int
-) -> list[tuple[float, float]]:
+) -> tuple[list[tuple[float, float]], int]:
     results: list[tuple[float, float]] = []
     failures: list[str] = []
 
@@ -179,20 +211,23 @@ def concurrently(
         f"{clients} clients: {len(results)} answered, {len(failures)} failed"
         + (f" ({failures[0]})" if failures else "")
     )
-    return results
+    return results, len(failures)
 
 
-def report(label: str, timings: list[tuple[float, float]]) -> None:
+def report(label: str, timings: list[tuple[float, float]]) -> dict:
+    """Prints the percentiles and gives them for the results file."""
     firsts = sorted(first for first, _ in timings)
     lines = sorted(line for _, line in timings)
+    said = {
+        "requests": len(lines), "line_s": lines,
+        "first_token_p50_s": percentile(firsts, 50), "first_token_p95_s": percentile(firsts, 95),
+        "line_p50_s": percentile(lines, 50), "line_p95_s": percentile(lines, 95),
+    }  # fmt: skip
     print(
-        f"{label}: first token p50 {percentile(firsts, 50):.2f} s p95 {percentile(firsts, 95):.2f} s; "
-        f"complete line p50 {percentile(lines, 50):.2f} s p95 {percentile(lines, 95):.2f} s ({len(lines)} requests)"
+        f"{label}: first token p50 {said['first_token_p50_s']:.2f} s p95 {said['first_token_p95_s']:.2f} s; "
+        f"complete line p50 {said['line_p50_s']:.2f} s p95 {said['line_p95_s']:.2f} s ({len(lines)} requests)"
     )
-
-
-def percentile(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+    return said
 
 
 def cold_generate(adapter: str, path: str, prompt: str) -> float:

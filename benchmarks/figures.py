@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
+from benchmarks.measured import RESULTS  # noqa: E402  (after the path it is found on)
 from pipeline.scores import CODE_LABELS, difference, with_interval  # noqa: E402  (after the path it is found on)
 
-RESULTS = ROOT / "benchmarks" / "results"
 DOCS = ROOT / "docs"
 BLOCK = re.compile(r"(<!-- figure: (\S+) -->\n)(.*?)(<!-- /figure -->)", re.S)
 
@@ -240,6 +241,75 @@ def _answers(record: dict[str, Any], *systems: tuple[str, str]) -> list[str]:
             for key, label in systems]  # fmt: skip
 
 
+def serve(name: str) -> str:
+    """How fast `serve` answered an editor (bench_serve's results for one run's adapter), in words."""
+    run = results(f"serve-{name}")
+    alone, together, kept, evicted = (
+        run["one_client"],
+        run["clients"],
+        run["typing_kept"],
+        run["typing_evicted"],
+    )
+    memory, goal, adapter = run["memory"], run["goal_s"], run["adapter"]
+    verdicts = [
+        f"{'met' if timed['line_p50_s'] <= goal else 'not met'} {where} (p50 {timed['line_p50_s']:.2f} s)"
+        for where, timed in (
+            ("while typing in one file", kept),
+            ("for a file the server has not read", alone),
+        )
+    ]
+    return _prose(
+        f"How fast, measured by `benchmarks/bench_serve.py --adapter OUTPUT_DIR` (the adapter of a "
+        f"{adapter['budget']} run on {name}, {adapter['model']}, the next line "
+        f"of {run['files']} files of the split point cut to at most {run['context_tokens']:,} tokens, "
+        f"{run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a complete next "
+        f"line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm (the baseline in the same "
+        f"run, `generate --task code` as a fresh process: {run['baseline']['p50_s']:.1f} s); "
+        f"{together['clients']} clients at once, {together['failed']} of {together['requests'] + together['failed']} "
+        f"requests failed, each waiting its turn (p50 {together['line_p50_s']:.2f} s); an editor typing in one "
+        f"file, the cursor a line further each request, p50 {kept['line_p50_s']:.2f} s with the last request's "
+        f"cache kept and {evicted['line_p50_s']:.2f} s with it evicted "
+        f"({evicted['line_p50_s'] / kept['line_p50_s']:.1f}×); resident memory {memory['before_mb']:,.0f} → "
+        f"{memory['after_mb']:,.0f} MB over {memory['requests']:,} requests. The goal, p50 ≤ {goal} s to a "
+        f"complete next line: {'; '.join(verdicts)}."
+    )
+
+
+def hook_through_serve(name: str) -> str:
+    """The commit hook where the model writes: asking a running `serve` against loading the model per
+    commit (bench_hook --model-writes)."""
+    run = results(f"hook-{name}-model")
+    hooked, through = run["timed"]["git commit, hook"], run["timed"]["git commit, hook asking serve"]
+    return _prose(
+        f"Measured on {name}'s {run['commits']} newest commits with the model writing "
+        f"(`benchmarks/bench_hook.py --model-writes`; {_provenance(run)}): `git commit` with the hook p50 "
+        f"{through['p50_s']:.2f} s / p95 {through['p95_s']:.2f} s asking a running `serve`, against "
+        f"{hooked['p50_s']:.2f} s / {hooked['p95_s']:.2f} s loading the model per commit "
+        f"({hooked['p50_s'] / through['p50_s']:.1f}×)."
+    )
+
+
+def hook_cold(name: str) -> str:
+    """What the commit hook adds to `git commit`, cold, with the run's own suggestion system (bench_hook)."""
+    run = results(f"hook-{name}")
+    timed, cold = run["timed"], run["cold"]
+    met = timed["git commit, hook"]["p50_s"] <= run["goal_s"]
+    return _prose(
+        f"On {name} ({_provenance(run)}; the run's suggestion system, the {run['system']}), {run['commits']} "
+        f"commits replayed cold: `git commit` takes {timed['git commit, hook']['p50_s']:.2f} s p50 / "
+        f"{timed['git commit, hook']['p95_s']:.2f} s p95 with the hook against "
+        f"{timed['git commit, no hook']['p50_s']:.2f} s without it (the interpreter {cold['interpreter']:.2f} s, "
+        f"imports {cold['imports']:.2f} s, loading the index and the selector "
+        f"{cold['load index and selector']:.2f} s, answering {cold['answer']:.2f} s); the goal, at most "
+        f"{run['goal_s']:g} s p50, is {'met' if met else 'not met'}."
+    )
+
+
+def _prose(text: str) -> str:
+    """A paragraph wrapped as the pages are."""
+    return textwrap.fill(text, 78, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "readme-flask": lambda: printed("flask"),
     "code-flask": lambda: code_scoreboard("flask"),
@@ -248,6 +318,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "messages-requests": lambda: message_scoreboard("requests"),
     "ablation-flask": lambda: ablation("flask"),
     "budgets-flask": lambda: budgets("flask"),
+    "serve-flask": lambda: serve("flask"),
+    "hook-flask-model": lambda: hook_through_serve("flask"),
+    "hook-requests": lambda: hook_cold("requests"),
 }
 
 
