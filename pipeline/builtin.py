@@ -91,35 +91,45 @@ def source_of(name: str) -> dict[str, str]:
 
 def builtin_directory(name: str) -> Path:
     """The converted Hugging Face directory of a built-in model, converting it on first use."""
-    model = BUILTIN_MODELS[name]
+    import fcntl
+
     source = source_of(name)
     directory = models_cache() / f"{name}-{source['sha256'][:16]}"
     if (directory / SOURCE_FILE).exists():
         return directory
-    gguf, _ = _gguf_file(model)
-    say(f"converting {model.description} into {directory} (once; about 15 s)")
-    staging = directory.with_name(f"{directory.name}.{os.getpid()}.tmp")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned(directory)
-        # A bar on a terminal; in a log the line above is enough for a conversion this short.
-        with Progress(f"converting {name}", len(CONVERSION_STEPS), "step", plain_every_s=None) as progress:
-            _convert(gguf, staging, progress)
-        (staging / SOURCE_FILE).write_bytes(orjson.dumps(source, option=orjson.OPT_INDENT_2))
-        try:
-            staging.rename(directory)
-        except OSError:  # another process converted it first: theirs is as good as ours
+        # Processes that start together (two runs, a suite's workers) convert it once: the others wait
+        # here for the lock, which the system releases however its holder ends, and find it converted.
+        with open(directory.with_name(f"{directory.name}.lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             if not (directory / SOURCE_FILE).exists():
-                raise
+                _convert_into(directory, name, source)
     except OSError as err:  # a read-only home, XDG_CACHE_HOME naming a file, a full disk: one line
         raise ModelLoadError(
             f"cannot write the converted {name} into {directory.parent} ({err.strerror or err}): set XDG_CACHE_HOME "
             "to a folder you can write, with 0.5 GB free (repotune keeps its cache in XDG_CACHE_HOME/repotune, "
             "else ~/.cache/repotune)"
         ) from None
+    return directory
+
+
+def _convert_into(directory: Path, name: str, source: dict) -> None:
+    """Convert into a staging directory, stamp it, then rename it into place (an interrupted conversion
+    is never found as a converted model)."""
+    model = BUILTIN_MODELS[name]
+    gguf, _ = _gguf_file(model)
+    say(f"converting {model.description} into {directory} (once; about 15 s)")
+    staging = directory.with_name(f"{directory.name}.{os.getpid()}.tmp")
+    try:
+        _remove_abandoned(directory)
+        # A bar on a terminal; in a log the line above is enough for a conversion this short.
+        with Progress(f"converting {name}", len(CONVERSION_STEPS), "step", plain_every_s=None) as progress:
+            _convert(gguf, staging, progress)
+        (staging / SOURCE_FILE).write_bytes(orjson.dumps(source, option=orjson.OPT_INDENT_2))
+        staging.rename(directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return directory
 
 
 def _remove_abandoned(directory: Path) -> None:

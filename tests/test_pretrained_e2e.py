@@ -7,6 +7,8 @@ directory happens once per test session, in the session's own cache.
 from __future__ import annotations
 
 import errno
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +107,25 @@ def test_an_interrupted_conversion_is_never_reused_and_a_log_gets_one_line(tmp_p
     assert builtin_directory(MODEL) == target and len(converted) == 1  # converted once, then reused
 
 
+def test_processes_that_start_together_convert_the_model_once(tmp_path, monkeypatch):
+    """Each caller opens the lock as another process would (its own open file): the first converts, the
+    others wait for it and find the model converted."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    converted = []
+
+    def convert(gguf, destination, progress):
+        converted.append(gguf.name)
+        time.sleep(0.3)  # long enough that the others ask while it converts
+        destination.mkdir()
+        (destination / "config.json").write_text("{}")
+
+    monkeypatch.setattr("pipeline.builtin._convert", convert)
+    with ThreadPoolExecutor(3) as pool:
+        directories = list(pool.map(lambda _: builtin_directory(MODEL), range(3)))
+    assert len(set(directories)) == 1 and (directories[0] / SOURCE_FILE).exists()
+    assert len(converted) == 1
+
+
 def test_a_cache_that_cannot_be_written_is_one_line_naming_the_fix(cli, tmp_path, monkeypatch, sample_repo):
     """A read-only home, XDG_CACHE_HOME naming a file, a disk that fills while the model is converted:
     one line that says where and what to set (it was an internal error), and the run's manifest says so."""
@@ -127,7 +148,8 @@ def test_a_cache_that_cannot_be_written_is_one_line_naming_the_fix(cli, tmp_path
     monkeypatch.setattr("pipeline.builtin._convert", full)
     with pytest.raises(ModelLoadError, match=r"\(No space left on device\): set XDG_CACHE_HOME"):
         builtin_directory(MODEL)
-    assert not list(models_cache().iterdir())  # the half-written staging is gone
+    # The half-written staging is gone; what stays is the (empty) file the conversion locks.
+    assert [path.suffix for path in models_cache().iterdir()] == [".lock"]
 
 
 def test_a_missing_package_is_one_line_naming_the_install(cli, tmp_path, monkeypatch, sample_repo):
