@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scrape speed against git's own: raw `git log -p` vs repotune's full scrape, same range, one run.
 
-    python benchmarks/bench_scrape.py /path/to/repo [--rev HEAD] [--repeat 3] [--per-commit]
+    python benchmarks/bench_scrape.py /path/to/repo [--rev HEAD] [--repeat 3] [--per-commit] [--name flask]
 
 Runs raw git and the scrape in turn, `--repeat` rounds after a warm-up
 round, and prints each one's median wall time, the median of the per-round
@@ -10,7 +10,7 @@ scrape: rev-list, sharded git log, parsing, filters, secret redaction,
 formatting and writing sequences.jsonl.
 PyDriller runs too when it is installed; `--per-commit` adds GitPython's
 one-`commit.diff()`-per-commit approach (slow: tens of seconds on thousands
-of commits).
+of commits). What it prints goes to benchmarks/results/scrape-NAME.json too (docs/data.md's figure).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.measured import RESULTS, machine, write_result
 from pipeline.config import ScrapeConfig
 from pipeline.hardware import usable_cores
 from scrapers.git import SAFE_GIT_ENV, open_repository, rev_list
@@ -92,6 +93,9 @@ def main() -> None:
     parser.add_argument("--rev", default="HEAD")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--per-commit", action="store_true", help="also time one GitPython diff per commit")
+    parser.add_argument(
+        "--name", help="what to call the repository in the results (default: its directory's name)"
+    )
     args = parser.parse_args()
 
     repo = open_repository(args.repo)
@@ -132,6 +136,16 @@ def main() -> None:
     print(
         f"\nscrape / raw git per round ({args.repeat} rounds): " + " ".join(f"{r:.2f}" for r in scrape_ratios)
     )
+    name = args.name or Path(args.repo).resolve().name
+    measured = {
+        "repository": name,
+        "rev": args.rev,
+        "commits": commits,
+        "rounds": args.repeat,
+        "seconds": times,
+    }
+    path = write_result(RESULTS / f"scrape-{name}.json", machine() | measured | {"ratios": scrape_ratios})
+    print(f"results: {path}")
 
 
 def per_round_ratios(walls: list[float], baseline: list[float]) -> list[float]:

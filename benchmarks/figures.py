@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 import textwrap
 from collections.abc import Callable
@@ -305,6 +306,19 @@ def hook_cold(name: str) -> str:
     )
 
 
+def scrape_speed(name: str) -> str:
+    """The full scrape against raw `git log -p` on the same range (bench_scrape), in words."""
+    run = results(f"scrape-{name}")
+    git = sorted(run["seconds"]["raw git log -p"])
+    ratios = run["ratios"]
+    return _prose(
+        f"On {name} ({run['commits']:,} commits; {_provenance(run)}), {run['rounds']} rounds: the full scrape (the "
+        f"history, and the files at the split point, redacted and written) took "
+        f"{statistics.median(ratios):.2f}× raw git's time (the median of the rounds' ratios, "
+        f"{ratios[0]:.2f} to {ratios[-1]:.2f}; git alone {git[0]:.1f} to {git[-1]:.1f} s)."
+    )
+
+
 def _prose(text: str) -> str:
     """A paragraph wrapped as the pages are."""
     return textwrap.fill(text, 78, break_on_hyphens=False, break_long_words=False) + "\n"
@@ -321,6 +335,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "serve-flask": lambda: serve("flask"),
     "hook-flask-model": lambda: hook_through_serve("flask"),
     "hook-requests": lambda: hook_cold("requests"),
+    "scrape-flask": lambda: scrape_speed("flask"),
 }
 
 
