@@ -9,7 +9,8 @@ and ahead of the budget on this machine (`tokenize_ahead`: the newest training s
 the budget trains at 2,000 tokens/s, the held-out ones, the older ones' lengths estimated). Prints both
 times and their ratio, how many sequences were tokenized, and the estimate beside the real statistics the
 planner reads (tokens, median and p95 length, sequences over 512 tokens), and checks that the tokenized
-sequences are the whole history's newest. Exit 0, 1 when they differ, 2 when a scrape fails.
+sequences are the whole history's newest. Exit 0, 1 when they differ, 2 when a scrape fails. What it
+prints goes to benchmarks/results/tokenize.json too (docs/training.md's figure), a repository a key.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
 from benchmarks.cli_scrape import scraped  # noqa: E402
+from benchmarks.measured import RESULTS, machine, write_result  # noqa: E402
 
 
 def main() -> int:
@@ -39,13 +41,20 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    measured = {}
     for name, output in scraped(args.repos, args.output_dir):
-        if not compare(name, output, args.budget):
+        measured[name] = compare(name, output, args.budget)
+        if not measured[name]["same"]:
             return 1
+    path = RESULTS / "tokenize.json"
+    earlier = orjson.loads(path.read_bytes())["repositories"] if path.exists() else {}
+    write_result(path, machine() | {"budget": args.budget, "repositories": earlier | measured})
+    print(f"results: {path}")
     return 0
 
 
-def compare(name: str, output: Path, budget: str) -> bool:
+def compare(name: str, output: Path, budget: str) -> dict:
+    """Prints both tokenizations and the estimate beside the real statistics; gives them for the results."""
     from pipeline.config import load_config
     from pipeline.data.token_cache import prepare, read_split
     from pipeline.hardware import machine
@@ -71,15 +80,24 @@ def compare(name: str, output: Path, budget: str) -> bool:
         f"  tokenize ahead        {fast:7.1f} s   ({slow / fast:.1f}× faster; "
         f"{newest.tokenized or whole.stats.sequences:,} sequences)"
     )
+    said = {
+        "sequences": whole.stats.sequences, "ahead_tokens": ahead, "whole_s": slow, "ahead_s": fast,
+        "tokenized": newest.tokenized or whole.stats.sequences,
+    }  # fmt: skip
     for label, stats in (("estimated", newest.stats), ("real", whole.stats)):
         longer = sum(count for size, count in stats.length_counts.items() if size > 512)
         print(
             f"  {label:<10} tokens {stats.tokens:>12,}  median {stats.percentile(50):>6}  "
             f"p95 {stats.percentile(95):>6}  over 512 {longer:>7,}"
         )
-    same = tokenized == everything[: len(tokenized)]
-    print(f"  the tokenized sequences are the whole history's newest: {'yes' if same else 'NO'}")
-    return same
+        said[label] = {
+            "tokens": int(stats.tokens),
+            "median": int(stats.percentile(50)),
+            "p95": int(stats.percentile(95)),
+        }
+    said["same"] = tokenized == everything[: len(tokenized)]
+    print(f"  the tokenized sequences are the whole history's newest: {'yes' if said['same'] else 'NO'}")
+    return said
 
 
 if __name__ == "__main__":

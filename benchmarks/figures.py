@@ -319,6 +319,27 @@ def scrape_speed(name: str) -> str:
     )
 
 
+def tokenize_ahead(*names: str) -> str:
+    """A first run's tokenizing, the whole history against what the budget trains (bench_tokenize)."""
+    run = results("tokenize")
+
+    def one(name: str) -> str:
+        repo = run["repositories"][name]
+        estimated, real = repo["estimated"], repo["real"]
+        return (
+            f"{name}'s {repo['sequences']:,} training sequences {repo['whole_s']:.1f} s whole, "
+            f"{repo['ahead_s']:.1f} s ahead ({repo['whole_s'] / repo['ahead_s']:.1f}×; the newest "
+            f"{repo['tokenized']:,}), its estimated tokens {estimated['tokens'] / real['tokens'] - 1:+.2%} of the "
+            f"real count ({estimated['tokens']:,} against {real['tokens']:,}; p95 length {estimated['p95']:,} "
+            f"against {real['p95']:,})"
+        )
+
+    return _prose(
+        f"`benchmarks/bench_tokenize.py REPO` times both on one scrape (`--budget {run['budget']}`; "
+        f"{_provenance(run)}): " + "; ".join(one(name) for name in names) + "."
+    )
+
+
 def _prose(text: str) -> str:
     """A paragraph wrapped as the pages are."""
     return textwrap.fill(text, 78, break_on_hyphens=False, break_long_words=False) + "\n"
@@ -336,6 +357,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "hook-flask-model": lambda: hook_through_serve("flask"),
     "hook-requests": lambda: hook_cold("requests"),
     "scrape-flask": lambda: scrape_speed("flask"),
+    "tokenize-pytest-flask": lambda: tokenize_ahead("pytest", "flask"),
 }
 
 
