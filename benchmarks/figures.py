@@ -340,6 +340,26 @@ def tokenize_ahead(*names: str) -> str:
     )
 
 
+def busy_cpu(name: str) -> str:
+    """Training beside a process that keeps one core busy, threads planned against every core (bench_busy_cpu)."""
+    run = results(f"busy-cpu-{name}")
+    runs = run["runs"]
+    alone, planned = runs.pop("alone"), runs.pop("one core busy")
+    (every,) = runs.values()  # "one core busy, N threads": every usable core a thread
+
+    def steps(one: dict[str, Any]) -> str:
+        return f"{one['steps']} of {one['planned_steps']} planned steps ran"
+
+    return _prose(
+        f"`python benchmarks/bench_busy_cpu.py REPO` measures it ({name}, {run['model']}, {run['commits']} "
+        f"commits, a {run['budget_s']} s budget; {_provenance(run)}): alone {alone['tokens_per_s']:.0f} tokens/s; "
+        f"with a process spinning on one core {planned['tokens_per_s']:.0f} tokens/s "
+        f"({planned['tokens_per_s'] / alone['tokens_per_s']:.2f}×, {steps(planned)}), where computing on every "
+        f"core as torch does by default gives {every['tokens_per_s']:.0f} "
+        f"({every['tokens_per_s'] / alone['tokens_per_s']:.2f}×, {steps(every)})."
+    )
+
+
 def _prose(text: str) -> str:
     """A paragraph wrapped as the pages are."""
     return textwrap.fill(text, 78, break_on_hyphens=False, break_long_words=False) + "\n"
@@ -358,6 +378,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "hook-requests": lambda: hook_cold("requests"),
     "scrape-flask": lambda: scrape_speed("flask"),
     "tokenize-pytest-flask": lambda: tokenize_ahead("pytest", "flask"),
+    "busy-cpu-requests": lambda: busy_cpu("requests"),
 }
 
 
