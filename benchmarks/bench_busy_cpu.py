@@ -30,7 +30,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measured import RESULTS, machine, write_result  # noqa: E402  (after the path it is found on)
+from benchmarks.measured import RESULTS, measured_by, name_option, repository_name, write_result  # noqa: E402  (after the path it is found on)
 
 
 def spinner(share: float = 1.0) -> int:
@@ -73,9 +73,7 @@ def main() -> None:
     # At 60 s, what the plan keeps for scoring and saving left a busy run a step or two: a speed over so few
     # steps is their warm-up, not the load.
     parser.add_argument("--budget", type=int, default=180, help="each run's budget, seconds (default 180)")
-    parser.add_argument(
-        "--name", help="what to call the repository in the results (default: its directory's name)"
-    )
+    name_option(parser)
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -116,9 +114,9 @@ def main() -> None:
         }
     for name, manifest in results.items():
         print(f"\n{name}: {manifest['training_report']['throughput']['suggestion']}")
-    name = args.name or Path(args.repo).resolve().name
+    name = repository_name(args.name, args.repo)
     settings = {"model": args.model, "commits": args.max_commits, "budget_s": args.budget}
-    path = write_result(RESULTS / f"busy-cpu-{name}.json", machine() | settings | {"runs": measured})
+    path = write_result(RESULTS / f"busy-cpu-{name}.json", measured_by() | settings | {"runs": measured})
     print(f"results: {path}")
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measured import RESULTS, machine, percentile, write_result  # noqa: E402  (after the path it is found on)
+from benchmarks.measured import RESULTS, measured_by, name_option, percentile, repository_name, write_result  # noqa: E402  (after the path it is found on)
 
 GOAL_S = 3.0
 ENV = {
@@ -133,9 +133,7 @@ def main() -> int:
         action="store_true",
         help="suggest with the fine-tuned model, and replay each commit again with `serve` running",
     )
-    parser.add_argument(
-        "--name", help="what to call the repository in the results (default: its directory's name)"
-    )
+    name_option(parser)
     args = parser.parse_args()
 
     from pipeline.suggest.suggestion import Suggester
@@ -196,9 +194,9 @@ def main() -> int:
     print(
         f"{'met' if met else 'NOT met'}: git commit with {how} p50 {percentile(judged, 50):.2f} s (goal ≤ {GOAL_S:g} s)"
     )
-    name = f"hook-{args.name or Path(args.repo).resolve().name}{'-model' if args.model_writes else ''}"
+    name = f"hook-{repository_name(args.name, args.repo)}{'-model' if args.model_writes else ''}"
     measured = {"commits": len(shas), "system": system, "suggested": suggested, "timed": timed, "cold": parts}
-    path = write_result(RESULTS / f"{name}.json", machine() | measured | {"goal_s": GOAL_S})
+    path = write_result(RESULTS / f"{name}.json", measured_by() | measured | {"goal_s": GOAL_S})
     print(f"results: {path}")
     return 0 if met else 1
 

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
-from benchmarks.measured import RESULTS, write_result  # noqa: E402  (after the path it is found on)
+from benchmarks.measured import RESULTS, name_option, repository_name, write_result  # noqa: E402  (after the path it is found on)
 from pipeline.scores import difference, with_interval  # noqa: E402  (after the path it is found on)
 
 GOAL_POINTS = 3.0  # chrF and edit-similarity points the suggestion must gain over the lookup and the model
@@ -63,9 +63,7 @@ def main() -> int:
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], help="more config overrides, as for the CLI"
     )
-    parser.add_argument(
-        "--name", help="what to call the repository in the results (default: its directory's name)"
-    )
+    name_option(parser)
     parser.add_argument(
         "--label",
         default="default",
@@ -78,7 +76,7 @@ def main() -> int:
         "benchmarks/results/learning-REPO_NAME-LABEL.json)",
     )
     args = parser.parse_args()
-    args.name = args.name or Path(args.repo).resolve().name
+    args.name = repository_name(args.name, args.repo)
     args.output_dir = args.output_dir or str(Path("bench-learning-output") / args.name)
 
     outcomes = []
@@ -169,7 +167,6 @@ def write_results(path: Path, args: argparse.Namespace, budgets: dict) -> None:
         earlier = orjson.loads(path.read_bytes())
         same = all(earlier.get(key) == document[key] for key in ("repository", "label", "model", "overrides"))
         document["budgets"] = {**(earlier["budgets"] if same else {}), **budgets}
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_result(path, document)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.measured import RESULTS, machine, write_result
+from benchmarks.measured import RESULTS, measured_by, name_option, repository_name, write_result
 from pipeline.config import ScrapeConfig
 from pipeline.hardware import usable_cores
 from scrapers.git import SAFE_GIT_ENV, open_repository, rev_list
@@ -93,9 +93,7 @@ def main() -> None:
     parser.add_argument("--rev", default="HEAD")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--per-commit", action="store_true", help="also time one GitPython diff per commit")
-    parser.add_argument(
-        "--name", help="what to call the repository in the results (default: its directory's name)"
-    )
+    name_option(parser)
     args = parser.parse_args()
 
     repo = open_repository(args.repo)
@@ -136,7 +134,7 @@ def main() -> None:
     print(
         f"\nscrape / raw git per round ({args.repeat} rounds): " + " ".join(f"{r:.2f}" for r in scrape_ratios)
     )
-    name = args.name or Path(args.repo).resolve().name
+    name = repository_name(args.name, args.repo)
     measured = {
         "repository": name,
         "rev": args.rev,
@@ -144,7 +142,7 @@ def main() -> None:
         "rounds": args.repeat,
         "seconds": times,
     }
-    path = write_result(RESULTS / f"scrape-{name}.json", machine() | measured | {"ratios": scrape_ratios})
+    path = write_result(RESULTS / f"scrape-{name}.json", measured_by() | measured | {"ratios": scrape_ratios})
     print(f"results: {path}")
 
 

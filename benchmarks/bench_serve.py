@@ -31,7 +31,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.measured import RESULTS, machine, percentile, write_result  # noqa: E402  (after the path it is found on)
+from benchmarks.measured import RESULTS, measured_by, name_option, percentile, repository_name, write_result  # noqa: E402  (after the path it is found on)
 
 GOAL_S = 0.5
 
@@ -48,9 +48,7 @@ def main() -> None:
     parser.add_argument(
         "--cold", type=int, default=3, help="cold `generate --task code` processes (the baseline)"
     )
-    parser.add_argument(
-        "--name", help="what to call the run's repository in the results (default: its directory's name)"
-    )
+    name_option(parser)
     args = parser.parse_args()
 
     import openai
@@ -108,19 +106,19 @@ def main() -> None:
     print(f"goal p50 ≤ {GOAL_S:.1f} s to a complete next line: {'met' if warm_p50 <= GOAL_S else 'not met'}")
     measured["baseline"] = {"processes": len(cold), "p50_s": cold_p50}
     run = orjson.loads((Path(args.adapter) / "MANIFEST.json").read_bytes())
-    name = args.name or Path(run["repository"]["path"]).name
+    name = repository_name(args.name, run["repository"]["path"])
     path = write_result(RESULTS / f"serve-{name}.json", provenance(run) | measured)
     print(f"results: {path}")
 
 
 def provenance(run: dict) -> dict:
-    """What measured (machine()) and which run's adapter it served."""
+    """What measured (measured_by()) and which run's adapter it served."""
     adapter = {
         "repository": run["repository"]["path"],
         "model": run["model"]["name"],
         "budget": run["config"]["effective"]["train"]["time_budget"],
     }
-    return machine() | {"adapter": adapter}
+    return measured_by() | {"adapter": adapter}
 
 
 def contexts(files: list[dict], tokenizer, budget: int, count: int) -> list[tuple[str, str, int]]:

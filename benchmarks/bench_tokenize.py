@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
 
 from benchmarks.cli_scrape import scraped  # noqa: E402
-from benchmarks.measured import RESULTS, machine, write_result  # noqa: E402
+from benchmarks.measured import RESULTS, measured_by, write_result  # noqa: E402
 
 
 def main() -> int:
@@ -48,7 +48,7 @@ def main() -> int:
             return 1
     path = RESULTS / "tokenize.json"
     earlier = orjson.loads(path.read_bytes())["repositories"] if path.exists() else {}
-    write_result(path, machine() | {"budget": args.budget, "repositories": earlier | measured})
+    write_result(path, measured_by() | {"budget": args.budget, "repositories": earlier | measured})
     print(f"results: {path}")
     return 0
 

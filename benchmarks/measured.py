@@ -3,6 +3,7 @@ are generated from them: benchmarks/figures.py), what measured them, and the per
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 from pathlib import Path
@@ -16,16 +17,34 @@ def write_result(path: Path, document: dict[str, Any]) -> Path:
     """A benchmark's results file (in RESULTS by default: what the figures are generated from)."""
     import orjson
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
     return path
 
 
-def machine() -> dict[str, Any]:
-    """Which repotune commit measured, on how many cores (a GPU's figures would name it)."""
-    from pipeline.hardware import usable_cores
+def measured_by() -> dict[str, Any]:
+    """Which repotune commit measured, on how many cores and which GPUs (as a run detects them)."""
+    from pipeline.hardware import detect_hardware
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return {"repotune": head.stdout.strip(), "cores": usable_cores(), "gpus": []}
+    hardware = detect_hardware()
+    return {
+        "repotune": head.stdout.strip(),
+        "cores": hardware.usable_cores,
+        "gpus": [g.name for g in hardware.gpus],
+    }
+
+
+def name_option(parser: argparse.ArgumentParser) -> None:
+    """`--name`: what the results call the repository (a fetched mirror's folder is only `repo`)."""
+    parser.add_argument(
+        "--name", help="what to call the repository in the results (default: its folder's name)"
+    )
+
+
+def repository_name(given: str | None, path: str) -> str:
+    """The name `--name` gave, else the repository folder's."""
+    return given or Path(path).resolve().name
 
 
 def percentile(values: list[float], q: int) -> float:

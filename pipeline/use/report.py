@@ -74,15 +74,24 @@ def write_report(manifest_paths: list[Path], output: Path, names: list[str]) -> 
 
 def _title(m: dict[str, Any]) -> list[Block]:
     """The run in one line above the scoreboard: which run, how it ended, on what, with which model."""
-    run, repository, status = m.get("run") or {}, m.get("repository") or {}, m.get("status")
     said = [
-        f"{run.get('id')} · ",
-        {"text": status, "css": f"status-{status}"},
-        f" — {m['error']}" if m.get("error") else "",
-        f" · {repository.get('path')} @ {(repository.get('head') or '')[:12]} · {(m.get('model') or {}).get('name')}",
+        f"{(m.get('run') or {}).get('id')} · ",
+        *_status(m),
+        f" · {_commit(m.get('repository') or {})} · {(m.get('model') or {}).get('name')}",
         f" · {_fmt(m.get('total_execution_time_seconds'), ' s')}",
     ]
     return [_heading(1, "repotune run"), _p(said, muted=True)]
+
+
+def _status(m: dict[str, Any]) -> list[Any]:
+    """How the run ended, coloured, and its error where it failed."""
+    status = m.get("status")
+    return [{"text": status, "css": f"status-{status}"}, f" — {m['error']}" if m.get("error") else ""]
+
+
+def _commit(repository: dict[str, Any]) -> str:
+    """The repository and the commit it was at."""
+    return f"{repository.get('path')} @ {(repository.get('head') or '')[:12]}"
 
 
 def _summary(m: dict[str, Any]) -> list[Block]:
@@ -96,18 +105,17 @@ def _summary(m: dict[str, Any]) -> list[Block]:
     throughput = report.get("throughput") or {}
     repository = m.get("repository") or {}
     model = m.get("model") or {}
-    status = m.get("status")
     rows = [
         (
             "status",
-            [{"text": status, "css": f"status-{status}"}, f" — {m['error']}" if m.get("error") else ""],
+            _status(m),
         ),
         ("command", " ".join(["repotune", *(run.get("argv") or [])])),
         ("started / finished", f"{run.get('started_at')} / {run.get('finished_at')}"),
         ("total time", _fmt(m.get("total_execution_time_seconds"), " s")),
         (
             "repository",
-            f"{repository.get('path')} @ {(repository.get('head') or '')[:12]} ({repository.get('branch')})",
+            f"{_commit(repository)} ({repository.get('branch')})",
         ),
         ("model", f"{model.get('name')} — {model.get('note') or 'pretrained'}"),
         (
