@@ -10,8 +10,12 @@ a Hugging Face id or a local directory.
 
 from __future__ import annotations
 
+import gc
+import importlib.util
 import logging
 import shutil
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,12 +61,16 @@ TRAINING_LIBRARIES = ("peft",)  # and what attaching LoRA adds (seconds, with bi
 def load_libraries(modules: tuple[str, ...]) -> None:
     """Import libraries as a stage of their own: their start-up (seconds) is then not billed to whichever
     stage happens to import them first."""
-    import importlib
-    import time
-
     started = time.perf_counter()
+    new = [name for name in modules if name not in sys.modules]
     for name in modules:
         importlib.import_module(name)
+    if new:
+        # What importing made lives as long as the process: frozen, a full garbage collection (the Trainer
+        # asks for one as it starts, Python makes its own) looks only at what the run made, not at every
+        # object of torch and transformers again.
+        gc.collect()
+        gc.freeze()
     quiet_library_output()
     say(f"loaded {', '.join(modules)} in {time.perf_counter() - started:.1f} s")
 
@@ -112,8 +120,6 @@ def quantized_loading(quantization: str, dtype: str, device: str) -> dict:
     double quantisation, computing in `dtype`) or 8 bits (LLM.int8); none for `none`."""
     if quantization == "none":
         return {}
-    import importlib.util
-
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ModelLoadError(
             f"plan.quantization {quantization} needs bitsandbytes: pip install 'bitsandbytes>=0.45' "
