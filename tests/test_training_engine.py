@@ -296,14 +296,9 @@ SLOW_TRAINING = [
 ]  # fmt: skip
 
 
-def command(repo: GitRepo, out: Path, *extra: str) -> list[str]:
-    script = [sys.executable, str(ROOT / "run_pipeline.py")]
-    return [*script, "--repo", str(repo.path), "--output-dir", str(out), *SLOW_TRAINING, *extra]
-
-
 def start_run(repo: GitRepo, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        command(repo, out),
+        [sys.executable, ROOT / "run_pipeline.py", "--repo", repo.path, "--output-dir", out, *SLOW_TRAINING],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -321,7 +316,7 @@ def wait_for_checkpoint(out: Path, process: subprocess.Popen, timeout_s: float =
     raise AssertionError("no checkpoint appeared")
 
 
-def test_kill_9_then_resume_completes_the_same_run(tmp_path):
+def test_kill_9_then_resume_completes_the_same_run(cli, tmp_path):
     repo = history_repo(tmp_path / "repo", commits=8)
     out = tmp_path / "out"
     process = start_run(repo, out)
@@ -333,10 +328,11 @@ def test_kill_9_then_resume_completes_the_same_run(tmp_path):
     total = killed["training_parameters"]["total_steps"]
     saved = max(int(path.name.split("-")[1]) for path in (out / "checkpoints").glob("checkpoint-*"))
     assert saved < total
-    resumed = subprocess.run(command(repo, out, "--resume"), cwd=ROOT, capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming from {out / 'checkpoints'}" in resumed.stderr
-    assert f"was still `running` but its process ({killed['run']['pid']}) is gone" in resumed.stderr
+    # The resume in this process: what had to be a process of its own is the run killed.
+    resumed = cli("--repo", repo.path, "--output-dir", out, *SLOW_TRAINING, "--resume")
+    assert resumed.code == 0, resumed.err
+    assert f"resuming from {out / 'checkpoints'}" in resumed.err
+    assert f"was still `running` but its process ({killed['run']['pid']}) is gone" in resumed.err
     manifest = read_json(out / "MANIFEST.json")
     assert manifest["run"]["replaced"] == {
         "id": killed["run"]["id"], "pid": killed["run"]["pid"], "started_at": killed["run"]["started_at"]
@@ -349,15 +345,25 @@ def test_kill_9_then_resume_completes_the_same_run(tmp_path):
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_saves_a_checkpoint_and_marks_the_run_interrupted(tmp_path, signum, code):
+def test_a_signal_saves_a_checkpoint_and_marks_the_run_interrupted(cli, tmp_path, monkeypatch, signum, code):
+    """The signal reaches the run's own process (this one) once its first checkpoint is complete, as Ctrl-C
+    or `kill PID` from another terminal would; a run killed with -9 is the test above's real process."""
+    from pipeline.train.trainer import CheckpointStamp
+
+    stamped = CheckpointStamp.on_save
+
+    def then_signalled(self, *args, **kwargs):
+        stamped(self, *args, **kwargs)
+        monkeypatch.setattr(CheckpointStamp, "on_save", stamped)  # once
+        os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(CheckpointStamp, "on_save", then_signalled)
     repo = history_repo(tmp_path / "repo", commits=8)
     out = tmp_path / "out"
-    process = start_run(repo, out)
-    wait_for_checkpoint(out, process)
-    process.send_signal(signum)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == code, stderr.decode()
-    last = stderr.decode().strip().splitlines()[-1]
+    result = cli("--repo", repo.path, "--output-dir", out, *SLOW_TRAINING)
+    assert result.code == code, result.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the run's handlers are gone
+    last = result.err.strip().splitlines()[-1]
     assert last.startswith(f"repotune: error: interrupted by {signal.Signals(signum).name} at step ")
     assert "--resume" in last
     manifest = read_json(out / "MANIFEST.json")
