@@ -80,8 +80,8 @@ def layout(piece_counts: Mapping[int, int], block_size: int) -> Layout:
                 if not members:
                     del by_room[room]
                     rooms.pop(slot)
-            else:
-                taken = list(range(opened, opened + max(full, 1)))
+            else:  # new blocks: a range, listed only where they keep room for more (`add`)
+                taken = range(opened, opened + max(full, 1))
                 opened += len(taken)
             if full:
                 groups.append((taken, size, per_block))
