@@ -72,6 +72,7 @@ def layout(piece_counts: Mapping[int, int], block_size: int) -> Layout:
             room = rooms[slot] if slot < len(rooms) else block_size
             per_block = room // size
             full = left // per_block
+            taken: Sequence[int]
             if slot < len(rooms):
                 members = by_room[room]
                 full = min(full, len(members))
