@@ -17,6 +17,9 @@ did, to read line by line.
 
 Last, the cost of a long line: a 100 kB line made of one rule's hint again and again, in code,
 configuration and a document, each redacted alone (the milliseconds of the slowest).
+
+The counts and the long lines' costs are written to benchmarks/results/redaction.json (docs/data.md's
+figure is generated from it; the lines themselves are printed, not kept).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.measured import RESULTS, measured_by, write_result
 from pipeline.config import ScrapeConfig
 from pipeline.hardware import usable_cores
 from scrapers.providers import PROVIDER_TOKENS
@@ -126,11 +130,11 @@ def main() -> None:
             check=True,
         )
     try:
-        changed, found, moved = 0, [], []
+        changed, found, moved, counted = 0, [], [], []
         for repo in args.repos:
             texts = texts_now(repo)
             repo_changed, repo_found = redacted_lines(texts)
-            name = Path(repo.rstrip("/")).name if Path(repo).name != "repo" else Path(repo).parent.name
+            name = mirror_name(repo)
             line = f"{name}: {repo_changed:,} changed lines, {len(repo_found):,} redacted lines"
             line += f" ({len(repo_found) / max(repo_changed, 1) * 10_000:.2f} per 10,000)"
             if baseline:
@@ -143,6 +147,7 @@ def main() -> None:
                 moved += [(name, "+", text) for text in sorted((now_lines - then_lines).elements())]
                 moved += [(name, "-", text) for text in sorted((then_lines - now_lines).elements())]
             print(line)
+            counted.append({"name": name, "changed_lines": repo_changed, "redacted_lines": len(repo_found)})
             changed += repo_changed
             found += [(f"{name}:{where}", text) for where, text in repo_found]
     finally:
@@ -173,6 +178,11 @@ def main() -> None:
         for name, sign, line in moved:
             print(f"  {sign} {name}: {line.strip()[:200]}")
 
+    measured = {
+        "repositories": counted,
+        "per_rule": dict(per_rule.most_common()),
+        "judged_lines": len(judged),
+    }
     if not args.no_long_line:
         costs = long_line_costs()
         print(
@@ -180,6 +190,20 @@ def main() -> None:
         )
         for seconds, hint, path in costs[:5]:
             print(f"  {seconds * 1000:8.1f} ms  {hint!r} in {path}")
+        slowest, hint, path = costs[0]
+        measured["long_line"] = {
+            "characters": LONG_LINE,
+            "lines": len(costs),
+            "mean_s": sum(cost for cost, _, _ in costs) / len(costs),
+            "slowest": {"seconds": slowest, "hint": hint, "path": path},
+        }
+    print(f"\nwritten: {write_result(RESULTS / 'redaction.json', measured_by() | measured)}")
+
+
+def mirror_name(repo: str) -> str:
+    """A repository's name: its folder's, or for a fetched mirror (`owner+name/repo`) owner/name."""
+    path = Path(repo.rstrip("/"))
+    return path.parent.name.replace("+", "/") if path.name == "repo" else path.name
 
 
 if __name__ == "__main__":

@@ -360,6 +360,28 @@ def busy_cpu(name: str) -> str:
     )
 
 
+def redaction() -> str:
+    """How often redaction fires on real histories, and what a long line costs it (bench_redaction)."""
+    run = results("redaction")
+    repos = run["repositories"]
+    changed = sum(repo["changed_lines"] for repo in repos)
+    redacted = sum(repo["redacted_lines"] for repo in repos)
+    each = ", ".join(
+        f"{repo['name'].split('/')[-1]} {repo['redacted_lines'] / max(repo['changed_lines'], 1) * 10_000:.2f}"
+        for repo in repos
+    )
+    long = run["long_line"]
+    slowest = long["slowest"]
+    return _prose(
+        f"On {', '.join(repo['name'] for repo in repos)} ({changed:,} changed lines; {_provenance(run)}): "
+        f"{redacted / changed * 10_000:.2f} redacted lines per 10,000 ({each}). {run['judged_lines']} distinct "
+        f"lines were redacted by a value's name or place (the others by a provider's form, certain by shape). "
+        f"A {long['characters']:,}-character line made of one rule's hint again and again takes "
+        f"{long['mean_s'] * 1000:.0f} ms on average and {slowest['seconds']:.2f} s at most (`{slowest['hint']}` "
+        f"in {slowest['path']})."
+    )
+
+
 def _prose(text: str) -> str:
     """A paragraph wrapped as the pages are."""
     return textwrap.fill(text, 78, break_on_hyphens=False, break_long_words=False) + "\n"
@@ -379,6 +401,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "scrape-flask": lambda: scrape_speed("flask"),
     "tokenize-pytest-flask": lambda: tokenize_ahead("pytest", "flask"),
     "busy-cpu-requests": lambda: busy_cpu("requests"),
+    "redaction": redaction,
 }
 
 
