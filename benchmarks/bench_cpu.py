@@ -13,7 +13,9 @@
   on a CPU with avx512_bf16 or AMX) and each run's held-out loss after training (bf16 not worse by more
   than 2%).
 
-Run it alone: on 2 shared cores anything else running makes the ratios meaningless.
+Run it alone: on 2 shared cores anything else running makes the ratios meaningless. Each comparison writes
+its results file, benchmarks/results/cpu-peer-NAME.json and cpu-precision-NAME.json (docs/training.md's
+figure is generated from the first).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the other benchmarks)
+from benchmarks.measured import RESULTS, measured_by, name_option, repository_name, write_result  # noqa: E402  (after the path it is found on)
+
 PEER = ROOT.parent / "shared" / "peers" / "plain_lora_loop.py"
 MODEL = "smollm2-135m"
 
@@ -43,7 +47,9 @@ def main() -> int:
     )
     parser.add_argument("--work", default="bench-cpu-output", help="scratch directory")
     parser.add_argument("--peer", default=str(PEER), help="the plain-loop peer script")
+    name_option(parser)
     args = parser.parse_args()
+    args.name = repository_name(args.name, args.repo)
     work = Path(args.work)
     if args.only in (None, "peer"):
         peer_comparison(args, work / "peer")
@@ -68,7 +74,8 @@ def peer_comparison(args, work: Path) -> None:
     from pipeline.builtin import builtin_directory
 
     # Ours: the training stage under a budget of `seconds` / 0.8 (training gets a little less: what the run
-    # spends before and after it comes out of the budget); tokens/s are compared, not tokens.
+    # spends before and after it comes out of the budget); tokens/s are compared, not tokens. Nothing is
+    # scored: the time a run keeps for scoring its answers (minutes on a CPU) would leave no training.
     cli(
         "--repo",
         args.repo,
@@ -78,6 +85,7 @@ def peer_comparison(args, work: Path) -> None:
         MODEL,
         "--budget",
         f"{args.seconds / 0.8:.0f}s",
+        *("--set", "eval.samples=0", "--set", "eval.code_cases=0", "--set", "eval.block_cases=0"),
     )
     ours = manifest(work)
     throughput = ours["training_report"]["throughput"]
@@ -96,6 +104,18 @@ def peer_comparison(args, work: Path) -> None:
         f"  ({throughput['processed_tokens']} tokens in {ours['training_report']['training']['train_runtime_s']} s; "
         f"step time mean {throughput['step_time_s']['mean']} s)"
     )
+    measured = {
+        "repository": args.name,
+        "seconds": args.seconds,
+        "peer_tokens_per_s": peer,
+        "tokens_per_s": throughput["tokens_per_s"],
+        "processed_tokens": throughput["processed_tokens"],
+        "train_runtime_s": ours["training_report"]["training"]["train_runtime_s"],
+        "precision": params["precision"],
+        "batch_size": params["batch_size"],
+        "sequence_length": params["sequence_length"],
+    }
+    print(f"written: {write_result(RESULTS / f'cpu-peer-{args.name}.json', measured_by() | measured)}")
 
 
 def precision_comparison(args, work: Path) -> None:
@@ -130,6 +150,19 @@ def precision_comparison(args, work: Path) -> None:
     print(
         f"bf16 / fp32 speed: {speedup:.2f}× (goal ≥ 1.5×); bf16 held-out loss {worse:+.2%} vs fp32 (goal ≤ +2%)"
     )
+    measured = {
+        precision: {
+            "steps": run["training_parameters"]["total_steps"],
+            "tokens_per_s": run["training_report"]["throughput"]["tokens_per_s"],
+            "held_out_loss": run["training_report"]["evaluation"]["after"]["loss"],
+        }
+        for precision, run in runs.items()
+    }
+    path = write_result(
+        RESULTS / f"cpu-precision-{args.name}.json",
+        measured_by() | {"repository": args.name, "commits": args.commits, "precisions": measured},
+    )
+    print(f"written: {path}")
 
 
 if __name__ == "__main__":

@@ -360,6 +360,18 @@ def busy_cpu(name: str) -> str:
     )
 
 
+def cpu_peer(name: str) -> str:
+    """The training stage against the plain torch + peft loop, on the same model and sequences (bench_cpu)."""
+    run = results(f"cpu-peer-{name}")
+    return _prose(
+        f"On {name} ({_provenance(run)}), smollm2-135m, about {run['seconds']:.0f} s a side: the training "
+        f"stage {run['tokens_per_s']:.1f} tokens/s ({run['precision']}, micro-batch {run['batch_size']} × "
+        f"{run['sequence_length']}; {run['processed_tokens']:,} tokens in {run['train_runtime_s']:.0f} s) "
+        f"against the plain loop's {run['peer_tokens_per_s']:.1f} (fp32, batch 1 × 512): "
+        f"**{run['tokens_per_s'] / run['peer_tokens_per_s']:.2f}×**."
+    )
+
+
 def redaction() -> str:
     """How often redaction fires on real histories, and what a long line costs it (bench_redaction)."""
     run = results("redaction")
@@ -402,6 +414,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "tokenize-pytest-flask": lambda: tokenize_ahead("pytest", "flask"),
     "busy-cpu-requests": lambda: busy_cpu("requests"),
     "redaction": redaction,
+    "cpu-peer-requests": lambda: cpu_peer("requests"),
 }
 
 
