@@ -358,7 +358,10 @@ FAST_TRAINING = (
     # One epoch of the tiny model, a step a commit, and no checkpoint (the planner's ten cost more than the
     # training): the suite trains dozens of these, and each of them cost about 7.5 s of a slow core with
     # three epochs and the checkpoints, 4.4 s without. Tests of warmup, a falling loss or epochs ask for
-    # more (`--set train.epochs=3`), tests of checkpoints and resume for them.
+    # more (`--set train.epochs=3`), tests of checkpoints and resume for them. No validation during
+    # training and commit messages of 8 tokens (the random model never ends one before its limit): a
+    # quarter of such a run was validating and writing 48-token answers; the tests of validations and
+    # of keeping the best weights ask for them.
     # The history alone, for the epochs asked and no time budget: the files at the split point (twice the
     # steps), their next lines and the cores' pace a budget measures are tested where they are the subject.
     "--model", "tiny",
@@ -371,6 +374,8 @@ FAST_TRAINING = (
     "--set", "plan.gradient_accumulation_steps=1",
     "--set", "train.epochs=1",
     "--set", "train.save_steps=1000",
+    "--set", "train.eval_steps=1000",
+    "--set", "eval.message_tokens=8",
     "--set", "train.max_sequence_length=128",
     "--set", "monitor.collection_interval_seconds=0.5",
 )  # fmt: skip

@@ -677,8 +677,9 @@ def test_a_diff_that_is_not_utf8_is_read_as_the_scrape_reads_it(tiny_run, work_r
 def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):
     """`generate --task message --system model` on a held-out commit's whole diff gives the fine-tuned
     model's answer in evaluation.jsonl: the prompt cut where training cut it, the same greedy tokens, as
-    many as the scoreboard let it write (by default)."""
-    from pipeline.config import TrainConfig
+    many as the scoreboard let it write (by default: the run's `eval.message_tokens`, which the suite's runs
+    set below the default; `generate` had written the default's)."""
+    from pipeline.config import EvalConfig, TrainConfig
     from pipeline.suggest.retrieval import past_commits
     from pipeline.train.model import adapter_facts
     from pipeline.use.generate import generate
@@ -687,7 +688,9 @@ def test_the_model_answers_a_diff_at_use_as_the_scoreboard_scored_it(tiny_run):
     diffs = {commit.sha: commit.diff for commit in past_commits(records)}
     scored = [orjson.loads(line) for line in (tiny_run / "evaluation.jsonl").read_bytes().splitlines()]
     asked = [row for row in scored if row["task"] == "message"]
-    assert adapter_facts(tiny_run / "adapter").prompt_tokens == TrainConfig().max_prompt_tokens
+    facts = adapter_facts(tiny_run / "adapter")
+    assert facts.prompt_tokens == TrainConfig().max_prompt_tokens
+    assert facts.message_tokens != EvalConfig().message_tokens  # the run's own, recorded beside the adapter
     assert asked
     for row in asked:
         answer = generate(tiny_run, diffs[row["commit"]], task="message", system="model")

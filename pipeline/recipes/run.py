@@ -168,7 +168,7 @@ def train(record: Record, loaded: LoadedConfig, data: Data, model: Loaded, resum
     say(
         f"training {plan.total_steps} steps on {plan.device} × {plan.world_size} ({model.trainable_parameters:,} trainable parameters)"
     )
-    facts = facts_for(prepared, plan, loaded.config.train.max_prompt_tokens)
+    facts = facts_for(prepared, plan, loaded.config)
     job = Job(
         model.model, packed.train, validation_blocks(packed, plan.eval_blocks), plan, record.output_dir / CHECKPOINT_DIR,
         prepared.cache.key, loaded.config.monitor, record.coordinator, facts, prepared.tokenizer, resume,
@@ -185,5 +185,5 @@ def save(
     """The adapter, its tokenizer, its suggestion system and its model card, in the output directory."""
     record.step(
         "save", save_adapter, model, data.prepared, outcome.plan, record.output_dir,
-        loaded.config.train.max_prompt_tokens, suggester, model_card(record.doc), files_path(data.scraped),
+        loaded.config, suggester, model_card(record.doc), files_path(data.scraped),
     )  # fmt: skip

@@ -25,6 +25,7 @@ import orjson
 
 from pipeline.base_models import TINY, load_pretrained, quiet_library_output
 from pipeline.builtin import is_builtin
+from pipeline.config import Config
 from pipeline.errors import ModelLoadError
 from pipeline.hardware import GB
 from pipeline.manifest import sha256_file
@@ -219,12 +220,21 @@ class AdapterFacts:
     repository: str = ""
     """The repository trained on (`Prepared.repository`): what `serve` and Ollama call the model. Empty for
     adapters written before this was recorded."""
+    message_tokens: int | None = None
+    """How many tokens the scoreboard let the model write for a commit message (`eval.message_tokens`):
+    `generate` writes as many by default. None for adapters written before this was recorded (the
+    default's)."""
 
 
-def facts_for(prepared: Prepared, plan: Plan, prompt_tokens: int) -> AdapterFacts:
-    """What an adapter trained on `prepared` as `plan` says records beside it."""
+def facts_for(prepared: Prepared, plan: Plan, config: Config) -> AdapterFacts:
+    """What an adapter trained on `prepared` as `plan` (with `config`) says records beside it."""
     return AdapterFacts(
-        prepared.facts.name, prepared.style, plan.quantization, prompt_tokens, prepared.repository
+        prepared.facts.name,
+        prepared.style,
+        plan.quantization,
+        config.train.max_prompt_tokens,
+        prepared.repository,
+        config.eval.message_tokens,
     )
 
 
@@ -244,6 +254,7 @@ def record_base(adapter_dir: Path, facts: AdapterFacts) -> None:
         "quantization": facts.quantization,
         "prompt_tokens": facts.prompt_tokens,
         "repository": facts.repository,
+        "message_tokens": facts.message_tokens,
     }
     (adapter_dir / ADAPTER_FACTS_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
 
@@ -259,6 +270,7 @@ def adapter_facts(adapter_dir: Path) -> AdapterFacts:
         record.get("quantization", "none"),
         record.get("prompt_tokens"),
         record.get("repository", ""),
+        record.get("message_tokens"),
     )
 
 
@@ -313,7 +325,7 @@ def save_adapter(
     prepared: Prepared,
     plan: Plan,
     output_dir: Path,
-    prompt_tokens: int,
+    config: Config,
     suggester=None,
     card: str | None = None,
     code_files: Path | None = None,
@@ -326,7 +338,7 @@ def save_adapter(
 
     adapter_dir = output_dir / ADAPTER_DIR
     loaded.model.save_pretrained(adapter_dir)
-    record_base(adapter_dir, facts_for(prepared, plan, prompt_tokens))
+    record_base(adapter_dir, facts_for(prepared, plan, config))
     prepared.tokenizer.save_pretrained(adapter_dir)
     if suggester is not None:
         suggester.save(adapter_dir)

@@ -320,16 +320,16 @@ class Answerer:
                 "--prompt is empty: give the model text to continue (or - to read it from stdin)"
             )
         model, tokenizer = self.loaded
+        facts = adapter_facts(self.directory)
         given = ""
-        if task:
-            facts = adapter_facts(
-                self.directory
-            )  # the prompt as training asked it, cut where training cut it
+        if task:  # the prompt as training asked it, cut where training cut it
             prompt = render_prompt(tokenizer, facts.style, task, prompt.strip(), facts.prompt_tokens)
             given = answer_prefix(facts.style, task)
         message = task == "message"  # a commit message that starts over is cut there; code repeats lines
-        if max_new_tokens is None:
-            max_new_tokens = EvalConfig().message_tokens if message else CONTINUATION_TOKENS
+        if max_new_tokens is None:  # as many as the scoreboard let the model write
+            max_new_tokens = (
+                (facts.message_tokens or EvalConfig().message_tokens) if message else CONTINUATION_TOKENS
+            )
         self.check_length(prompt, max_new_tokens, "--max-new-tokens")
         with answering(model):
             return (
