@@ -10,14 +10,9 @@ import orjson
 import pytest
 
 from pipeline.manifest import sha256_file
-from tests.conftest import GitRepo, add_features, module_source, read_json
+from tests.conftest import FAST_TRAINING, GitRepo, add_features, module_source, read_json
 
-TRAINING = (
-    "--model", "tiny",
-    "--set", "scrape.format=diff",
-    "--set", "train.epochs=2",
-    "--set", "train.max_sequence_length=128",
-)  # fmt: skip
+TRAINING = (*FAST_TRAINING, "--set", "train.epochs=2")
 
 
 @pytest.fixture(scope="module")
