@@ -31,9 +31,14 @@ def small_repo(path: Path, name: str) -> GitRepo:
 
 def start_run(repo: Path, out: Path, tmp_path: Path) -> subprocess.Popen:
     command = [
-        sys.executable, "run_pipeline.py", "--repo", str(repo), "--output-dir", str(out), "--model", "tiny",
-        "--set", "train.epochs=1",
-    ]  # fmt: skip
+        sys.executable,
+        "run_pipeline.py",
+        "--repo",
+        str(repo),
+        "--output-dir",
+        str(out),
+        *FAST_TRAINING,
+    ]
     return subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
