@@ -235,7 +235,6 @@ def _paired_statistics(
 
 def _chrf_over(statistics) -> Callable[[Any], Any]:
     """The statistic of corpus chrF for `_interval`: each resample's summed n-gram counts scored."""
-
     return lambda drawn: _chrf_rows(statistics[drawn].sum(axis=1))
 
 
