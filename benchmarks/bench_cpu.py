@@ -76,6 +76,7 @@ def peer_comparison(args, work: Path) -> None:
     # Ours: the training stage under a budget of `seconds` / 0.8 (training gets a little less: what the run
     # spends before and after it comes out of the budget); tokens/s are compared, not tokens. Nothing is
     # scored: the time a run keeps for scoring its answers (minutes on a CPU) would leave no training.
+    budget_s = round(args.seconds / 0.8)
     cli(
         "--repo",
         args.repo,
@@ -84,7 +85,7 @@ def peer_comparison(args, work: Path) -> None:
         "--model",
         MODEL,
         "--budget",
-        f"{args.seconds / 0.8:.0f}s",
+        f"{budget_s}s",
         *("--set", "eval.samples=0", "--set", "eval.code_cases=0", "--set", "eval.block_cases=0"),
     )
     ours = manifest(work)
@@ -107,6 +108,7 @@ def peer_comparison(args, work: Path) -> None:
     measured = {
         "repository": args.name,
         "seconds": args.seconds,
+        "budget_s": budget_s,
         "peer_tokens_per_s": peer,
         "tokens_per_s": throughput["tokens_per_s"],
         "processed_tokens": throughput["processed_tokens"],

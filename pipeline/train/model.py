@@ -63,10 +63,10 @@ def load_libraries(modules: tuple[str, ...]) -> None:
     """Import libraries as a stage of their own: their start-up (seconds) is then not billed to whichever
     stage happens to import them first."""
     started = time.perf_counter()
-    new = [name for name in modules if name not in sys.modules]
+    imported = all(name in sys.modules for name in modules)
     for name in modules:
         importlib.import_module(name)
-    if new:
+    if not imported:
         # What importing made lives as long as the process: frozen, a full garbage collection (the Trainer
         # asks for one as it starts, Python makes its own) looks only at what the run made, not at every
         # object of torch and transformers again.
