@@ -192,24 +192,53 @@ def test_a_prefill_never_copies_the_output_layer_once_per_row(pretrained, precis
     assert largest.most <= output_layer and answers == expected
 
 
-def test_batches_take_prompts_shortest_first_within_their_rows_and_cache_tokens():
+def test_batches_take_prompts_shortest_first_within_their_cache_tokens():
     lengths = [90, 400, 100, 120, 95, 140, 130, 85]
-    by_rows = _batches(lengths, 10, 3, None)
-    assert [[lengths[i] for i in batch] for batch in by_rows] == [[85, 90, 95], [100, 120, 130], [140, 400]]
-    by_tokens = _batches(lengths, 10, 64, 300)
-    assert sorted(i for batch in by_tokens for i in batch) == list(range(len(lengths)))
-    for batch in by_tokens:
-        longest = max(lengths[i] for i in batch)
-        assert len(batch) == 1 or len(batch) * (longest + 10) <= 300
-    assert [lengths[i] for batch in by_tokens for i in batch] == sorted(lengths)
-    assert _batches([], 10, 64, 300) == []
+    batches = _batches(lengths, 10, 300)
+    assert [[lengths[i] for i in batch] for batch in batches] == [
+        [85, 90],
+        [95, 100],
+        [120, 130],
+        [140],
+        [400],
+    ]
+    assert [[lengths[i] for i in batch] for batch in _batches(lengths, 10, 10**6)] == [sorted(lengths)]
+    assert _batches([], 10, 300) == []
 
 
-def test_a_batch_is_prefilled_in_forwards_of_about_a_thousand_tokens():
-    """Rows × the forward's longest row at most CPU_PREFILL_TOKENS, one row at least (a long prompt)."""
-    assert _parts([10, 20, 30, 50, 200, 300]) == [range(0, 5), range(5, 6)]
-    assert _parts([2000, 3000]) == [range(0, 1), range(1, 2)]
-    assert _parts([5]) == [range(0, 1)]
+def test_a_batch_is_prefilled_in_forwards_of_at_most_the_tokens_given():
+    """Rows × the forward's longest row at most the tokens given, one row at least (a long prompt)."""
+    assert _parts([10, 20, 30, 50, 200, 300], 1024) == [range(0, 5), range(5, 6)]
+    assert _parts([2000, 3000], 1024) == [range(0, 1), range(1, 2)]
+    assert _parts([5], 1024) == [range(0, 1)]
+
+
+def test_a_cpus_batches_are_fixed_and_a_gpus_are_what_its_free_memory_holds_in_cache(pretrained, monkeypatch):
+    """A CPU's prefill and batch sizes are the module's numbers; on a CUDA GPU a batch holds
+    GPU_CACHE_SHARE of the free memory (torch's own unused reserve counted) in this model's KV cache,
+    measured in the dtype it answers in, and a cache that cannot be joined is one forward's."""
+    from pipeline.train.model import scoring
+
+    model, _ = pretrained
+    config = model.config
+    per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim
+    cpu = torch.device("cpu")
+    with scoring(model, "fp32"):
+        assert decoding.cache_bytes_per_token(model, cpu) == 4 * per_token
+    with scoring(model, "bf16"):  # under autocast the keys and values need not share a dtype
+        assert 2 * per_token <= decoding.cache_bytes_per_token(model, cpu) < 4 * per_token
+    assert decoding._sizes(model, cpu, True) == (decoding.CPU_PREFILL_TOKENS, decoding.CPU_BATCH_TOKENS)
+
+    gib = 2**30  # what NVML would say of a 6 GB RTX 2060 after training: 3 GiB free, 1 GiB held by torch
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * gib, 6 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 1 * gib)
+    monkeypatch.setattr(decoding, "cache_bytes_per_token", lambda model, device: 2 * per_token)
+    cuda = torch.device("cuda")
+    tokens = int(4 * gib * decoding.GPU_CACHE_SHARE) // (2 * per_token)
+    assert decoding._sizes(model, cuda, True) == (decoding.GPU_PREFILL_TOKENS, tokens)
+    assert tokens > 16 * 1100  # more than the 16 rows of about a thousand tokens a batch used to be
+    assert decoding._sizes(model, cuda, False) == (decoding.GPU_PREFILL_TOKENS, decoding.GPU_PREFILL_TOKENS)
 
 
 def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_with_that_first_token(

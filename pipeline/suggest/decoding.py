@@ -1,13 +1,15 @@
 """Greedy answers to many prompts at once, for the evaluation and `generate`.
 
 `model.generate` prefills a whole batch in one forward, pads every prompt to the batch's longest and keeps
-every row until the last one ends. On a CPU, where the held-out commits' answers are most of what an
-evaluation pays (most of it reading the prompts), this module instead:
+every row until the last one ends. The held-out commits' answers are most of what an evaluation pays (on a
+CPU most of it reading the prompts; on a GPU the steps, each costing about as much for a few rows as for
+hundreds, so a batch there is as large as its free memory holds), and this module instead:
 
 - computes the prompts' common beginning (the chat template's system prompt and instruction) once, and
   copies its KV cache into each batch;
-- prefills a batch about a thousand tokens a forward, each forward padded only to its own longest
-  prompt: a wider forward's activations leave the processor's caches and it runs slower a token;
+- prefills a batch a thousand tokens a forward on a CPU (a wider forward's activations leave the
+  processor's caches and it runs slower a token), eight thousand on a GPU, each forward padded only to its
+  own longest prompt;
 - keeps room for the answers in the KV cache, so that a step writes its position in place (a plain
   cache copies itself whole to grow by one position);
 - lets rows leave the batch (and its cache) when a quarter of it has ended, so a batch of all 100
@@ -33,12 +35,19 @@ from pipeline.train.model import causal_lm, scoring
 
 SHARED_PREFIX_MIN = 16  # a common beginning shorter than this is not worth a copy per batch
 # Tokens per prefill forward on a CPU, where longer forwards prefill fewer tokens a second
-# (docs/experiments.md, the decoding); a GPU prefills a whole batch in one forward.
+# (docs/experiments.md, the decoding).
 CPU_PREFILL_TOKENS = 1024
 # KV-cache tokens (rows × (longest prompt + answer)) of one batch on a CPU: a batch pays its longest
 # answer's steps once, for all its rows, so the held-out commits' messages are one batch.
 CPU_BATCH_TOKENS = 32768
-GPU_BATCH_ROWS = 16  # a GPU's memory is what a larger batch could run out of
+# A GPU's step takes about as long for 16 rows as for hundreds (its time is the forward's kernel launches,
+# not its arithmetic), so a batch there is as large as this share of the GPU's free memory holds in KV
+# cache (16 rows a batch left a 4-minute run on an H200 24 s of training: docs/experiments.md, on a GPU).
+# A quarter: joining the prefilled parts holds their caches and the joined one at once, and the rest is
+# the prefill's activations and the logits.
+GPU_CACHE_SHARE = 0.25
+# Tokens per prefill forward on a GPU: its activations, not its speed, are what a longer one costs.
+GPU_PREFILL_TOKENS = 8192
 # Rows whose answers ended are taken out of a batch once they are this share of it: a row left in costs a
 # step's share of compute, taking rows out a copy of the whole cache (docs/experiments.md, the decoding).
 LEFT_SHARE = 0.25
@@ -119,23 +128,19 @@ def generate_batched(
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     shared = _shared_prefix(encoded)
     lengths = [len(tokens) - shared for tokens in encoded]
-    on_cpu = device.type == "cpu"
-    joinable = on_cpu and _plain_attention(model)
-    batches = (
-        _batches(lengths, max_new_tokens, len(lengths), CPU_BATCH_TOKENS)
-        if on_cpu
-        else _batches(lengths, max_new_tokens, GPU_BATCH_ROWS, None)
-    )
+    joinable = _plain_attention(model)
     heals = next_line or block
     ends = _Ends(tokenizer, stop_at_newline or next_line, cut_loops, heals, block)
     first = line_breaks(tokenizer) if heals else None
     outputs: list[str] = [""] * len(prompts)
     with scoring(model, precision):
+        forward_tokens, batch_tokens = _sizes(model, device, joinable)
         prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
-        for chosen in batches:
+        for chosen in _batches(lengths, max_new_tokens, batch_tokens):
             rows = [encoded[i][shared:] for i in chosen]
+            parts = _parts([len(row) for row in rows], forward_tokens) if joinable else None
             prefilled = _prefilled(
-                model, rows, shared, prefix, tokenizer.pad_token_id, joinable, max_new_tokens, progress, first
+                model, rows, shared, prefix, tokenizer.pad_token_id, parts, max_new_tokens, progress, first
             )
             answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
             for index, answer in zip(chosen, answers, strict=True):
@@ -152,14 +157,41 @@ def line_breaks(tokenizer) -> list[int]:
     return [token for token, text in texts if text.startswith("\n") and "\n" not in text[1:]]
 
 
-def _batches(lengths: Sequence[int], answer: int, rows: int, tokens: int | None) -> list[list[int]]:
-    """The prompts' indices, shortest first, in batches of at most `rows` prompts whose KV cache (each
-    row as long as the batch's longest prompt and `answer`) holds at most `tokens` (None: any)."""
+def _sizes(model, device, joinable: bool) -> tuple[int, int]:
+    """Tokens a prefill forward reads and KV-cache tokens a batch holds, on `device`: a CPU's (and any
+    other but a CUDA GPU's) fixed numbers; on a CUDA GPU, GPU_CACHE_SHARE of its free memory in this
+    model's cache, a batch whose cache cannot be joined (prefilled in one forward) no more than a forward."""
+    if device.type != "cuda":
+        return CPU_PREFILL_TOKENS, CPU_BATCH_TOKENS
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # held by torch, unused
+    tokens = int(free * GPU_CACHE_SHARE) // cache_bytes_per_token(model, device)
+    return GPU_PREFILL_TOKENS, tokens if joinable else min(tokens, GPU_PREFILL_TOKENS)
+
+
+def cache_bytes_per_token(model, device) -> int:
+    """What one token of one row takes in the model's KV cache, in the dtype it answers in: measured by a
+    one-token forward, whatever the model's layers keep."""
+    import torch
+
+    cache = _empty_cache(model)
+    causal_lm(model).get_decoder()(
+        input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), cache=cache, use_cache=True
+    )
+    tensors = [getattr(layer, name, None) for layer in cache.layers for name in ("keys", "values")]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _batches(lengths: Sequence[int], answer: int, tokens: int) -> list[list[int]]:
+    """The prompts' indices, shortest first, in batches whose KV cache (each row as long as the batch's
+    longest prompt and `answer`) holds at most `tokens`, one row at least."""
     batches: list[list[int]] = []
     for index in sorted(range(len(lengths)), key=lengths.__getitem__):
         last = batches[-1] if batches else None
         grown = (len(last) + 1) * (lengths[index] + answer) if last else 0
-        if last and len(last) < rows and (tokens is None or grown <= tokens):
+        if last and grown <= tokens:
             last.append(index)
         else:
             batches.append([index])
@@ -342,20 +374,20 @@ def _mask(rows: list[list[int]], shared: int, width: int, device):
 
 
 def _prefilled(
-    model, rows: list[list[int]], shared: int, prefix, pad: int, joinable: bool, room: int, progress,
-    first: list[int] | None = None,
+    model, rows: list[list[int]], shared: int, prefix, pad: int, parts: list[range] | None, room: int,
+    progress, first: list[int] | None = None,
 ):  # fmt: skip
     """The batch's KV cache (each row left-padded to the longest, after the `shared` tokens `prefix`
-    holds) and each row's first answer token. `joinable` (a CPU, every cached layer plain attention): a
-    few rows a forward, each forward padded only to its own longest row, their caches copied into one
-    with `room` more positions for the answers; else the batch in one forward (a sliding window's or a
+    holds) and each row's first answer token. With `parts` (every cached layer plain attention), a part's
+    rows a forward, each forward padded only to its own longest row, their caches copied into one with
+    `room` more positions for the answers; else (None) the batch in one forward (a sliding window's or a
     recurrent layer's cache cannot be padded after the fact). `progress` (None: nobody) is told each
     forward's rows; `first` (None: any): the tokens a first answer token may be."""
     import torch
 
     device = next(model.parameters()).device
     caches, tokens = [], []
-    for part in _parts([len(row) for row in rows]) if joinable else [range(len(rows))]:
+    for part in parts or [range(len(rows))]:
         chosen = [rows[i] for i in part]
         longest = len(chosen[-1])
         ids = torch.tensor([[pad] * (longest - len(row)) + row for row in chosen], device=device)
@@ -373,7 +405,7 @@ def _prefilled(
         tokens.append(logits.argmax(-1))
         if progress is not None:
             progress(len(chosen))
-    return (_joined(caches, shared, len(rows[-1]), room) if joinable else caches[0]), torch.cat(tokens)
+    return (_joined(caches, shared, len(rows[-1]), room) if parts else caches[0]), torch.cat(tokens)
 
 
 def _last_logits(model, **inputs):
@@ -387,13 +419,13 @@ def _last_logits(model, **inputs):
     return causal.get_output_embeddings()(hidden[:, -1])
 
 
-def _parts(lengths: list[int]) -> list[range]:
-    """Consecutive rows (shortest first) in prefill forwards of at most CPU_PREFILL_TOKENS tokens each
-    (rows × the forward's longest), at least one row a forward."""
+def _parts(lengths: list[int], tokens: int) -> list[range]:
+    """Consecutive rows (shortest first) in prefill forwards of at most `tokens` tokens each (rows × the
+    forward's longest), at least one row a forward."""
     parts: list[range] = []
     start = 0
     for end in range(1, len(lengths) + 1):
-        if end - start > 1 and (end - start) * lengths[end - 1] > CPU_PREFILL_TOKENS:
+        if end - start > 1 and (end - start) * lengths[end - 1] > tokens:
             parts.append(range(start, end - 1))
             start = end - 1
     parts.append(range(start, len(lengths)))
@@ -458,7 +490,7 @@ def _reserved_layer():
                 for name in ("keys", "values")
             }
             start = 0
-            for part in parts:
+            for part in parts or [range(len(rows))]:
                 end, own = start + part.keys.shape[0], part.keys.shape[2] - shared
                 for name, buffer in self.buffers.items():
                     states = getattr(part, name)
