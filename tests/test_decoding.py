@@ -227,7 +227,7 @@ def test_a_cpus_batches_are_fixed_and_a_gpus_are_what_its_free_memory_holds_in_c
         assert decoding.cache_bytes_per_token(model, cpu) == 4 * per_token
     with scoring(model, "bf16"):  # under autocast the keys and values need not share a dtype
         assert 2 * per_token <= decoding.cache_bytes_per_token(model, cpu) < 4 * per_token
-    assert decoding._sizes(model, cpu, True) == (decoding.CPU_PREFILL_TOKENS, decoding.CPU_BATCH_TOKENS)
+    assert decoding._sizes(model, cpu, True, 3) == (decoding.CPU_PREFILL_TOKENS, decoding.CPU_BATCH_TOKENS)
 
     gib = 2**30  # what NVML would say of a 6 GB RTX 2060 after training: 3 GiB free, 1 GiB held by torch
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * gib, 6 * gib))
@@ -236,9 +236,15 @@ def test_a_cpus_batches_are_fixed_and_a_gpus_are_what_its_free_memory_holds_in_c
     monkeypatch.setattr(decoding, "cache_bytes_per_token", lambda model, device: 2 * per_token)
     cuda = torch.device("cuda")
     tokens = int(4 * gib * decoding.GPU_CACHE_SHARE) // (2 * per_token)
-    assert decoding._sizes(model, cuda, True) == (decoding.GPU_PREFILL_TOKENS, tokens)
+    assert decoding._sizes(model, cuda, True, 3) == (decoding.GPU_PREFILL_TOKENS, tokens)
     assert tokens > 16 * 1100  # more than the 16 rows of about a thousand tokens a batch used to be
-    assert decoding._sizes(model, cuda, False) == (decoding.GPU_PREFILL_TOKENS, decoding.GPU_PREFILL_TOKENS)
+    assert decoding._sizes(model, cuda, False, 3) == (
+        decoding.GPU_PREFILL_TOKENS,
+        decoding.GPU_PREFILL_TOKENS,
+    )
+    # A server's single prompt is a batch of one: no forward and no memory read for it.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: pytest.fail("memory read for one prompt"))
+    assert decoding._sizes(model, cuda, True, 1) == (decoding.GPU_PREFILL_TOKENS, 0)
 
 
 def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_with_that_first_token(

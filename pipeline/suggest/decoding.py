@@ -134,7 +134,7 @@ def generate_batched(
     first = line_breaks(tokenizer) if heals else None
     outputs: list[str] = [""] * len(prompts)
     with scoring(model, precision):
-        forward_tokens, batch_tokens = _sizes(model, device, joinable)
+        forward_tokens, batch_tokens = _sizes(model, device, joinable, len(prompts))
         prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
         for chosen in _batches(lengths, max_new_tokens, batch_tokens):
             rows = [encoded[i][shared:] for i in chosen]
@@ -157,12 +157,15 @@ def line_breaks(tokenizer) -> list[int]:
     return [token for token, text in texts if text.startswith("\n") and "\n" not in text[1:]]
 
 
-def _sizes(model, device, joinable: bool) -> tuple[int, int]:
+def _sizes(model, device, joinable: bool, prompts: int) -> tuple[int, int]:
     """Tokens a prefill forward reads and KV-cache tokens a batch holds, on `device`: a CPU's (and any
     other but a CUDA GPU's) fixed numbers; on a CUDA GPU, GPU_CACHE_SHARE of its free memory in this
-    model's cache, a batch whose cache cannot be joined (prefilled in one forward) no more than a forward."""
+    model's cache, a batch whose cache cannot be joined (prefilled in one forward) no more than a forward.
+    A single prompt is a batch of one whatever the memory: a server's request measures nothing."""
     if device.type != "cuda":
         return CPU_PREFILL_TOKENS, CPU_BATCH_TOKENS
+    if prompts == 1:
+        return GPU_PREFILL_TOKENS, 0
     import torch
 
     free, _ = torch.cuda.mem_get_info(device)
