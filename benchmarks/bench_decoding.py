@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The evaluation's greedy answers, `decoding.py` against transformers' `model.generate`: how fast, and the same?
 
-    python benchmarks/bench_decoding.py RUN_DIR [--rounds 2]
+    python benchmarks/bench_decoding.py RUN_DIR [--rounds 2] [--device cuda --precision bf16]
 
 Loads RUN_DIR's adapter (merged, as the evaluation merges it) and asks the run's held-out commits both
 tasks as the run asked them (`task_prompts` with the run's `eval.samples`, `train.max_prompt_tokens`,
@@ -9,7 +9,9 @@ tasks as the run asked them (`task_prompts` with the run's `eval.samples`, `trai
 next lines alone and with context (the first token one that begins with a line break, in both). Each task is answered by the baseline,
 `model.generate` in batches of 64 prompts of similar length (at most 1.5× padding, as the evaluation
 called it before `decoding.py`), and by `decoding.generate_batched`, taking turns which goes first.
-Prints each task's seconds, the ratio, and how many answers are the same (all of them, in fp32).
+Prints each task's seconds, the ratio, and how many answers are the same (all of them, in fp32; in bf16
+a row's padding can move a near tie). On a GPU (`--device cuda`) it measures what a GPU's run pays for
+its scoring there.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ def main() -> int:
         "run", type=Path, help="a run's output directory (MANIFEST.json, adapter/, sequences.jsonl)"
     )
     parser.add_argument("--rounds", type=int, default=2, help="times each task is answered by each")
+    parser.add_argument(
+        "--device", default="cpu", help="where the model answers (default cpu; cuda on a GPU)"
+    )
+    parser.add_argument(
+        "--precision", default="fp32", choices=("fp32", "bf16"), help="as a run plans it (default fp32)"
+    )
     args = parser.parse_args()
 
     import orjson
@@ -48,9 +56,11 @@ def main() -> int:
     from scrapers.completions import COMPLETIONS_FILE
     from scrapers.files import FILES_FILE
 
-    config = orjson.loads((args.run / "MANIFEST.json").read_bytes())["config"]["effective"]
+    manifest = orjson.loads((args.run / "MANIFEST.json").read_bytes())
+    config, code_cases = manifest["config"]["effective"], manifest["training_parameters"]["code_cases"]
     model, tokenizer = load_adapter(args.run)
     model.merge_adapter()
+    model.to(args.device)
     style = adapter_facts(adapter_directory(args.run)).style
     held_out = [c for c in past_commits(read_sequences(args.run / "sequences.jsonl")) if c.split == "eval"]
     asked_commits = held_out[: config["eval"]["samples"]]
@@ -58,9 +68,14 @@ def main() -> int:
     files = list(read_sequences(args.run / FILES_FILE)) if (args.run / FILES_FILE).exists() else []
     prompts = task_prompts(
         asked_commits, tokenizer, style, len(asked_commits), config["train"]["max_prompt_tokens"],
-        cases[: config["eval"]["code_cases"]], CodeIndex(files) if files else None,
+        cases[:code_cases], CodeIndex(files) if files else None,  # as planned: the config may say auto
     )  # fmt: skip
-    print(f"{args.run}: {len(held_out)} held-out commits, {torch.get_num_threads()} threads")
+    where = (
+        torch.cuda.get_device_name(args.device)
+        if args.device.startswith("cuda")
+        else f"{torch.get_num_threads()} threads"
+    )
+    print(f"{args.run}: {len(held_out)} held-out commits, {where}, {args.precision}")
     totals = {"generate": 0.0, "decoding": 0.0}
     for task, tokens, newline in (
         ("message", config["eval"]["message_tokens"], False),
@@ -75,11 +90,21 @@ def main() -> int:
             for name in order:
                 started = time.perf_counter()
                 if name == "generate":
-                    answers[name] = baseline(model, tokenizer, asked, tokens, "fp32", newline, not newline)
+                    answers[name] = baseline(
+                        model, tokenizer, asked, tokens, args.precision, newline, not newline
+                    )
                 else:
                     answers[name] = generate_batched(
-                        model, tokenizer, asked, tokens, "fp32", cut_loops=not newline, next_line=newline
+                        model,
+                        tokenizer,
+                        asked,
+                        tokens,
+                        args.precision,
+                        cut_loops=not newline,
+                        next_line=newline,
                     )
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize(args.device)
                 seconds[name].append(time.perf_counter() - started)
         mean = {name: sum(values) / len(values) for name, values in seconds.items()}
         for name in totals:
@@ -113,6 +138,7 @@ def baseline(
     from pipeline.suggest.decoding import finished, line_breaks
     from pipeline.train.model import autocast
 
+    device = next(model.parameters()).device
     encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     outputs = [""] * len(prompts)
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
@@ -120,13 +146,13 @@ def baseline(
     first, everything = (line_breaks(tokenizer), list(range(len(tokenizer)))) if newline else ([], [])
     try:
         for chosen in similar_lengths([len(tokens) for tokens in encoded]):
-            batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt")
+            batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt").to(device)
             if newline:
                 width = batch["input_ids"].shape[1]
                 stopping["prefix_allowed_tokens_fn"] = lambda row, ids, width=width: (
                     first if len(ids) == width else everything
                 )
-            with torch.no_grad(), autocast("cpu", precision):
+            with torch.no_grad(), autocast(device.type, precision):
                 generated = model.generate(
                     **batch, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                     eos_token_id=tokenizer.eos_token_id, **{"max_new_tokens": max_new_tokens, **stopping},
