@@ -42,7 +42,7 @@ CPU_PREFILL_TOKENS = 1024
 CPU_BATCH_TOKENS = 32768
 # A GPU's step takes about as long for 16 rows as for hundreds (its time is the forward's kernel launches,
 # not its arithmetic), so a batch there is as large as this share of the GPU's free memory holds in KV
-# cache (16 rows a batch left a 4-minute run on an H200 24 s of training: docs/experiments.md, on a GPU).
+# cache (what batches of 16 rows cost a GPU's run: docs/experiments.md, on a GPU).
 # A quarter: joining the prefilled parts holds their caches and the joined one at once, and the rest is
 # the prefill's activations and the logits.
 GPU_CACHE_SHARE = 0.25
