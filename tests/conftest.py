@@ -333,7 +333,8 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--repo", str(repo.path), "--output-dir", str(out), "--model", PRETRAINED, "--budget", "none",
         "--set", "scrape.format=[diff, message]",
         "--set", "train.epochs=1",
-        "--set", "train.max_sequence_length=256",
+        # Blocks of 128 tokens: nothing the tests read needs longer ones, and at 256 training was most of the run.
+        "--set", "train.max_sequence_length=128",
         "--set", "train.learning_rate=1e-3",
         "--set", "plan.batch_size=4",
         "--set", "plan.gradient_accumulation_steps=1",
@@ -343,7 +344,7 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--set", "monitor.collection_interval_seconds=1",
         # fp32 on every CPU: `generate` answers in fp32, and tests hold it to the scoreboard's answers.
         "--set", "plan.precision=fp32",
-        # Five steps: no activations recomputed, one validation (at the end); no blocks (tests/test_decoding.py
+        # A few steps: no activations recomputed, one validation (at the end); no blocks (tests/test_decoding.py
         # holds their answers to generate's).
         "--set", "plan.gradient_checkpointing=false",
         "--set", "train.eval_steps=100",
