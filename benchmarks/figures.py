@@ -235,6 +235,22 @@ def printed(name: str) -> str:
     return "\n".join(f"    {line}".rstrip() for line in lines) + f"\n\n({_provenance(run)}.)\n"
 
 
+PRINTED_WIDTH = 160  # a scoreboard line's characters a page shows whole
+
+
+def printed_messages(name: str) -> str:
+    """The whole commit-message scoreboard one repository's default 10-minute run prints, every system's
+    line, a reason longer than a page's width cut where its figures begin."""
+    run = _budget(f"learning-{name}-default")
+    evaluation = {"tasks": run["tasks"], "system": {"name": run["system"], "reason": run["system_reason"]}}
+    lines = report.message_scoreboard(evaluation)
+    cut = [
+        line if len(line) <= PRINTED_WIDTH else line[: line.rindex(" (", 0, PRINTED_WIDTH)] + " (…)"
+        for line in lines
+    ]
+    return "\n".join(f"    {line}" for line in cut) + f"\n\n({_provenance(run)}.)\n"
+
+
 def _answers(record: dict[str, Any], *systems: tuple[str, str]) -> list[str]:
     """Each system's answer, its first line (a blank answer said so)."""
     return [f"  {label:<22}{(record[key] or '').splitlines()[0] if (record[key] or '').strip() else '(blank)'}"
@@ -401,6 +417,7 @@ def _prose(text: str) -> str:
 
 FIGURES: dict[str, Callable[[], str]] = {
     "readme-flask": lambda: printed("flask"),
+    "printed-messages-flask": lambda: printed_messages("flask"),
     "code-flask": lambda: code_scoreboard("flask"),
     "messages-flask": lambda: message_scoreboard("flask"),
     "code-requests": lambda: code_scoreboard("requests"),
