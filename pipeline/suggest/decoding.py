@@ -19,7 +19,7 @@ hundreds, so a batch there is as large as its free memory holds), and this modul
 
 The tokens are the ones `model.generate` picks (greedy, the same positions, padding masked; a message
 cut where `unlooped` cuts `model.generate`'s), in less time (`benchmarks/bench_decoding.py` measures
-both; docs/development.md keeps the figures).
+both; docs/experiments.md keeps the figures).
 """
 
 from __future__ import annotations
