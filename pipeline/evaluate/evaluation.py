@@ -329,7 +329,7 @@ def _code_system(
         reason = f"{commits} validation commits added lines to complete, too few to tell systems apart"
         return {**unchosen, "validation_commits": commits, "reason": f"{reason}: {what}"}
     started = time.perf_counter()
-    answers = _answer_checks(model, checks, prepared, plan, config)
+    answers = _answer_checks(model, checks, prepared, plan, config, evaluation.base_cache)
     if evaluation.code_checks_lookup:
         answers["lookup"] = evaluation.code_checks_lookup
     chosen = _code_winner(answers, [p for p in checks if p.task == "code"], default)
@@ -338,20 +338,51 @@ def _code_system(
 
 
 def _answer_checks(
-    model, checks: Sequence[TaskPrompt], prepared: Prepared, plan: Plan, config: EvalConfig
+    model,
+    checks: Sequence[TaskPrompt],
+    prepared: Prepared,
+    plan: Plan,
+    config: EvalConfig,
+    cache: Path | None,
 ) -> dict[str, list[str]]:
     """The models' next lines for the validation commits: fine-tuned and base, with context and without
-    (where the prompts carry it)."""
+    (where the prompts carry it); the base model's kept in `cache` as its held-out scores are."""
     tuned = "the fine-tuned model (validation lines)"
     with merged(model, plan.quantization):
         answers = answer_tasks(model, prepared.tokenizer, checks, config, plan.precision, tuned)
-    with base_only(model):
-        base = answer_tasks(model, prepared.tokenizer, checks, config, plan.precision, "the base model (validation lines)")  # fmt: skip
+    base = base_answers(model, checks, prepared, plan, config, cache)
     named = {
         "model-context": answers.get("code_context"), "model": answers.get("code"),
         "base-context": base.get("code_context"), "base": base.get("code"),
     }  # fmt: skip
     return {name: outputs for name, outputs in named.items() if outputs}
+
+
+def base_answers(
+    model,
+    checks: Sequence[TaskPrompt],
+    prepared: Prepared,
+    plan: Plan,
+    config: EvalConfig,
+    cache: Path | None,
+) -> dict[str, list[str]]:
+    """The base model's answers to `checks`, read from `cache` where the same base model answered the same
+    questions before (each run of a repository asks its validation lines again, and they are the base
+    model's whatever the training), else answered and kept there (None: answered, not kept)."""
+    path = cache / f"{base_scores_key(prepared, plan, config, {}, checks)}.json" if cache else None
+    if path is not None and path.exists():
+        try:
+            outputs = orjson.loads(path.read_bytes())["outputs"]
+            say(f"the base model (validation lines): read from {path} (the same model and questions)")
+            return outputs
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable: answer again, and write it anew
+    started = time.perf_counter()
+    with base_only(model):
+        outputs = answer_tasks(model, prepared.tokenizer, checks, config, plan.precision, "the base model (validation lines)")  # fmt: skip
+    if path is not None:
+        keep_base_scores(path, Scores(None, None, outputs, time.perf_counter() - started))
+    return outputs
 
 
 def _code_winner(answers: dict[str, list[str]], asked: Sequence[TaskPrompt], default: str) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def before_training(
     )  # fmt: skip
     return Evaluation(
         before, None, [], prompts, held_out=held_out, code_lookup=lookup, block_lookup=block_lookup,
-        code_checks=checks, code_checks_lookup=checks_lookup,
+        code_checks=checks, code_checks_lookup=checks_lookup, base_cache=cache,
     )  # fmt: skip
 
 
