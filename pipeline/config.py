@@ -189,8 +189,9 @@ class EvalConfig:
     a time budget (on a CPU with a budget it takes training time, 13 s of a 10-minute run on 2 bf16 cores,
     from a model that minutes of CPU training have not made better than retrieval anywhere measured)."""
     cache_base_scores: bool = True
-    """Keep the base model's scores per model and held-out set (~/.cache/repotune/evaluations), so a
-    second run on the same commits evaluates only the fine-tuned model."""
+    """Keep the base model's scores per model and held-out set (~/.cache/repotune/evaluations), and its
+    answers to the validation lines, so a second run on the same commits evaluates only the fine-tuned
+    model."""
 
 
 @dataclass(frozen=True)
