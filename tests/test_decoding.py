@@ -192,6 +192,26 @@ def test_a_prefill_never_copies_the_output_layer_once_per_row(pretrained, precis
     assert largest.most <= output_layer and answers == expected
 
 
+def test_a_joined_cache_keeps_keys_and_values_in_the_dtypes_a_forward_gave_them(pretrained):
+    """Under bf16 autocast the keys leave the rotary embedding in float32 and the values stay in bfloat16:
+    the cache joined from a batch's forwards keeps each so, as the cache of one forward does (it made the
+    values float32, a third more memory a token)."""
+    from pipeline.train.model import scoring
+
+    model, tokenizer = pretrained
+    rows = sorted((tokenizer(p, add_special_tokens=False)["input_ids"] for p in CODE), key=len)
+    pad = tokenizer.pad_token_id
+    with scoring(model, "bf16"):
+        joined, _ = decoding._prefilled(
+            model, rows, 0, None, pad, _parts([len(r) for r in rows], 20), 4, None
+        )
+        whole, _ = decoding._prefilled(model, rows, 0, None, pad, None, 4, None)
+    assert (joined.layers[0].keys.dtype, joined.layers[0].values.dtype) == (torch.float32, torch.bfloat16)
+    assert [(layer.keys.dtype, layer.values.dtype) for layer in joined.layers] == [
+        (layer.keys.dtype, layer.values.dtype) for layer in whole.layers
+    ]
+
+
 def test_batches_take_prompts_shortest_first_within_their_cache_tokens():
     lengths = [90, 400, 100, 120, 95, 140, 130, 85]
     batches = _batches(lengths, 10, 300)

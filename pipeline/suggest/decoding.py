@@ -486,21 +486,23 @@ def _reserved_layer():
 
         def __init__(self, parts: list, shared: int, width: int, room: int):
             super().__init__()
-            first, length = parts[0].keys, shared + width
+            length = shared + width
             rows = sum(part.keys.shape[0] for part in parts)
-            self.buffers = {
-                name: first.new_zeros(rows, first.shape[1], length + room, first.shape[3])
-                for name in ("keys", "values")
-            }
+            # Each in its own dtype, as the parts' caches keep them: under autocast the keys and the values
+            # need not share one.
+            self.buffers = {}
+            for name in ("keys", "values"):
+                first = getattr(parts[0], name)
+                self.buffers[name] = first.new_zeros(rows, first.shape[1], length + room, first.shape[3])
             start = 0
-            for part in parts or [range(len(rows))]:
+            for part in parts:
                 end, own = start + part.keys.shape[0], part.keys.shape[2] - shared
                 for name, buffer in self.buffers.items():
                     states = getattr(part, name)
                     buffer[start:end, :, :shared] = states[:, :, :shared]
                     buffer[start:end, :, length - own : length] = states[:, :, shared:]
                 start = end
-            self.device, self.is_initialized = first.device, True
+            self.device, self.is_initialized = parts[0].keys.device, True
             self._show(length)
 
         def _show(self, length: int) -> None:
