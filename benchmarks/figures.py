@@ -207,10 +207,7 @@ def printed(name: str) -> str:
     models that complete code), then its first held-out commit message and first next line with context,
     each system's answer's first line."""
     run = _budget(f"learning-{name}-default")
-    evaluation = {
-        "tasks": run["tasks"],
-        "system": {"name": run["system"], "reason": run["system_reason"]},
-    }
+    evaluation = _evaluation(run)
     chosen = {"name": run["code_system"], "reason": run["code_system_reason"]}
     messages = ("commit message", "  fine-tuned", "  lookup", "  suggested")
     code = (
@@ -235,6 +232,12 @@ def printed(name: str) -> str:
     return "\n".join(f"    {line}".rstrip() for line in lines) + f"\n\n({_provenance(run)}.)\n"
 
 
+def _evaluation(run: dict[str, Any]) -> dict[str, Any]:
+    """A results file's run as the scoreboard's printer reads a manifest's evaluation: its tasks and the
+    message system it chose."""
+    return {"tasks": run["tasks"], "system": {"name": run["system"], "reason": run["system_reason"]}}
+
+
 PRINTED_WIDTH = 160  # a scoreboard line's characters a page shows whole
 
 
@@ -242,8 +245,7 @@ def printed_messages(name: str) -> str:
     """The whole commit-message scoreboard one repository's default 10-minute run prints, every system's
     line, a reason longer than a page's width cut where its figures begin."""
     run = _budget(f"learning-{name}-default")
-    evaluation = {"tasks": run["tasks"], "system": {"name": run["system"], "reason": run["system_reason"]}}
-    lines = report.message_scoreboard(evaluation)
+    lines = report.message_scoreboard(_evaluation(run))
     cut = [
         line if len(line) <= PRINTED_WIDTH else line[: line.rindex(" (", 0, PRINTED_WIDTH)] + " (…)"
         for line in lines

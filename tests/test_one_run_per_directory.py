@@ -31,14 +31,8 @@ def small_repo(path: Path, name: str) -> GitRepo:
 
 def start_run(repo: Path, out: Path, tmp_path: Path) -> subprocess.Popen:
     command = [
-        sys.executable,
-        "run_pipeline.py",
-        "--repo",
-        str(repo),
-        "--output-dir",
-        str(out),
-        *FAST_TRAINING,
-    ]
+        sys.executable, "run_pipeline.py", "--repo", str(repo), "--output-dir", str(out), *FAST_TRAINING,
+    ]  # fmt: skip
     return subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},

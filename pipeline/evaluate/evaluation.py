@@ -231,24 +231,33 @@ def evaluate_base(
     answered the same questions there before; None for `cache` evaluates (a random base, an adapter
     being continued)."""
     path = cache / f"{base_scores_key(prepared, plan, config, held_out, prompts)}.json" if cache else None
-    if path is not None and path.exists():
-        try:
-            saved = orjson.loads(path.read_bytes())
-            say(f"scoring the base model: read from {path} (the same model, questions and held-out blocks)")
-            return Scores(
-                saved["loss"],
-                saved["tasks"],
-                saved["outputs"],
-                0.0,
-                cached=True,
-                scored_in_s=saved.get("seconds"),
-            )
-        except (OSError, ValueError, KeyError):
-            pass  # unreadable: evaluate again, and write it anew
+    kept = kept_base_scores(path)
+    if kept is not None:
+        say(f"scoring the base model: read from {path} (the same model, questions and held-out blocks)")
+        return kept
     scores = evaluate(model, held_out, prompts, plan, prepared, config, "the base model")
     if path is not None:
         return replace(scores, kept=keep_base_scores(path, scores))
     return scores
+
+
+def kept_base_scores(path: Path | None) -> Scores | None:
+    """What `keep_base_scores` wrote to `path`, as cached scores; None where nothing readable is there
+    (the base model then answers again, and its answers are written anew)."""
+    if path is None or not path.exists():
+        return None
+    try:
+        saved = orjson.loads(path.read_bytes())
+        return Scores(
+            saved["loss"],
+            saved["tasks"],
+            saved["outputs"],
+            0.0,
+            cached=True,
+            scored_in_s=saved.get("seconds"),
+        )
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def keep_base_scores(path: Path, scores: Scores) -> bool:
@@ -370,13 +379,10 @@ def base_answers(
     questions before (each run of a repository asks its validation lines again, and they are the base
     model's whatever the training), else answered and kept there (None: answered, not kept)."""
     path = cache / f"{base_scores_key(prepared, plan, config, {}, checks)}.json" if cache else None
-    if path is not None and path.exists():
-        try:
-            outputs = orjson.loads(path.read_bytes())["outputs"]
-            say(f"the base model (validation lines): read from {path} (the same model and questions)")
-            return outputs
-        except (OSError, ValueError, KeyError):
-            pass  # unreadable: answer again, and write it anew
+    kept = kept_base_scores(path)
+    if kept is not None:
+        say(f"the base model (validation lines): read from {path} (the same model and questions)")
+        return kept.outputs
     started = time.perf_counter()
     with base_only(model):
         outputs = answer_tasks(model, prepared.tokenizer, checks, config, plan.precision, "the base model (validation lines)")  # fmt: skip

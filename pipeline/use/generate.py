@@ -29,6 +29,7 @@ from pipeline.train.model import (
     BASE_MODEL_DIR,
     CHECKPOINT_DIR,
     CODE_FILES,
+    AdapterFacts,
     adapter_facts,
     newest_checkpoint,
     quantized_loading,
@@ -201,6 +202,7 @@ class Answerer:
         self._suggester: Suggester | None = None
         self._files: list[dict[str, Any]] | None = None
         self._index: CodeIndex | None = None
+        self._facts: AdapterFacts | None = None
 
     @property
     def loaded(self) -> tuple[Any, Any]:
@@ -208,6 +210,13 @@ class Answerer:
         if self._loaded is None:
             self._loaded = load_adapter(self.path)
         return self._loaded
+
+    @property
+    def facts(self) -> AdapterFacts:
+        """What the adapter records of its training (`repotune.json`), read once."""
+        if self._facts is None:
+            self._facts = adapter_facts(self.directory)
+        return self._facts
 
     @property
     def suggester(self) -> Suggester:
@@ -320,7 +329,7 @@ class Answerer:
                 "--prompt is empty: give the model text to continue (or - to read it from stdin)"
             )
         model, tokenizer = self.loaded
-        facts = adapter_facts(self.directory)
+        facts = self.facts
         given = ""
         if task:  # the prompt as training asked it, cut where training cut it
             prompt = render_prompt(tokenizer, facts.style, task, prompt.strip(), facts.prompt_tokens)
