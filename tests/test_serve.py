@@ -157,6 +157,12 @@ def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(clie
     first, *rest = [line for line in local.out.splitlines() if line.strip()]
     expected = [first, *(line.split(". ", 1)[1] for line in rest[1:])]  # "# 1. …" below the heading
     assert [choice.message.content for choice in message.choices] == expected[: len(message.choices)]
+    # Streamed, as an editor's chat asks (Continue's always does): the same messages, as chunks.
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(model="repotune-repo", messages=asked, n=3, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+    assert [streamed[i] for i in sorted(streamed)] == [choice.message.content for choice in message.choices]
     with pytest.raises(openai.BadRequestError) as raw:
         client.chat.completions.create(model="repotune-repo", messages=[{"role": "user", "content": "Hello"}])
     assert raw.value.body["message"].startswith("the model has no chat template (it trained on raw text)")

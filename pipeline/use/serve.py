@@ -230,6 +230,10 @@ def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
         last = _content(messages[-1])
         if engine.answerer.has_past and "diff --git" in last:
             found = await run_in_threadpool(_suggested, engine, last, body)
+            if body.get("stream"):  # editors' chats (Continue's) always stream, and read nothing else
+                return StreamingResponse(
+                    iter(_chat_events(engine.name, found)), media_type="text/event-stream"
+                )
             return JSONResponse(_chat_response(engine.name, found, 0, 0))
         if not engine.tokenizer.chat_template:
             raise ServeError(
@@ -491,6 +495,20 @@ def _chat_response(
         "total_tokens": prompt_tokens + completion_tokens,
     }
     return {**_made("chat.completion"), "model": name, "choices": choices, "usage": usage}
+
+
+def _chat_events(name: str, answers: list[str]) -> list[bytes]:
+    """Whole answers as OpenAI's chat stream sends them: each choice's role and text, then its end."""
+    chunk = {**_made("chat.completion"), "object": "chat.completion.chunk", "model": name}
+    deltas = [(i, {"role": "assistant", "content": text}, None) for i, text in enumerate(answers)]
+    ends = [(i, {}, "stop") for i in range(len(answers))]
+    events = [
+        _event(
+            {**chunk, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        )
+        for i, delta, finish in deltas + ends
+    ]
+    return [*events, b"data: [DONE]\n\n"]
 
 
 def _model(name: str) -> dict[str, Any]:
