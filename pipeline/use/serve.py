@@ -500,15 +500,12 @@ def _chat_response(
 def _chat_events(name: str, answers: list[str]) -> list[bytes]:
     """Whole answers as OpenAI's chat stream sends them: each choice's role and text, then its end."""
     chunk = {**_made("chat.completion"), "object": "chat.completion.chunk", "model": name}
-    deltas = [(i, {"role": "assistant", "content": text}, None) for i, text in enumerate(answers)]
-    ends = [(i, {}, "stop") for i in range(len(answers))]
-    events = [
-        _event(
-            {**chunk, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        )
-        for i, delta, finish in deltas + ends
+    choices: list[dict[str, Any]] = [
+        {"index": i, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
+        for i, text in enumerate(answers)
     ]
-    return [*events, b"data: [DONE]\n\n"]
+    choices += [{"index": i, "delta": {}, "finish_reason": "stop"} for i in range(len(answers))]
+    return [*(_event({**chunk, "choices": [choice]}) for choice in choices), b"data: [DONE]\n\n"]
 
 
 def _model(name: str) -> dict[str, Any]:
