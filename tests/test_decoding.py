@@ -107,8 +107,26 @@ def pretrained():
     return model, load_pretrained(AutoTokenizer, PRETRAINED)
 
 
+@pytest.fixture(scope="module")
+def generated(pretrained) -> dict[bool, list[str]]:
+    """`model.generate`'s answers, one prompt at a time with torch's own attention, to the commit-message
+    questions (False) and the code (True), keyed by whether an answer stops at a line break."""
+    model, tokenizer = pretrained
+    model.set_attn_implementation("sdpa")
+    messages = [chat(tokenizer, diff) for diff in DIFFS]
+    return {
+        stop_at_newline: [
+            one_at_a_time(model, tokenizer, prompt, stop_at_newline, not stop_at_newline)
+            for prompt in prompts
+        ]
+        for prompts, stop_at_newline in ((messages, False), (CODE, True))
+    }
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "segments"])
-def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretrained, attention, monkeypatch):
+def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(
+    pretrained, generated, attention, monkeypatch
+):
     """Prompts of different lengths in one batch (left padding), their common beginning computed once,
     prefilled a few rows a forward into a cache with room for the answers, rows leaving the batch as
     they end (end-of-sequence; a line break for code) or later: the same tokens as `model.generate` on
@@ -124,7 +142,7 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(pretraine
     one_batch = decoding.CPU_BATCH_TOKENS
     for prompts, stop_at_newline in ((messages, False), (CODE, True)):
         cut_loops = not stop_at_newline  # messages, as the evaluation asks them
-        expected = [one_at_a_time(model, tokenizer, prompt, stop_at_newline, cut_loops) for prompt in prompts]
+        expected = generated[stop_at_newline]
         # One batch whose rows that ended are taken out at once; several, whose rows are kept in their
         # batch until every row has ended.
         for batch_tokens, left_share in ((one_batch, 0.0), (2 * (NEW_TOKENS + 20), 1.0)):

@@ -290,7 +290,7 @@ def test_out_of_memory_at_micro_batch_1_gives_up_clearly(cli, tmp_path, monkeypa
 # Interruption: the real CLI in a subprocess, killed or signalled mid-training.
 SLOW_TRAINING = [
     *FAST_TRAINING,
-    "--set", "train.epochs=8",
+    "--set", "train.epochs=3",
     "--set", "train.save_steps=5",
     "--set", "train.save_total_limit=3",
 ]  # fmt: skip
