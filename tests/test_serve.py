@@ -90,8 +90,17 @@ def test_a_completion_streams_what_it_answers_whole(client):
     whole = client.completions.create(model="repotune-repo", prompt=prompt, max_tokens=12, temperature=0)
     choice = whole.choices[0]
     assert choice.finish_reason in ("stop", "length") and whole.usage.completion_tokens <= 12
-    streamed = client.completions.create(model="repotune-repo", prompt=prompt, max_tokens=12, stream=True)
-    assert "".join(chunk.choices[0].text for chunk in streamed) == choice.text
+    streamed = list(
+        client.completions.create(
+            model="repotune-repo", prompt=prompt, max_tokens=12, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == choice.text
+    assert streamed[-2].choices[0].finish_reason == choice.finish_reason
+    # The usage, asked for, ends the stream in a chunk of no choices, as OpenAI's does.
+    assert not streamed[-1].choices and streamed[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert streamed[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
 def test_a_request_that_begins_as_the_last_one_reads_only_what_follows_and_answers_the_same(client):
@@ -182,7 +191,13 @@ def test_bad_requests_are_one_line_in_openais_error_shape(client, served):
     assert broken.status_code == 400 and broken.json()["error"]["message"].startswith(
         "the request body is not JSON"
     )
-    for bad in ({"prompt": ""}, {"prompt": "x", "temperature": 5}, {"prompt": "x", "max_tokens": 0}):
+    streamed_badly = {"prompt": "x", "stream": True, "stream_options": "usage"}
+    for bad in (
+        {"prompt": ""},
+        {"prompt": "x", "temperature": 5},
+        {"prompt": "x", "max_tokens": 0},
+        streamed_badly,
+    ):
         refused = httpx.post(f"{served[1]}/completions", json=bad, timeout=30).json()["error"]
         assert refused["type"] == "invalid_request_error" and "\n" not in refused["message"]
 

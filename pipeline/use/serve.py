@@ -258,8 +258,9 @@ async def _answer(
     stopped = threading.Event()
     made = _made(kind)
     if body.get("stream"):
+        usage_asked = _usage_asked(body)
         return StreamingResponse(
-            _events(engine, asked, stopped, made, kind, request),
+            _events(engine, asked, stopped, made, kind, request, prompt_tokens if usage_asked else None),
             media_type="text/event-stream",
             headers=headers,
         )
@@ -270,12 +271,7 @@ async def _answer(
         raise ServeError(500, _failure(error), "server_error") from None
     completion = engine.tokens(text)
     finish = "length" if completion >= asked.max_tokens else "stop"
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": told.get("cached_tokens", 0)},
-    }
+    usage = _usage(prompt_tokens, completion, told)
     if kind == "chat.completion":
         answer = _chat_response(engine.name, [text], prompt_tokens, completion, finish)
     else:
@@ -323,16 +319,26 @@ def _suffix(body: dict[str, Any]) -> str:
 
 
 async def _events(
-    engine: Engine, asked: Asked, stopped: threading.Event, made: dict[str, Any], kind: str, request: Request
+    engine: Engine,
+    asked: Asked,
+    stopped: threading.Event,
+    made: dict[str, Any],
+    kind: str,
+    request: Request,
+    prompt_tokens: int | None,
 ):
-    """The answer's pieces as OpenAI's stream chunks, then `[DONE]`; a client that left stops it."""
+    """The answer's pieces as OpenAI's stream chunks, then `[DONE]`; a client that left stops it. With
+    `prompt_tokens` (the request's `stream_options.include_usage`), a last chunk of no choices says
+    the usage, as OpenAI's does."""
     chat = kind == "chat.completion"
     chunk = {**made, "object": "chat.completion.chunk" if chat else kind, "model": engine.name}
     if chat:
         yield _event({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})  # fmt: skip
-    pieces, ended = 0, False
+    pieces: list[str] = []
+    told: dict[str, int] = {}
+    ended = False
     try:
-        async for piece in iterate_in_threadpool(engine.stream(asked, stopped)):
+        async for piece in iterate_in_threadpool(engine.stream(asked, stopped, told)):
             if await request.is_disconnected():
                 break
             choice = (
@@ -341,10 +347,14 @@ async def _events(
                 else {"index": 0, "text": piece, "logprobs": None}
             )
             yield _event({**chunk, "choices": [{**choice, "finish_reason": None}]})
-            pieces += 1
+            pieces.append(piece)
         else:
+            completion = engine.tokens("".join(pieces))
+            finish = "length" if completion >= asked.max_tokens else "stop"
             last = {"index": 0, "delta": {}} if chat else {"index": 0, "text": "", "logprobs": None}
-            yield _event({**chunk, "choices": [{**last, "finish_reason": "stop"}]})
+            yield _event({**chunk, "choices": [{**last, "finish_reason": finish}]})
+            if prompt_tokens is not None:
+                yield _event({**chunk, "choices": [], "usage": _usage(prompt_tokens, completion, told)})
             yield b"data: [DONE]\n\n"
             ended = True
     except Exception as error:  # the status is sent: the failure goes in the stream, in one line
@@ -355,7 +365,7 @@ async def _events(
     finally:
         stopped.set()  # a client that left: its generation ends at its next token
         if not ended:
-            say(f"serve: a client left after {pieces} pieces of its answer; its generation stopped")
+            say(f"serve: a client left after {len(pieces)} pieces of its answer; its generation stopped")
 
 
 def serve(adapter: str, host: str, port: int, name: str | None) -> None:
@@ -495,6 +505,23 @@ def _chat_response(
         "total_tokens": prompt_tokens + completion_tokens,
     }
     return {**_made("chat.completion"), "model": name, "choices": choices, "usage": usage}
+
+
+def _usage_asked(body: dict[str, Any]) -> bool:
+    """Whether a streamed answer ends with its usage (`stream_options.include_usage`)."""
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise ServeError(400, 'stream_options: give {"include_usage": true or false}', param="stream_options")
+    return options.get("include_usage", False)
+
+
+def _usage(prompt_tokens: int, completion: int, told: dict[str, int]) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": told.get("cached_tokens", 0)},
+    }
 
 
 def _chat_events(name: str, answers: list[str]) -> list[bytes]:
