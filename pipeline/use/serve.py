@@ -229,12 +229,7 @@ def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
             raise ServeError(400, "messages: give a list of {role, content} messages", param="messages")
         last = _content(messages[-1])
         if engine.answerer.has_past and "diff --git" in last:
-            found = await run_in_threadpool(_suggested, engine, last, body)
-            if body.get("stream"):  # editors' chats (Continue's) always stream, and read nothing else
-                return StreamingResponse(
-                    iter(_chat_events(engine.name, found)), media_type="text/event-stream"
-                )
-            return JSONResponse(_chat_response(engine.name, found, 0, 0))
+            return await _commit_messages(engine, last, body)
         if not engine.tokenizer.chat_template:
             raise ServeError(
                 400, "the model has no chat template (it trained on raw text): ask /v1/completions, or send a "
@@ -458,6 +453,15 @@ def _asked(body: dict[str, Any], prompt: str, default_tokens: int, tokens_key: s
     if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise ServeError(400, "stop: give up to 4 non-empty strings", param="stop")
     return Asked(prompt, tokens, float(temperature), float(top_p), stops)
+
+
+async def _commit_messages(engine: Engine, diff: str, body: dict[str, Any]):
+    """The chat's answer to a diff: the run's suggestion system's messages, whole or as server-sent
+    events where `body` asks to stream (editors' chats, Continue's, always do, and read nothing else)."""
+    found = await run_in_threadpool(_suggested, engine, diff, body)
+    if body.get("stream"):
+        return StreamingResponse(iter(_chat_events(engine.name, found)), media_type="text/event-stream")
+    return JSONResponse(_chat_response(engine.name, found, 0, 0))
 
 
 def _suggested(engine: Engine, diff: str, body: dict[str, Any]) -> list[str]:
