@@ -2,17 +2,20 @@
 """How fast `serve` answers an editor, warm, through the real HTTP path, against a cold `generate`.
 
     python benchmarks/bench_serve.py --adapter RUN_DIR [--requests 20] [--clients 4] [--leak-requests 1000]
+        [--shorter 512,256]
         [--name flask]
 
 Starts `run_pipeline.py serve` on a free port and asks it, with the official OpenAI client, for the next
 line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl), each cut at a line
 break to about `--context-tokens` tokens before the cursor (1,024), streamed, stopping at the line break:
-the time to the first token and to the complete line, p50 and p95. Then the same requests from
-`--clients` clients at once (every request answered, and what waiting for the one model costs), then
-an editor typing in one file (the cursor a line further each request) with the last request's cached
-keys and values kept and evicted, then `--leak-requests` short requests with the server's resident
-memory before and after. The baseline, in the same run: `generate --task code` as a fresh process for a few of the same files (what a tool that
-shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. Everything it
+the time to the first token and to the complete line, p50 and p95; then the same prompts cut to their
+last lines within `--shorter` tokens (512 and 256: the same cursor, for an editor set to send less
+before it). Then the same requests from `--clients` clients at once (every request answered, and what
+waiting for the one model costs), then an editor typing in one file (the cursor a line further each
+request) with the last request's cached keys and values kept and evicted, then `--leak-requests` short
+requests with the server's resident memory before and after. The baseline, in the same run: `generate
+--task code` as a fresh process for a few of the same files (what a tool that shells out pays each
+time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. Everything it
 prints goes to benchmarks/results/serve-NAME.json too, which docs/use.md's figure is generated from.
 """
 
@@ -44,6 +47,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--context-tokens", type=int, default=1024)
+    parser.add_argument(
+        "--shorter",
+        default="512,256",
+        help="shorter cuts of the same files, one client (comma-separated tokens)",
+    )
     parser.add_argument("--leak-requests", type=int, default=1000)
     parser.add_argument(
         "--cold", type=int, default=3, help="cold `generate --task code` processes (the baseline)"
@@ -74,6 +82,15 @@ def main() -> None:
         ask(client, name, cases[0][1])  # warm: the first request pays for what loads lazily
         alone = [ask(client, name, prompt) for _, prompt, _ in cases]
         measured["one_client"] = report("one client", alone)
+        measured["shorter"] = []
+        for budget in [int(tokens) for tokens in args.shorter.split(",") if tokens]:
+            cut = [last_lines(prompt, tokenizer, budget) for _, prompt, _ in cases]
+            timed = [ask(client, name, prompt) for prompt in cut]
+            said = report(f"one client, at most {budget} tokens before the cursor", timed)
+            tokens = statistics.mean(
+                len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) for prompt in cut
+            )
+            measured["shorter"].append({"context_tokens": budget, "tokens_mean": tokens, **said})
         together, failed = concurrently(client, name, cases, args.clients)
         measured["clients"] = {
             "clients": args.clients, "failed": failed,
@@ -134,6 +151,16 @@ def contexts(files: list[dict], tokenizer, budget: int, count: int) -> list[tupl
         if len(found) == count:
             break
     return found
+
+
+def last_lines(prompt: str, tokenizer, budget: int) -> str:
+    """The whole lines at the end of `prompt` within its last `budget` tokens: the same cursor, with
+    less before it, as an editor that sends fewer tokens cuts its prefix."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if len(ids) <= budget:
+        return prompt
+    text = tokenizer.decode(ids[-budget:])
+    return text[text.find("\n") + 1 :] if "\n" in text else text
 
 
 def start_server(adapter: str) -> tuple[subprocess.Popen, str]:

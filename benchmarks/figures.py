@@ -283,7 +283,12 @@ def serve(name: str) -> str:
         f"{run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a complete next "
         f"line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm (the baseline in the same "
         f"run, `generate --task code` as a fresh process: {run['baseline']['p50_s']:.1f} s); "
-        f"{together['clients']} clients at once, {together['failed']} of {together['requests'] + together['failed']} "
+        + "".join(
+            f"the same cursor with at most {cut['context_tokens']:,} tokens before it ({cut['tokens_mean']:.0f} on "
+            f"average) p50 {cut['line_p50_s']:.2f} s, p95 {cut['line_p95_s']:.2f} s; "
+            for cut in run["shorter"]
+        )
+        + f"{together['clients']} clients at once, {together['failed']} of {together['requests'] + together['failed']} "
         f"requests failed, each waiting its turn (p50 {together['line_p50_s']:.2f} s); an editor typing in one "
         f"file, the cursor a line further each request, p50 {kept['line_p50_s']:.2f} s with the last request's "
         f"cache kept and {evicted['line_p50_s']:.2f} s with it evicted "
