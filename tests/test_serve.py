@@ -103,6 +103,23 @@ def test_a_completion_streams_what_it_answers_whole(client):
     assert streamed[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_a_cursor_at_the_start_of_a_line_gets_the_line_as_the_code_scoreboard_heals_it(client, adapter):
+    """A prompt that ends in a line break (an editor's cursor on a new line) is read without it, and the
+    answer begins with a token that holds it, as the code scoreboard asks a next line (token healing):
+    read as it came, it is a prompt the model never saw code end with, and answered with another line
+    break, a blank suggestion."""
+    from pipeline.suggest.decoding import generate_batched
+    from pipeline.use.generate import load_adapter
+
+    prompt = module_source(3).split("    total")[0]  # the cursor below `def compute_3(values):`
+    asked = {"model": "repotune-repo", "prompt": prompt, "max_tokens": 12, "stop": ["\n"]}
+    answer = client.completions.create(**asked).choices[0].text
+    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(**asked, stream=True))
+    model, tokenizer = load_adapter(adapter)
+    expected = generate_batched(model, tokenizer, [prompt[:-1]], 12, "fp32", next_line=True)[0]
+    assert answer == streamed == expected and answer.strip()
+
+
 def test_a_request_that_begins_as_the_last_one_reads_only_what_follows_and_answers_the_same(client):
     """An editor's next request in the same file shares the last one's beginning: its keys and values
     are reused (`cached_tokens`, as OpenAI reports them), and the answer is the one read whole."""

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -40,6 +40,7 @@ from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
+from pipeline.suggest.decoding import line_breaks
 from pipeline.use.generate import UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
@@ -57,6 +58,9 @@ class Asked:
     temperature: float
     top_p: float
     stop: tuple[str, ...]
+    heal: bool = False
+    """Read `prompt` without its last line break, and begin the answer with a token that holds it
+    (`line_breaks`), left out of the answer: token healing, as the code scoreboard asks a next line."""
 
 
 class ServeError(Exception):
@@ -79,6 +83,7 @@ class Engine:
         self.model, self.tokenizer = model, tokenizer
         keep_folded(model)
         self.infills = infills(tokenizer)
+        self.line_starts = line_breaks(tokenizer)  # the tokens a healed answer may begin with
         self.kept: tuple[list[int], Any] | None = None
         """The last answer's tokens and their keys and values: a request that begins with the same tokens
         (an editor's next request in the same file) reads only the tokens after them."""
@@ -122,27 +127,50 @@ class Engine:
                 return cache, common
         return DynamicCache(config=self.model.config), 0
 
+    def _options(self, asked: Asked, width: int, stopped: threading.Event) -> dict[str, Any]:
+        """`generate`'s options for `asked`, read as `width` prompt tokens: greedy or sampled, ended when
+        `stopped` is set, the first token one of `line_starts` where the prompt is healed."""
+        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+        line_starts = self.line_starts
+
+        class Left(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs) -> bool:
+                return stopped.is_set()
+
+        class Healed(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                if input_ids.shape[1] > width:
+                    return scores
+                allowed = scores.new_full(scores.shape, float("-inf"))
+                allowed[:, line_starts] = scores[:, line_starts]
+                return allowed
+
+        options: dict[str, Any] = {
+            "do_sample": asked.temperature > 0,
+            "max_new_tokens": asked.max_tokens,
+            "stopping_criteria": StoppingCriteriaList([Left()]),
+        }
+        if asked.heal:
+            options["logits_processor"] = LogitsProcessorList([Healed()])
+        if asked.temperature > 0:
+            options.update(temperature=asked.temperature, top_p=asked.top_p)
+        else:  # greedy: the model's own sampling defaults would only be warned about
+            options.update(temperature=None, top_p=None, top_k=None)
+        return options
+
     def stream(
         self, asked: Asked, stopped: threading.Event, told: dict[str, int] | None = None
     ) -> Iterator[str]:
         """The answer's text as it is written, ended at a stop sequence, at `max_tokens`, at the end of
         sequence, or when `stopped` is set (the client left); `told` gets `cached_tokens`, the prompt's
         tokens whose keys and values the previous answer left (`kept`)."""
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
-
-        class Left(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs) -> bool:
-                return stopped.is_set()
+        from transformers import TextIteratorStreamer
 
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        ids = self.tokenizer(asked.prompt, return_tensors="pt", add_special_tokens=False)
-        sampled = asked.temperature > 0
-        options: dict[str, Any] = {"do_sample": sampled, "max_new_tokens": asked.max_tokens}
-        if sampled:
-            options.update(temperature=asked.temperature, top_p=asked.top_p)
-        else:  # greedy: the model's own sampling defaults would only be warned about
-            options.update(temperature=None, top_p=None, top_k=None)
-
+        read = asked.prompt.removesuffix("\n") if asked.heal else asked.prompt
+        ids = self.tokenizer(read, return_tensors="pt", add_special_tokens=False)
+        options = self._options(asked, ids["input_ids"].shape[1], stopped)
         failed: list[Exception] = []
 
         def write() -> None:
@@ -155,7 +183,6 @@ class Engine:
                         told["cached_tokens"] = cached
                     made = self.model.generate(
                         **ids, cache=cache, streamer=streamer,
-                        stopping_criteria=StoppingCriteriaList([Left()]),
                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
                     )  # fmt: skip
                     self.kept = (made[0].tolist()[: cache.get_seq_length()], cache)
@@ -166,11 +193,13 @@ class Engine:
 
         worker = threading.Thread(target=write, daemon=True)
         worker.start()
-        written = ""
+        written, healing = "", asked.heal
         try:
             for piece in streamer:
                 if failed:
                     raise failed[0]
+                if healing and piece:  # the prompt's own line break, read back
+                    piece, healing = piece.removeprefix("\n"), False
                 written += piece
                 cut = min((written.find(stop) for stop in asked.stop if stop in written), default=-1)
                 if cut >= 0:
@@ -210,14 +239,7 @@ def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
         prompt = _text(body.get("prompt"), "prompt")
         if "path" in body:  # repotune's own field: the next line, as the code scoreboard asks it
             return await _next_line(engine, body, prompt)
-        suffix = _suffix(body)
-        headers = {}
-        if suffix:
-            if engine.infills:
-                prompt = infill_text(prompt, suffix)
-            else:
-                headers = {SUFFIX_HEADER: f"ignored: {UNREAD_BY_MODEL}"}
-        asked = _asked(body, prompt, COMPLETION_TOKENS)
+        asked, headers = _completion(engine, body, prompt)
         return await _answer(engine, asked, body, "text_completion", request, headers)
 
     @app.post("/v1/chat/completions")
@@ -304,6 +326,22 @@ async def _next_line(engine: Engine, body: dict[str, Any], before: str):
         events = [_event({**made, "choices": [choice]}), b"data: [DONE]\n\n"]
         return StreamingResponse(iter(events), media_type="text/event-stream", headers=headers)
     return JSONResponse({**made, "choices": [choice]}, headers=headers)
+
+
+def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Asked, dict[str, str]]:
+    """A completion's generation: `suffix` infilled where the model can (else the header says it was
+    not read), and a prompt that ends a line healed (`Asked.heal`): the tokenizer merges a line break
+    with what follows it, so read as it came the prompt is one the model never saw code end with, and
+    it answers with another line break (an editor's cursor on a new line got a blank suggestion)."""
+    suffix = _suffix(body)
+    headers = {}
+    if suffix:
+        if engine.infills:
+            prompt = infill_text(prompt, suffix)
+        else:
+            headers = {SUFFIX_HEADER: f"ignored: {UNREAD_BY_MODEL}"}
+    at_line_start = prompt.endswith("\n") and prompt[:-1] != "" and engine.line_starts != []
+    return replace(_asked(body, prompt, COMPLETION_TOKENS), heal=at_line_start), headers
 
 
 def _suffix(body: dict[str, Any]) -> str:
