@@ -7,7 +7,8 @@
 
 Starts `run_pipeline.py serve` on a free port and asks it, with the official OpenAI client, for the next
 line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl), each cut at a line
-break to about `--context-tokens` tokens before the cursor (1,024), streamed, stopping at the line break:
+break to about `--context-tokens` tokens before the cursor (1,024; a shorter file before its last line),
+streamed, stopping at the line break:
 the time to the first token and to the complete line, p50 and p95; then the same prompts cut to their
 last lines within `--shorter` tokens (512 and 256: the same cursor, for an editor set to send less
 before it). Then the same requests from `--clients` clients at once (every request answered, and what
@@ -140,12 +141,16 @@ def provenance(run: dict) -> dict:
 
 def contexts(files: list[dict], tokenizer, budget: int, count: int) -> list[tuple[str, str, int]]:
     """(path, text before the cursor, its tokens) for up to `count` files: each cut at the line break
-    where its first `budget` tokens end (the whole file where it is shorter)."""
+    where its first `budget` tokens end, a line of the file still after the cursor (a file shorter than
+    that is cut before its last line: at a file's end there is no next line to write)."""
     found = []
     for record in files:
         ids = tokenizer(record["text"], add_special_tokens=False)["input_ids"]
         text = tokenizer.decode(ids[:budget])
-        text = text[: text.rfind("\n") + 1] if "\n" in text else text
+        text = text[: text.rfind("\n") + 1]
+        if not record["text"][len(text) :].strip():
+            whole = record["text"].rstrip()
+            text = whole[: whole.rfind("\n") + 1]
         if text.strip():
             found.append((record["path"], text, len(tokenizer(text, add_special_tokens=False)["input_ids"])))
         if len(found) == count:
@@ -177,18 +182,20 @@ def start_server(adapter: str) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"serve did not start (exit {process.wait()})")
 
 
-def ask(client, name: str, prompt: str) -> tuple[float, float]:
-    """Seconds to the first token and to the complete next line, streamed."""
+def ask(client, name: str, prompt: str) -> tuple[float, float, str]:
+    """Seconds to the first token and to the complete next line, streamed, and the line."""
     started = time.perf_counter()
     first = None
     stream = client.completions.create(
         model=name, prompt=prompt, max_tokens=32, temperature=0, stop=["\n"], stream=True
     )
+    line = ""
     for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].text:
-            first = time.perf_counter() - started
+        if chunk.choices and chunk.choices[0].text:
+            first = first or time.perf_counter() - started
+            line += chunk.choices[0].text
     done = time.perf_counter() - started
-    return (done if first is None else first), done
+    return (done if first is None else first), done, line
 
 
 def typing(client, name: str, text: str, steps: int = 12) -> tuple[dict, dict]:
@@ -215,8 +222,8 @@ def typing(client, name: str, text: str, steps: int = 12) -> tuple[dict, dict]:
 
 def concurrently(
     client, name: str, cases: list[tuple[str, str, int]], clients: int
-) -> tuple[list[tuple[float, float]], int]:
-    results: list[tuple[float, float]] = []
+) -> tuple[list[tuple[float, float, str]], int]:
+    results: list[tuple[float, float, str]] = []
     failures: list[str] = []
 
     def work(mine: list[str]) -> None:
@@ -239,18 +246,20 @@ def concurrently(
     return results, len(failures)
 
 
-def report(label: str, timings: list[tuple[float, float]]) -> dict:
-    """Prints the percentiles and gives them for the results file."""
-    firsts = sorted(first for first, _ in timings)
-    lines = sorted(line for _, line in timings)
+def report(label: str, timings: list[tuple[float, float, str]]) -> dict:
+    """Prints the percentiles and how many lines were blank, and gives them for the results file."""
+    firsts = sorted(first for first, _, _ in timings)
+    lines = sorted(line for _, line, _ in timings)
     said = {
         "requests": len(lines), "line_s": lines,
         "first_token_p50_s": percentile(firsts, 50), "first_token_p95_s": percentile(firsts, 95),
         "line_p50_s": percentile(lines, 50), "line_p95_s": percentile(lines, 95),
+        "blank": sum(not text.strip() for _, _, text in timings),
     }  # fmt: skip
     print(
         f"{label}: first token p50 {said['first_token_p50_s']:.2f} s p95 {said['first_token_p95_s']:.2f} s; "
-        f"complete line p50 {said['line_p50_s']:.2f} s p95 {said['line_p95_s']:.2f} s ({len(lines)} requests)"
+        f"complete line p50 {said['line_p50_s']:.2f} s p95 {said['line_p95_s']:.2f} s ({len(lines)} requests, "
+        f"{said['blank']} blank)"
     )
     return said
 

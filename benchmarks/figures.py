@@ -279,9 +279,11 @@ def serve(name: str) -> str:
     return _prose(
         f"How fast, measured by `benchmarks/bench_serve.py --adapter OUTPUT_DIR` (the adapter of a "
         f"{adapter['budget']} run on {name}, {adapter['model']}, the next line "
-        f"of {run['files']} files of the split point cut to at most {run['context_tokens']:,} tokens, "
+        f"of {run['files']} files of the split point cut to at most {run['context_tokens']:,} tokens (a shorter "
+        f"file before its last line), "
         f"{run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a complete next "
-        f"line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm (the baseline in the same "
+        f"line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm, {alone['blank']} of "
+        f"{alone['requests']} lines blank (the baseline in the same "
         f"run, `generate --task code` as a fresh process: {run['baseline']['p50_s']:.1f} s); "
         + "".join(
             f"the same cursor with at most {cut['context_tokens']:,} tokens before it ({cut['tokens_mean']:.0f} on "
