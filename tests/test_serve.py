@@ -172,6 +172,24 @@ def test_a_suffix_is_read_as_training_infilled_files(served, adapter, cli):
     assert line.json()["choices"][0]["text"] + "\n" == local.out
 
 
+def test_an_editors_infill_template_is_read_as_its_prefix_by_a_model_that_cannot_infill():
+    """Editors send a model they do not know StarCoder's `<fim_prefix>…<fim_suffix>…<fim_middle>`
+    (Continue's default autocomplete template): a model without those tokens (SmolLM2) reads the prefix,
+    healed where it ends a line, the suffix said unread; one with them (tiny, above) reads it as sent.
+    The engine is its two facts the request's reading depends on: the model's answer is the test above's."""
+    from types import SimpleNamespace
+
+    from pipeline.use.serve import SUFFIX_HEADER, _completion
+
+    sent = "<fim_prefix>def add(a, b):\n<fim_suffix>\n\nprint(add(1, 2))\n<fim_middle>"
+    plain = SimpleNamespace(infills=False, line_starts=[198])
+    asked, headers = _completion(plain, {"prompt": sent}, sent)
+    assert (asked.prompt, asked.heal, list(headers)) == ("def add(a, b):\n", True, [SUFFIX_HEADER])
+    infilling = SimpleNamespace(infills=True, line_starts=[198])
+    asked, headers = _completion(infilling, {"prompt": sent}, sent)
+    assert (asked.prompt, asked.heal, headers) == (sent, False, {})
+
+
 def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(client, adapter, cli):
     """The run's suggestion system answers, as `generate --task message --alternatives` does; a chat
     the model cannot hold (the tiny model trained raw, with no chat template) is refused in one line."""

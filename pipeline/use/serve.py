@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 import uuid
@@ -34,7 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from pipeline.base_models import infills
+from pipeline.base_models import FIM_TOKENS, infills
 from pipeline.data.examples import infill_text
 from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
@@ -47,6 +48,9 @@ from pipeline.use.hook import SERVE_FILE
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
 SUFFIX_HEADER = "X-Repotune-Suffix"  # says that `suffix` was not read, and why
 CHAT_TOKENS = 256
+INFILL_PROMPT = re.compile(
+    "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
+)  # infill_text's format
 
 
 @dataclass(frozen=True)
@@ -332,8 +336,14 @@ def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Aske
     """A completion's generation: `suffix` infilled where the model can (else the header says it was
     not read), and a prompt that ends a line healed (`Asked.heal`): the tokenizer merges a line break
     with what follows it, so read as it came the prompt is one the model never saw code end with, and
-    it answers with another line break (an editor's cursor on a new line got a blank suggestion)."""
+    it answers with another line break (an editor's cursor on a new line got a blank suggestion). A
+    prompt already in StarCoder's fill-in-the-middle format, which editors send a model they do not
+    know (Continue's default template), is read as its prefix and suffix where the model has no such
+    tokens: as text they are markup it never saw."""
     suffix = _suffix(body)
+    templated = INFILL_PROMPT.fullmatch(prompt)
+    if templated and not engine.infills:
+        prompt, suffix = templated["prefix"], suffix or templated["suffix"]
     headers = {}
     if suffix:
         if engine.infills:
