@@ -172,6 +172,26 @@ def test_a_suffix_is_read_as_training_infilled_files(served, adapter, cli):
     assert line.json()["choices"][0]["text"] + "\n" == local.out
 
 
+def test_an_autocomplete_request_as_continue_sends_it_is_answered(client):
+    """Continue's autocomplete, for a model whose name it does not know: the infill template, streamed,
+    with its template's 7 stop strings (it gives a local server all it has, where OpenAI's service takes
+    4)."""
+    stops = [
+        "<fim_prefix>",
+        "<fim_suffix>",
+        "<fim_middle>",
+        "<file_sep>",
+        "<|endoftext|>",
+        "</fim_middle>",
+        "</code>",
+    ]
+    prompt = f"<fim_prefix>{module_source(3).split('    total')[0]}<fim_suffix>    return total\n<fim_middle>"
+    chunks = client.completions.create(
+        model="repotune-repo", prompt=prompt, max_tokens=12, temperature=0.01, stop=stops, stream=True
+    )
+    assert all(stop not in "".join(chunk.choices[0].text for chunk in chunks) for stop in stops)
+
+
 def test_an_editors_infill_template_is_read_as_its_prefix_by_a_model_that_cannot_infill():
     """Editors send a model they do not know StarCoder's `<fim_prefix>…<fim_suffix>…<fim_middle>`
     (Continue's default autocomplete template): a model without those tokens (SmolLM2) reads the prefix,

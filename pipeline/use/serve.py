@@ -48,6 +48,9 @@ from pipeline.use.hook import SERVE_FILE
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
 SUFFIX_HEADER = "X-Repotune-Suffix"  # says that `suffix` was not read, and why
 CHAT_TOKENS = 256
+# Stop strings a request may give: OpenAI's service takes 4, but editors send a local server more
+# (Continue, its infill template's 7 and its own), as llama.cpp's and vLLM's servers take them.
+STOP_STRINGS = 64
 INFILL_PROMPT = re.compile(
     "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
 )  # infill_text's format
@@ -498,8 +501,8 @@ def _asked(body: dict[str, Any], prompt: str, default_tokens: int, tokens_key: s
     top_p = 1.0 if top_p is None else top_p
     stop = body.get("stop") or ()
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
-        raise ServeError(400, "stop: give up to 4 non-empty strings", param="stop")
+    if not all(isinstance(s, str) and s for s in stops) or len(stops) > STOP_STRINGS:
+        raise ServeError(400, f"stop: give up to {STOP_STRINGS} non-empty strings", param="stop")
     return Asked(prompt, tokens, float(temperature), float(top_p), stops)
 
 
