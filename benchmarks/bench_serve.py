@@ -2,22 +2,21 @@
 """How fast `serve` answers an editor, warm, through the real HTTP path, against a cold `generate`.
 
     python benchmarks/bench_serve.py --adapter RUN_DIR [--requests 20] [--clients 4] [--leak-requests 1000]
-        [--shorter 512,256]
-        [--name flask]
+        [--shorter 512,256] [--name flask]
 
 Starts `run_pipeline.py serve` on a free port and asks it, with the official OpenAI client, for the next
 line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl), each cut at a line
 break to about `--context-tokens` tokens before the cursor (1,024; a shorter file before its last line),
-streamed, stopping at the line break:
-the time to the first token and to the complete line, p50 and p95; then the same prompts cut to their
-last lines within `--shorter` tokens (512 and 256: the same cursor, for an editor set to send less
-before it). Then the same requests from `--clients` clients at once (every request answered, and what
-waiting for the one model costs), then an editor typing in one file (the cursor a line further each
-request) with the last request's cached keys and values kept and evicted, then `--leak-requests` short
-requests with the server's resident memory before and after. The baseline, in the same run: `generate
---task code` as a fresh process for a few of the same files (what a tool that shells out pays each
-time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. Everything it
-prints goes to benchmarks/results/serve-NAME.json too, which docs/use.md's figure is generated from.
+streamed, stopping at the line break: the time to the first token and to the complete line, p50 and p95,
+and how many lines came back blank; then the same prompts cut to their last lines within `--shorter`
+tokens (512 and 256: the same cursor, for an editor set to send less before it). Then the same requests
+from `--clients` clients at once (every request answered, and what waiting for the one model costs),
+then an editor typing in one file (the cursor a line further each request) with the last request's
+cached keys and values kept and evicted, then `--leak-requests` short requests with the server's
+resident memory before and after. The baseline, in the same run: `generate --task code` as a fresh
+process for a few of the same files (what a tool that shells out pays each time). The goal (issue 72):
+p50 ≤ 500 ms to a complete next line. Everything it prints goes to benchmarks/results/serve-NAME.json
+too, which docs/use.md's figure is generated from.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ def main() -> None:
     parser.add_argument(
         "--shorter",
         default="512,256",
-        help="shorter cuts of the same files, one client (comma-separated tokens)",
+        help="the same prompts' last lines within these many tokens, one client (comma-separated)",
     )
     parser.add_argument("--leak-requests", type=int, default=1000)
     parser.add_argument(

@@ -48,8 +48,8 @@ from pipeline.use.hook import SERVE_FILE
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
 SUFFIX_HEADER = "X-Repotune-Suffix"  # says that `suffix` was not read, and why
 CHAT_TOKENS = 256
-# Stop strings a request may give: OpenAI's service takes 4, but editors send a local server more
-# (Continue, its infill template's 7 and its own), as llama.cpp's and vLLM's servers take them.
+# Stop strings a request may give: OpenAI's service takes 4, but editors send a local server all they
+# have (Continue: its infill template's 7, and more of its own).
 STOP_STRINGS = 64
 INFILL_PROMPT = re.compile(
     "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
