@@ -49,7 +49,12 @@ def _pair(scored: dict[str, Any], *keys: str) -> str:
 
 
 def _provenance(*runs: dict[str, Any]) -> str:
-    commits = sorted({run["repotune"][:7] for run in runs})
+    commits = sorted(
+        {
+            run["repotune"][:7] + (" with changes not committed" if run.get("uncommitted") else "")
+            for run in runs
+        }
+    )  # results written before the changes were recorded say nothing of them
     machine = {", ".join(run["gpus"]) or f"{run['cores']} CPU cores" for run in runs}
     return f"repotune {', '.join(commits)} on {', '.join(sorted(machine))}"
 

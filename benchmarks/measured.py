@@ -23,13 +23,22 @@ def write_result(path: Path, document: dict[str, Any]) -> Path:
 
 
 def measured_by() -> dict[str, Any]:
-    """Which repotune commit measured, on how many cores and which GPUs (as a run detects them)."""
+    """Which repotune commit measured (and whether its tracked files had changes not committed), on how
+    many cores and which GPUs (as a run detects them)."""
     from pipeline.hardware import detect_hardware
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     hardware = detect_hardware()
     return {
         "repotune": head.stdout.strip(),
+        "uncommitted": bool(changed.stdout.strip()),
         "cores": hardware.usable_cores,
         "gpus": [g.name for g in hardware.gpus],
     }
