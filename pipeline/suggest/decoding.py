@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
@@ -152,9 +153,15 @@ def generate_batched(
 def line_breaks(tokenizer) -> list[int]:
     """The tokens whose text is one line break and what begins the next line (its indentation, a word):
     what the next line's answer may begin with. Not two line breaks: a completion offers a line of
-    code, never a blank one, as an editor's does."""
-    texts = ((token, tokenizer.decode([token])) for token in range(len(tokenizer)))
-    return [token for token, text in texts if text.startswith("\n") and "\n" not in text[1:]]
+    code, never a blank one, as an editor's does. Found once per tokenizer: it decodes the whole
+    vocabulary, and every code task of an evaluation and every next line `serve` writes asks for them."""
+    if tokenizer not in _LINE_BREAKS:
+        texts = ((token, tokenizer.decode([token])) for token in range(len(tokenizer)))
+        _LINE_BREAKS[tokenizer] = [t for t, text in texts if text.startswith("\n") and "\n" not in text[1:]]
+    return _LINE_BREAKS[tokenizer]
+
+
+_LINE_BREAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _sizes(model, device, joinable: bool, prompts: int) -> tuple[int, int]:
