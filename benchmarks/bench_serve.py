@@ -12,8 +12,8 @@ and how many lines came back blank; then the same prompts cut to their last line
 tokens (512 and 256: the same cursor, for an editor set to send less before it). Then the same requests
 from `--clients` clients at once (every request answered, and what waiting for the one model costs),
 then an editor typing in one file (the cursor a line further each request) with the last request's
-cached keys and values kept and evicted, then `--leak-requests` short requests with the server's
-resident memory before and after. The baseline, in the same run: `generate --task code` as a fresh
+cached keys and values kept and evicted, and in two files by turns, then `--leak-requests` short
+requests with the server's resident memory before and after. The baseline, in the same run: `generate --task code` as a fresh
 process for a few of the same files (what a tool that shells out pays each time). The goal (issue 72):
 p50 ≤ 500 ms to a complete next line. Everything it prints goes to benchmarks/results/serve-NAME.json
 too, which docs/use.md's figure is generated from.
@@ -96,7 +96,9 @@ def main() -> None:
             "clients": args.clients, "failed": failed,
             **report(f"{args.clients} clients at once", together),
         }  # fmt: skip
-        measured["typing_kept"], measured["typing_evicted"] = typing(client, name, cases[0][1])
+        measured["typing_kept"], measured["typing_evicted"], measured["typing_by_turns"] = typing(
+            client, name, [prompt for _, prompt, _ in cases]
+        )
         server = psutil.Process(process.pid)
         before = server.memory_info().rss
         for index in range(args.leak_requests):
@@ -197,26 +199,42 @@ def ask(client, name: str, prompt: str) -> tuple[float, float, str]:
     return (done if first is None else first), done, line
 
 
-def typing(client, name: str, text: str, steps: int = 12) -> tuple[dict, dict]:
+def typing(client, name: str, texts: list[str], steps: int = 12) -> tuple[dict, dict, dict]:
     """An editor's successive requests in one file, the cursor a line further each time: with the last
-    request's keys and values kept (what serve does), and with them evicted before each (another file's
-    request in between, not timed): what the reuse buys."""
-    lines = text.splitlines(keepends=True)
-    start = max(1, len(lines) - steps)
-    prompts = ["".join(lines[: start + k]) for k in range(min(steps, len(lines) - start) + 1)]
-    ask(client, name, prompts[0])
-    kept = [ask(client, name, prompt) for prompt in prompts[1:]]
+    request's keys and values kept (what serve does), with them evicted before each (as many other
+    files' requests in between as serve keeps, not timed): what the reuse buys; and two files typed in
+    by turns, each request finding its file's keys and values among those kept."""
+    from pipeline.use.serve import KEPT_CACHES
+
+    first, second = (cursors(text, steps) for text in texts[:2])
+    ask(client, name, first[0])
+    kept = [ask(client, name, prompt) for prompt in first[1:]]
     evicted = []
-    for index, prompt in enumerate(prompts[1:]):
-        client.completions.create(model=name, prompt=f"evict_{index} = ", max_tokens=1, temperature=0)
+    for index, prompt in enumerate(first[1:]):
+        for other in range(KEPT_CACHES):  # each begins with another token: none takes another's place
+            client.completions.create(
+                model=name, prompt=f"{chr(65 + other)}_{index} = ", max_tokens=1, temperature=0
+            )
         evicted.append(ask(client, name, prompt))
+    ask(client, name, second[0])
+    by_turns = [
+        ask(client, name, prompt) for pair in zip(first[1:], second[1:], strict=False) for prompt in pair
+    ]
     kept_said = report("typing, the last request's cache kept", kept)
     evicted_said = report("typing, the cache evicted before each", evicted)
+    turns_said = report("typing in two files by turns", by_turns)
     was, now = evicted_said["line_p50_s"], kept_said["line_p50_s"]
     print(
         f"reusing the shared beginning: complete line p50 {was:.2f} s → {now:.2f} s ({was / now:.1f}× as fast)"
     )
-    return kept_said, evicted_said
+    return kept_said, evicted_said, turns_said
+
+
+def cursors(text: str, steps: int) -> list[str]:
+    """The text before a cursor at each of the last `steps` + 1 lines of `text`."""
+    lines = text.splitlines(keepends=True)
+    start = max(1, len(lines) - steps)
+    return ["".join(lines[: start + k]) for k in range(min(steps, len(lines) - start) + 1)]
 
 
 def concurrently(

@@ -120,16 +120,24 @@ def test_a_cursor_at_the_start_of_a_line_gets_the_line_as_the_code_scoreboard_he
     assert answer == streamed == expected and answer.strip()
 
 
-def test_a_request_that_begins_as_the_last_one_reads_only_what_follows_and_answers_the_same(client):
-    """An editor's next request in the same file shares the last one's beginning: its keys and values
-    are reused (`cached_tokens`, as OpenAI reports them), and the answer is the one read whole."""
+def test_a_request_that_begins_as_a_recent_one_reads_only_what_follows_and_answers_the_same(client):
+    """An editor's next request in a file shares an earlier one's beginning, with requests for another
+    file between them: its keys and values are reused (`cached_tokens`, as OpenAI reports them), and
+    the answer is the one read whole. The last KEPT_CACHES answers are kept, no more."""
+    from pipeline.use.serve import KEPT_CACHES
+
+    def ask(prompt: str, tokens: int = 6):
+        return client.completions.create(model="repotune-repo", prompt=prompt, max_tokens=tokens)
+
     start = "def compute_3(values):\n    total = 0\n"
     longer = start + "    for value in values:\n"
-    client.completions.create(model="repotune-repo", prompt=start, max_tokens=6)
-    reused = client.completions.create(model="repotune-repo", prompt=longer, max_tokens=6)
+    ask(start)
+    ask("import os\n\nPATH = os.environ\n", 2)  # another file in between
+    reused = ask(longer)
     assert reused.usage.prompt_tokens_details.cached_tokens > 0
-    client.completions.create(model="repotune-repo", prompt="x = 1\n", max_tokens=2)  # another file
-    whole = client.completions.create(model="repotune-repo", prompt=longer, max_tokens=6)
+    for index in range(KEPT_CACHES):
+        ask(f"x_{index} = {index}\n", 2)  # other files, as many as are kept
+    whole = ask(longer)
     assert whole.usage.prompt_tokens_details.cached_tokens == 0
     assert whole.choices[0].text == reused.choices[0].text
 

@@ -12,8 +12,8 @@
 
 Greedy unless `temperature` is above 0. Answers stream as server-sent events where `stream` asks; a client
 that disconnects stops its generation. One generation runs at a time (the model is one); others wait
-their turn, and a request that begins as the previous one did reads only what follows (its keys and
-values kept). Errors are OpenAI's JSON error shape, one line, never a traceback: requests are read by
+their turn, and a request that begins as one of the last few did (an editor's files) reads only what
+follows (their keys and values kept). Errors are OpenAI's JSON error shape, one line, never a traceback: requests are read by
 hand for that. While it runs, SERVE_FILE beside the adapter says where, for the commit hook. Built on
 FastAPI and uvicorn: the HTTP and the event stream are theirs.
 """
@@ -51,6 +51,9 @@ CHAT_TOKENS = 256
 # Stop strings a request may give: OpenAI's service takes 4, but editors send a local server all they
 # have (Continue: its infill template's 7, and more of its own).
 STOP_STRINGS = 64
+# Answers whose keys and values are kept for the requests that begin as they did: an editor's few open
+# files and a chat between them. Each holds memory for its prompt's and answer's tokens (docs/use.md).
+KEPT_CACHES = 4
 INFILL_PROMPT = re.compile(
     "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
 )  # infill_text's format
@@ -91,9 +94,10 @@ class Engine:
         keep_folded(model)
         self.infills = infills(tokenizer)
         self.line_starts = line_breaks(tokenizer)  # the tokens a healed answer may begin with
-        self.kept: tuple[list[int], Any] | None = None
-        """The last answer's tokens and their keys and values: a request that begins with the same tokens
-        (an editor's next request in the same file) reads only the tokens after them."""
+        self.kept: list[tuple[list[int], Any]] = []
+        """The last KEPT_CACHES answers' tokens and their keys and values, the most recent last: a request
+        that begins with the same tokens as one of them (an editor's next request in a file it has open)
+        reads only the tokens after them."""
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
@@ -117,22 +121,27 @@ class Engine:
             raise ServeError(400, str(error), param="max_tokens") from None
 
     def reusable(self, prompt: list[int]):
-        """A cache for `prompt`: the previous answer's, cut to the tokens they share (at least one token
-        is left to read: generation starts from it), or a new one; and how many tokens it holds."""
+        """A cache for `prompt`, and how many tokens it holds: the kept one that shares the most tokens
+        with it, taken out of `kept` and cut to those (at least one token is left to read: generation
+        starts from it), where they are at least half of its own (another file that only begins as it
+        does, with the same imports, leaves it whole for its own file); else a new one."""
         from transformers import DynamicCache
 
-        if self.kept is not None:
-            tokens, cache = self.kept
-            common = 0
-            for mine, theirs in zip(prompt[:-1], tokens, strict=False):
-                if mine != theirs:
-                    break
-                common += 1
-            if common:
-                if common < cache.get_seq_length():
-                    cache.crop(common - cache.get_seq_length())  # transformers 5: how many tokens to drop
-                return cache, common
-        return DynamicCache(config=self.model.config), 0
+        shared = [(_shared(prompt[:-1], tokens), index) for index, (tokens, _) in enumerate(self.kept)]
+        common, index = max(
+            ((common, index) for common, index in shared if 2 * common >= len(self.kept[index][0])),
+            default=(0, -1),
+        )
+        if not common:
+            return DynamicCache(config=self.model.config), 0
+        _, cache = self.kept.pop(index)
+        if common < cache.get_seq_length():
+            cache.crop(common - cache.get_seq_length())  # transformers 5: how many tokens to drop
+        return cache, common
+
+    def keep(self, tokens: list[int], cache) -> None:
+        """Keep an answer's keys and values as the most recent, the least recent beyond KEPT_CACHES let go."""
+        self.kept = [*self.kept, (tokens, cache)][-KEPT_CACHES:]
 
     def _options(self, asked: Asked, width: int, stopped: threading.Event) -> dict[str, Any]:
         """`generate`'s options for `asked`, read as `width` prompt tokens: greedy or sampled, ended when
@@ -171,7 +180,7 @@ class Engine:
     ) -> Iterator[str]:
         """The answer's text as it is written, ended at a stop sequence, at `max_tokens`, at the end of
         sequence, or when `stopped` is set (the client left); `told` gets `cached_tokens`, the prompt's
-        tokens whose keys and values the previous answer left (`kept`)."""
+        tokens whose keys and values an earlier answer left (`kept`)."""
         from transformers import TextIteratorStreamer
 
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -192,10 +201,9 @@ class Engine:
                         **ids, cache=cache, streamer=streamer,
                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
                     )  # fmt: skip
-                    self.kept = (made[0].tolist()[: cache.get_seq_length()], cache)
+                    self.keep(made[0].tolist()[: cache.get_seq_length()], cache)
                 except Exception as error:  # raised where the answer is read, as one line
-                    self.kept = None
-                    failed.append(error)
+                    failed.append(error)  # the cache it took from `kept` is let go: it may be half written
                     streamer.end()
 
         worker = threading.Thread(target=write, daemon=True)
@@ -218,6 +226,14 @@ class Engine:
                 raise failed[0]
         finally:
             stopped.set()  # a stop sequence, or a client that left: the generation ends at its next token
+
+
+def _shared(mine: list[int], theirs: list[int]) -> int:
+    """How many tokens two sequences share from their start."""
+    for index, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+        if a != b:
+            return index
+    return min(len(mine), len(theirs))
 
 
 def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
