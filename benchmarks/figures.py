@@ -299,7 +299,9 @@ def serve(name: str) -> str:
         f"requests failed, each waiting its turn (p50 {together['line_p50_s']:.2f} s); an editor typing in one "
         f"file, the cursor a line further each request, p50 {kept['line_p50_s']:.2f} s with the last request's "
         f"cache kept and {evicted['line_p50_s']:.2f} s with it evicted "
-        f"({evicted['line_p50_s'] / kept['line_p50_s']:.1f}×); resident memory {memory['before_mb']:,.0f} → "
+        f"({evicted['line_p50_s'] / kept['line_p50_s']:.1f}×), and typing in two "
+        f"files by turns p50 {run['typing_by_turns']['line_p50_s']:.2f} s (each request finds its file's cache "
+        f"among those kept); resident memory {memory['before_mb']:,.0f} → "
         f"{memory['after_mb']:,.0f} MB over {memory['requests']:,} requests. The goal, p50 ≤ {goal} s to a "
         f"complete next line: {'; '.join(verdicts)}."
     )
