@@ -229,6 +229,7 @@ def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(clie
     first, *rest = [line for line in local.out.splitlines() if line.strip()]
     expected = [first, *(line.split(". ", 1)[1] for line in rest[1:])]  # "# 1. …" below the heading
     assert [choice.message.content for choice in message.choices] == expected[: len(message.choices)]
+    assert message.usage.prompt_tokens_details.cached_tokens == 0  # a chat's usage is a completion's
     # Streamed, as an editor's chat asks (Continue's always does): the same messages, as chunks.
     streamed: dict[int, str] = {}
     for chunk in client.chat.completions.create(model="repotune-repo", messages=asked, n=3, stream=True):

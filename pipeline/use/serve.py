@@ -313,7 +313,7 @@ async def _answer(
     finish = "length" if completion >= asked.max_tokens else "stop"
     usage = _usage(prompt_tokens, completion, told)
     if kind == "chat.completion":
-        answer = _chat_response(engine.name, [text], prompt_tokens, completion, finish)
+        answer = _chat_response(engine.name, [text], usage, finish)
     else:
         answer = {**made, "model": engine.name, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}], "usage": usage}  # fmt: skip
     return JSONResponse(answer, headers=headers)
@@ -528,7 +528,7 @@ async def _commit_messages(engine: Engine, diff: str, body: dict[str, Any]):
     found = await run_in_threadpool(_suggested, engine, diff, body)
     if body.get("stream"):
         return StreamingResponse(iter(_chat_events(engine.name, found)), media_type="text/event-stream")
-    return JSONResponse(_chat_response(engine.name, found, 0, 0))
+    return JSONResponse(_chat_response(engine.name, found, _usage(0, 0, {})))
 
 
 def _suggested(engine: Engine, diff: str, body: dict[str, Any]) -> list[str]:
@@ -559,7 +559,7 @@ def _made(kind: str) -> dict[str, Any]:
 
 
 def _chat_response(
-    name: str, answers: list[str], prompt_tokens: int, completion_tokens: int, finish: str = "stop"
+    name: str, answers: list[str], usage: dict[str, Any], finish: str = "stop"
 ) -> dict[str, Any]:
     choices = [
         {
@@ -570,11 +570,6 @@ def _chat_response(
         }
         for i, text in enumerate(answers)
     ]
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
     return {**_made("chat.completion"), "model": name, "choices": choices, "usage": usage}
 
 
