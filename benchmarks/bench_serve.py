@@ -12,8 +12,9 @@ and how many lines came back blank; then the same prompts cut to their last line
 tokens (512 and 256: the same cursor, for an editor set to send less before it). Then the same requests
 from `--clients` clients at once (every request answered, and what waiting for the one model costs),
 then an editor typing in one file (the cursor a line further each request) with the last request's
-cached keys and values kept and evicted, and in two files by turns, then `--leak-requests` short
-requests with the server's resident memory before and after. The baseline, in the same run: `generate --task code` as a fresh
+cached keys and values kept and evicted, in two files by turns, and with only the last lines within
+the smallest `--shorter` budget sent (as Continue cuts what it sends from the top), then
+`--leak-requests` short requests with the server's resident memory before and after. The baseline, in the same run: `generate --task code` as a fresh
 process for a few of the same files (what a tool that shells out pays each time). The goal (issue 72):
 p50 ≤ 500 ms to a complete next line. Everything it prints goes to benchmarks/results/serve-NAME.json
 too, which docs/use.md's figure is generated from.
@@ -83,7 +84,8 @@ def main() -> None:
         alone = [ask(client, name, prompt) for _, prompt, _ in cases]
         measured["one_client"] = report("one client", alone)
         measured["shorter"] = []
-        for budget in [int(tokens) for tokens in args.shorter.split(",") if tokens]:
+        budgets = [int(tokens) for tokens in args.shorter.split(",") if tokens] or [args.context_tokens]
+        for budget in budgets:
             cut = [last_lines(prompt, tokenizer, budget) for _, prompt, _ in cases]
             timed = [ask(client, name, prompt) for prompt in cut]
             said = report(f"one client, at most {budget} tokens before the cursor", timed)
@@ -96,9 +98,9 @@ def main() -> None:
             "clients": args.clients, "failed": failed,
             **report(f"{args.clients} clients at once", together),
         }  # fmt: skip
-        measured["typing_kept"], measured["typing_evicted"], measured["typing_by_turns"] = typing(
-            client, name, [prompt for _, prompt, _ in cases]
-        )
+        typed = typing(client, name, [prompt for _, prompt, _ in cases], tokenizer, min(budgets))
+        measured["typing_kept"], measured["typing_evicted"], measured["typing_by_turns"] = typed[:3]
+        measured["typing_in_window"] = typed[3]
         server = psutil.Process(process.pid)
         before = server.memory_info().rss
         for index in range(args.leak_requests):
@@ -199,11 +201,15 @@ def ask(client, name: str, prompt: str) -> tuple[float, float, str]:
     return (done if first is None else first), done, line
 
 
-def typing(client, name: str, texts: list[str], steps: int = 12) -> tuple[dict, dict, dict]:
+def typing(
+    client, name: str, texts: list[str], tokenizer, window: int, steps: int = 12
+) -> tuple[dict, dict, dict, dict]:
     """An editor's successive requests in one file, the cursor a line further each time: with the last
     request's keys and values kept (what serve does), with them evicted before each (as many other
-    files' requests in between as serve keeps, not timed): what the reuse buys; and two files typed in
-    by turns, each request finding its file's keys and values among those kept."""
+    files' requests in between as serve keeps, not timed): what the reuse buys; two files typed in by
+    turns, each request finding its file's keys and values among those kept; and one file with only
+    the lines within `window` tokens before the cursor sent, as Continue cuts its prefix from the top:
+    a request then begins where the last one did not, and reads it all."""
     from pipeline.use.serve import KEPT_CACHES
 
     first, second = (cursors(text, steps) for text in texts[:2])
@@ -220,14 +226,18 @@ def typing(client, name: str, texts: list[str], steps: int = 12) -> tuple[dict, 
     by_turns = [
         ask(client, name, prompt) for pair in zip(first[1:], second[1:], strict=False) for prompt in pair
     ]
+    windowed = [last_lines(prompt, tokenizer, window) for prompt in first]
+    ask(client, name, windowed[0])
+    in_window = [ask(client, name, prompt) for prompt in windowed[1:]]
     kept_said = report("typing, the last request's cache kept", kept)
     evicted_said = report("typing, the cache evicted before each", evicted)
     turns_said = report("typing in two files by turns", by_turns)
+    window_said = report(f"typing, the last {window} tokens' lines before the cursor", in_window)
     was, now = evicted_said["line_p50_s"], kept_said["line_p50_s"]
     print(
         f"reusing the shared beginning: complete line p50 {was:.2f} s → {now:.2f} s ({was / now:.1f}× as fast)"
     )
-    return kept_said, evicted_said, turns_said
+    return kept_said, evicted_said, turns_said, {"context_tokens": window, **window_said}
 
 
 def cursors(text: str, steps: int) -> list[str]:
