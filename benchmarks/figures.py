@@ -301,7 +301,9 @@ def serve(name: str) -> str:
         f"cache kept and {evicted['line_p50_s']:.2f} s with it evicted "
         f"({evicted['line_p50_s'] / kept['line_p50_s']:.1f}×), and typing in two "
         f"files by turns p50 {run['typing_by_turns']['line_p50_s']:.2f} s (each request finds its file's cache "
-        f"among those kept); resident memory {memory['before_mb']:,.0f} → "
+        f"among those kept), but p50 {run['typing_in_window']['line_p50_s']:.2f} s typing with only the lines "
+        f"within {run['typing_in_window']['context_tokens']:,} tokens before the cursor sent (as Continue cuts "
+        f"them from the top: each request begins where the last did not); resident memory {memory['before_mb']:,.0f} → "
         f"{memory['after_mb']:,.0f} MB over {memory['requests']:,} requests. The goal, p50 ≤ {goal} s to a "
         f"complete next line: {'; '.join(verdicts)}."
     )
