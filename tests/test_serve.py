@@ -136,7 +136,9 @@ def test_a_request_that_begins_as_a_recent_one_reads_only_what_follows_and_answe
     reused = ask(longer)
     assert reused.usage.prompt_tokens_details.cached_tokens > 0
     for index in range(KEPT_CACHES):
-        ask(f"x_{index} = {index}\n", 2)  # other files, as many as are kept
+        # Other files, as many as are kept, each beginning as the last did ("x_"): too little of it to
+        # take its place.
+        ask(f"x_{index} = {index}\n", 2)
     whole = ask(longer)
     assert whole.usage.prompt_tokens_details.cached_tokens == 0
     assert whole.choices[0].text == reused.choices[0].text

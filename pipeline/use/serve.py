@@ -13,8 +13,8 @@
 Greedy unless `temperature` is above 0. Answers stream as server-sent events where `stream` asks; a client
 that disconnects stops its generation. One generation runs at a time (the model is one); others wait
 their turn, and a request that begins as one of the last few did (an editor's files) reads only what
-follows (their keys and values kept). Errors are OpenAI's JSON error shape, one line, never a traceback: requests are read by
-hand for that. While it runs, SERVE_FILE beside the adapter says where, for the commit hook. Built on
+follows (their keys and values kept). Errors are OpenAI's JSON error shape, one line, never a traceback:
+requests are read by hand for that. While it runs, SERVE_FILE beside the adapter says where, for the commit hook. Built on
 FastAPI and uvicorn: the HTTP and the event stream are theirs.
 """
 
