@@ -120,6 +120,20 @@ def test_a_cursor_at_the_start_of_a_line_gets_the_line_as_the_code_scoreboard_he
     assert answer == streamed == expected and answer.strip()
 
 
+def test_a_cursor_after_the_indentation_an_editor_wrote_gets_the_rest_of_that_line(client):
+    """An editor indents a new line before it asks (Continue sends the text before the cursor): the
+    indentation is healed with the line break before it, so the answer is the line the model writes at
+    the line's start, less the indentation already there; read as it came, the model sees a run of
+    spaces it never saw code split so, and answers a blank or a space too many."""
+    prompt = module_source(3).split("    total")[0]  # the cursor below `def compute_3(values):`
+    asked = {"model": "repotune-repo", "max_tokens": 12, "stop": ["\n"]}
+    line = client.completions.create(prompt=prompt, **asked).choices[0].text
+    assert line.startswith("    ") and line.strip()
+    indented = client.completions.create(prompt=prompt + "    ", **asked).choices[0].text
+    streamed = client.completions.create(prompt=prompt + "    ", stream=True, **asked)
+    assert indented == "".join(chunk.choices[0].text for chunk in streamed) == line[4:]
+
+
 def test_a_request_that_begins_as_a_recent_one_reads_only_what_follows_and_answers_the_same(client):
     """An editor's next request in a file shares an earlier one's beginning, with requests for another
     file between them: its keys and values are reused (`cached_tokens`, as OpenAI reports them), and
@@ -214,10 +228,10 @@ def test_an_editors_infill_template_is_read_as_its_prefix_by_a_model_that_cannot
     sent = "<fim_prefix>def add(a, b):\n<fim_suffix>\n\nprint(add(1, 2))\n<fim_middle>"
     plain = SimpleNamespace(infills=False, line_starts=[198])
     asked, headers = _completion(plain, {"prompt": sent}, sent)
-    assert (asked.prompt, asked.heal, list(headers)) == ("def add(a, b):\n", True, [SUFFIX_HEADER])
+    assert (asked.prompt, asked.healed, list(headers)) == ("def add(a, b):\n", "\n", [SUFFIX_HEADER])
     infilling = SimpleNamespace(infills=True, line_starts=[198])
     asked, headers = _completion(infilling, {"prompt": sent}, sent)
-    assert (asked.prompt, asked.heal, headers) == (sent, False, {})
+    assert (asked.prompt, asked.healed, headers) == (sent, "", {})
 
 
 def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(client, adapter, cli):

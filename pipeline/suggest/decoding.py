@@ -156,12 +156,20 @@ def line_breaks(tokenizer) -> list[int]:
     code, never a blank one, as an editor's does. Found once per tokenizer: it decodes the whole
     vocabulary, and every code task of an evaluation and every next line `serve` writes asks for them."""
     if tokenizer not in _LINE_BREAKS:
-        texts = ((token, tokenizer.decode([token])) for token in range(len(tokenizer)))
+        texts = enumerate(token_texts(tokenizer))
         _LINE_BREAKS[tokenizer] = [t for t, text in texts if text.startswith("\n") and "\n" not in text[1:]]
     return _LINE_BREAKS[tokenizer]
 
 
+def token_texts(tokenizer) -> list[str]:
+    """Each token's text, by its id: found once per tokenizer (it decodes the whole vocabulary)."""
+    if tokenizer not in _TEXTS:
+        _TEXTS[tokenizer] = [tokenizer.decode([token]) for token in range(len(tokenizer))]
+    return _TEXTS[tokenizer]
+
+
 _LINE_BREAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _sizes(model, device, joinable: bool, prompts: int) -> tuple[int, int]:

@@ -41,7 +41,7 @@ from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
-from pipeline.suggest.decoding import line_breaks
+from pipeline.suggest.decoding import line_breaks, token_texts
 from pipeline.use.generate import UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
@@ -54,6 +54,7 @@ STOP_STRINGS = 64
 # Answers whose keys and values are kept for the requests that begin as they did: an editor's few open
 # files and a chat between them. Each holds memory for its prompt's and answer's tokens (docs/use.md).
 KEPT_CACHES = 4
+LINE_START = re.compile(r"\n[ \t]*\Z")  # a prompt's end where the cursor begins a line
 INFILL_PROMPT = re.compile(
     "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
 )  # infill_text's format
@@ -68,9 +69,10 @@ class Asked:
     temperature: float
     top_p: float
     stop: tuple[str, ...]
-    heal: bool = False
-    """Read `prompt` without its last line break, and begin the answer with a token that holds it
-    (`line_breaks`), left out of the answer: token healing, as the code scoreboard asks a next line."""
+    healed: str = ""
+    """The end of `prompt` read back (its last line break and the indentation after it): the prompt is
+    read without it, and the answer's first tokens spell it (the first one of `line_breaks`), left out
+    of the answer: token healing, as the code scoreboard asks a next line."""
 
 
 class ServeError(Exception):
@@ -94,6 +96,7 @@ class Engine:
         keep_folded(model)
         self.infills = infills(tokenizer)
         self.line_starts = line_breaks(tokenizer)  # the tokens a healed answer may begin with
+        self.texts = token_texts(tokenizer)
         self.kept: list[tuple[list[int], Any]] = []
         """The last KEPT_CACHES answers' tokens and their keys and values, the most recent last: a request
         that begins with the same tokens as one of them (an editor's next request in a file it has open)
@@ -145,10 +148,12 @@ class Engine:
 
     def _options(self, asked: Asked, width: int, stopped: threading.Event) -> dict[str, Any]:
         """`generate`'s options for `asked`, read as `width` prompt tokens: greedy or sampled, ended when
-        `stopped` is set, the first token one of `line_starts` where the prompt is healed."""
+        `stopped` is set; where the prompt is healed, the first tokens only those that spell what was
+        cut from it (the first one of `line_starts`: `"\n   "` then `" return"` for a cut `"\n    "`, as
+        the tokenizer splits an indented line)."""
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-        line_starts = self.line_starts
+        line_starts, texts, healed = self.line_starts, self.texts, asked.healed
 
         class Left(StoppingCriteria):
             def __call__(self, input_ids, scores, **kwargs) -> bool:
@@ -156,18 +161,25 @@ class Engine:
 
         class Healed(LogitsProcessor):
             def __call__(self, input_ids, scores):
-                if input_ids.shape[1] > width:
+                written = "".join(texts[token] for token in input_ids[0, width:].tolist())
+                left = healed[len(written) :]
+                if not left:
                     return scores
-                allowed = scores.new_full(scores.shape, float("-inf"))
-                allowed[:, line_starts] = scores[:, line_starts]
-                return allowed
+                allowed = [
+                    token
+                    for token in (range(len(texts)) if written else line_starts)
+                    if texts[token].startswith(left) or (texts[token] and left.startswith(texts[token]))
+                ]
+                kept = scores.new_full(scores.shape, float("-inf"))
+                kept[:, allowed] = scores[:, allowed]
+                return kept
 
         options: dict[str, Any] = {
             "do_sample": asked.temperature > 0,
             "max_new_tokens": asked.max_tokens,
             "stopping_criteria": StoppingCriteriaList([Left()]),
         }
-        if asked.heal:
+        if asked.healed:
             options["logits_processor"] = LogitsProcessorList([Healed()])
         if asked.temperature > 0:
             options.update(temperature=asked.temperature, top_p=asked.top_p)
@@ -184,7 +196,7 @@ class Engine:
         from transformers import TextIteratorStreamer
 
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        read = asked.prompt.removesuffix("\n") if asked.heal else asked.prompt
+        read = asked.prompt.removesuffix(asked.healed)
         ids = self.tokenizer(read, return_tensors="pt", add_special_tokens=False)
         options = self._options(asked, ids["input_ids"].shape[1], stopped)
         failed: list[Exception] = []
@@ -208,13 +220,13 @@ class Engine:
 
         worker = threading.Thread(target=write, daemon=True)
         worker.start()
-        written, healing = "", asked.heal
+        written, unread = "", asked.healed  # the prompt's own end, read back: left out
         try:
             for piece in streamer:
                 if failed:
                     raise failed[0]
-                if healing and piece:  # the prompt's own line break, read back
-                    piece, healing = piece.removeprefix("\n"), False
+                cut = min(len(unread), len(piece))
+                piece, unread = piece[cut:], unread[cut:]
                 written += piece
                 cut = min((written.find(stop) for stop in asked.stop if stop in written), default=-1)
                 if cut >= 0:
@@ -353,9 +365,10 @@ async def _next_line(engine: Engine, body: dict[str, Any], before: str):
 
 def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Asked, dict[str, str]]:
     """A completion's generation: `suffix` infilled where the model can (else the header says it was
-    not read), and a prompt that ends a line healed (`Asked.heal`): the tokenizer merges a line break
-    with what follows it, so read as it came the prompt is one the model never saw code end with, and
-    it answers with another line break (an editor's cursor on a new line got a blank suggestion). A
+    not read), and a prompt that ends a line, or ends in the indentation that begins one (an editor's
+    cursor on a new line, indented as it indents it), healed (`Asked.healed`): the tokenizer merges a
+    line break with what follows it, so read as it came the prompt is one the model never saw code end
+    with, and it answers with another line break or a space too many (a blank or misplaced suggestion). A
     prompt already in StarCoder's fill-in-the-middle format, which editors send a model they do not
     know (Continue's default template), is read as its prefix and suffix where the model has no such
     tokens: as text they are markup it never saw."""
@@ -369,8 +382,9 @@ def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Aske
             prompt = infill_text(prompt, suffix)
         else:
             headers = {SUFFIX_HEADER: f"ignored: {UNREAD_BY_MODEL}"}
-    at_line_start = prompt.endswith("\n") and prompt[:-1] != "" and engine.line_starts != []
-    return replace(_asked(body, prompt, COMPLETION_TOKENS), heal=at_line_start), headers
+    end = LINE_START.search(prompt)
+    healed = end[0] if end and end.start() and engine.line_starts else ""
+    return replace(_asked(body, prompt, COMPLETION_TOKENS), healed=healed), headers
 
 
 def _suffix(body: dict[str, Any]) -> str:
