@@ -8,8 +8,9 @@ Starts `run_pipeline.py serve` on a free port and asks it, with the official Ope
 line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl), each cut at a line
 break to about `--context-tokens` tokens before the cursor (1,024; a shorter file before its last line),
 streamed, stopping at the line break: the time to the first token and to the complete line, p50 and p95,
-and how many lines came back blank; then the same prompts cut to their last lines within `--shorter`
-tokens (512 and 256: the same cursor, for an editor set to send less before it). Then the same requests
+and how many lines came back blank; then the same cursors after the next line's indentation (as an
+editor indents a new line before it asks); then the same prompts cut to their last lines within
+`--shorter` tokens (512 and 256: the same cursor, for an editor set to send less before it). Then the same requests
 from `--clients` clients at once (every request answered, and what waiting for the one model costs),
 then an editor typing in one file (the cursor a line further each request) with the last request's
 cached keys and values kept and evicted, in two files by turns, and with only the last lines within
@@ -83,6 +84,12 @@ def main() -> None:
         ask(client, name, cases[0][1])  # warm: the first request pays for what loads lazily
         alone = [ask(client, name, prompt) for _, prompt, _ in cases]
         measured["one_client"] = report("one client", alone)
+        texts = {record["path"]: record["text"] for record in files}
+        indented = [prompt + indentation(texts[path], prompt) for path, prompt, _ in cases]
+        measured["indented"] = report(
+            "one client, the cursor after the next line's indentation",
+            [ask(client, name, prompt) for prompt in indented],
+        )
         measured["shorter"] = []
         budgets = [int(tokens) for tokens in args.shorter.split(",") if tokens] or [args.context_tokens]
         for budget in budgets:
@@ -159,6 +166,13 @@ def contexts(files: list[dict], tokenizer, budget: int, count: int) -> list[tupl
         if len(found) == count:
             break
     return found
+
+
+def indentation(text: str, prompt: str) -> str:
+    """The spaces and tabs that begin the line after `prompt` in `text`: what an editor writes on a new
+    line before it asks."""
+    after = text[len(prompt) :]
+    return after[: len(after) - len(after.lstrip(" \t"))]
 
 
 def last_lines(prompt: str, tokenizer, budget: int) -> str:
