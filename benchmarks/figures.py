@@ -289,7 +289,10 @@ def serve(name: str) -> str:
         f"{run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a complete next "
         f"line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm, {alone['blank']} of "
         f"{alone['requests']} lines blank (the baseline in the same "
-        f"run, `generate --task code` as a fresh process: {run['baseline']['p50_s']:.1f} s); "
+        f"run, `generate --task code` as a fresh process: {run['baseline']['p50_s']:.1f} s); the same cursor "
+        f"after the next line's indentation (as an editor indents a new line) p50 "
+        f"{run['indented']['line_p50_s']:.2f} s, {run['indented']['blank']} of {run['indented']['requests']} "
+        f"blank; "
         + "".join(
             f"the same cursor with at most {cut['context_tokens']:,} tokens before it ({cut['tokens_mean']:.0f} on "
             f"average) p50 {cut['line_p50_s']:.2f} s, p95 {cut['line_p95_s']:.2f} s; "
