@@ -10,15 +10,15 @@ break to about `--context-tokens` tokens before the cursor (1,024; a shorter fil
 streamed, stopping at the line break: the time to the first token and to the complete line, p50 and p95,
 and how many lines came back blank; then the same cursors after the next line's indentation (as an
 editor indents a new line before it asks); then the same prompts cut to their last lines within
-`--shorter` tokens (512 and 256: the same cursor, for an editor set to send less before it). Then the same requests
-from `--clients` clients at once (every request answered, and what waiting for the one model costs),
-then an editor typing in one file (the cursor a line further each request) with the last request's
-cached keys and values kept and evicted, in two files by turns, and with only the last lines within
-the smallest `--shorter` budget sent (as Continue cuts what it sends from the top), then
-`--leak-requests` short requests with the server's resident memory before and after. The baseline, in the same run: `generate --task code` as a fresh
-process for a few of the same files (what a tool that shells out pays each time). The goal (issue 72):
-p50 ≤ 500 ms to a complete next line. Everything it prints goes to benchmarks/results/serve-NAME.json
-too, which docs/use.md's figure is generated from.
+`--shorter` tokens (512 and 256: the same cursor, for an editor set to send less before it). Then the
+same requests from `--clients` clients at once (every request answered, and what waiting for the one
+model costs), then an editor typing in one file (the cursor a line further each request) with the last
+request's cached keys and values kept and evicted, in two files by turns, and with only the last lines
+within the smallest `--shorter` budget sent (as Continue cuts what it sends from the top), then
+`--leak-requests` short requests with the server's resident memory before and after. The baseline, in
+the same run: `generate --task code` as a fresh process for a few of the same files (what a tool that
+shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. Everything it
+prints goes to benchmarks/results/serve-NAME.json too, which docs/use.md's figure is generated from.
 """
 
 from __future__ import annotations
