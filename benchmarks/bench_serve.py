@@ -105,9 +105,7 @@ def main() -> None:
             "clients": args.clients, "failed": failed,
             **report(f"{args.clients} clients at once", together),
         }  # fmt: skip
-        typed = typing(client, name, [prompt for _, prompt, _ in cases], tokenizer, min(budgets))
-        measured["typing_kept"], measured["typing_evicted"], measured["typing_by_turns"] = typed[:3]
-        measured["typing_in_window"] = typed[3]
+        measured |= typing(client, name, [prompt for _, prompt, _ in cases], tokenizer, min(budgets))
         server = psutil.Process(process.pid)
         before = server.memory_info().rss
         for index in range(args.leak_requests):
@@ -215,15 +213,13 @@ def ask(client, name: str, prompt: str) -> tuple[float, float, str]:
     return (done if first is None else first), done, line
 
 
-def typing(
-    client, name: str, texts: list[str], tokenizer, window: int, steps: int = 12
-) -> tuple[dict, dict, dict, dict]:
+def typing(client, name: str, texts: list[str], tokenizer, window: int, steps: int = 12) -> dict:
     """An editor's successive requests in one file, the cursor a line further each time: with the last
     request's keys and values kept (what serve does), with them evicted before each (as many other
     files' requests in between as serve keeps, not timed): what the reuse buys; two files typed in by
     turns, each request finding its file's keys and values among those kept; and one file with only
     the lines within `window` tokens before the cursor sent, as Continue cuts its prefix from the top:
-    a request then begins where the last one did not, and reads it all."""
+    a request then begins where the last one did not, and reads it all. Each under its results key."""
     from pipeline.use.serve import KEPT_CACHES
 
     first, second = (cursors(text, steps) for text in texts[:2])
@@ -251,7 +247,10 @@ def typing(
     print(
         f"reusing the shared beginning: complete line p50 {was:.2f} s → {now:.2f} s ({was / now:.1f}× as fast)"
     )
-    return kept_said, evicted_said, turns_said, {"context_tokens": window, **window_said}
+    return {
+        "typing_kept": kept_said, "typing_evicted": evicted_said, "typing_by_turns": turns_said,
+        "typing_in_window": {"context_tokens": window, **window_said},
+    }  # fmt: skip
 
 
 def cursors(text: str, steps: int) -> list[str]:

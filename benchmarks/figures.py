@@ -274,6 +274,7 @@ def serve(name: str) -> str:
         run["typing_evicted"],
     )
     memory, goal, adapter = run["memory"], run["goal_s"], run["adapter"]
+    indented, turns, window = run["indented"], run["typing_by_turns"], run["typing_in_window"]
     verdicts = [
         f"{'met' if timed['line_p50_s'] <= goal else 'not met'} {where} (p50 {timed['line_p50_s']:.2f} s)"
         for where, timed in (
@@ -283,30 +284,31 @@ def serve(name: str) -> str:
     ]
     return _prose(
         f"How fast, measured by `benchmarks/bench_serve.py --adapter OUTPUT_DIR` (the adapter of a "
-        f"{adapter['budget']} run on {name}, {adapter['model']}, the next line "
-        f"of {run['files']} files of the split point cut to at most {run['context_tokens']:,} tokens (a shorter "
-        f"file before its last line), "
-        f"{run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a complete next "
-        f"line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm, {alone['blank']} of "
-        f"{alone['requests']} lines blank (the baseline in the same "
-        f"run, `generate --task code` as a fresh process: {run['baseline']['p50_s']:.1f} s); the same cursor "
-        f"after the next line's indentation (as an editor indents a new line) p50 "
-        f"{run['indented']['line_p50_s']:.2f} s, {run['indented']['blank']} of {run['indented']['requests']} "
-        f"blank; "
+        f"{adapter['budget']} run on {name}, {adapter['model']}, the next line of {run['files']} files of "
+        f"the split point cut to at most {run['context_tokens']:,} tokens (a shorter file before its last "
+        f"line), {run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a "
+        f"complete next line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm, "
+        f"{alone['blank']} of "
+        f"{alone['requests']} lines blank (the baseline in the same run, `generate --task code` as a fresh "
+        f"process: {run['baseline']['p50_s']:.1f} s); the same cursor after the next line's indentation (as "
+        f"an editor indents a new line) p50 {indented['line_p50_s']:.2f} s, {indented['blank']} of "
+        f"{indented['requests']} blank; "
         + "".join(
-            f"the same cursor with at most {cut['context_tokens']:,} tokens before it ({cut['tokens_mean']:.0f} on "
-            f"average) p50 {cut['line_p50_s']:.2f} s, p95 {cut['line_p95_s']:.2f} s; "
+            f"the same cursor with at most {cut['context_tokens']:,} tokens before it "
+            f"({cut['tokens_mean']:.0f} on average) p50 {cut['line_p50_s']:.2f} s, p95 "
+            f"{cut['line_p95_s']:.2f} s; "
             for cut in run["shorter"]
         )
-        + f"{together['clients']} clients at once, {together['failed']} of {together['requests'] + together['failed']} "
-        f"requests failed, each waiting its turn (p50 {together['line_p50_s']:.2f} s); an editor typing in one "
-        f"file, the cursor a line further each request, p50 {kept['line_p50_s']:.2f} s with the last request's "
-        f"cache kept and {evicted['line_p50_s']:.2f} s with it evicted "
-        f"({evicted['line_p50_s'] / kept['line_p50_s']:.1f}×), and typing in two "
-        f"files by turns p50 {run['typing_by_turns']['line_p50_s']:.2f} s (each request finds its file's cache "
-        f"among those kept), but p50 {run['typing_in_window']['line_p50_s']:.2f} s typing with only the lines "
-        f"within {run['typing_in_window']['context_tokens']:,} tokens before the cursor sent (as Continue cuts "
-        f"them from the top: each request begins where the last did not); resident memory {memory['before_mb']:,.0f} → "
+        + f"{together['clients']} clients at once, {together['failed']} of "
+        f"{together['requests'] + together['failed']} requests failed, each waiting its turn (p50 "
+        f"{together['line_p50_s']:.2f} s); an editor typing in one file, the cursor a line further each "
+        f"request, p50 {kept['line_p50_s']:.2f} s with the last request's cache kept and "
+        f"{evicted['line_p50_s']:.2f} s with it evicted "
+        f"({evicted['line_p50_s'] / kept['line_p50_s']:.1f}×), and typing in two files by turns p50 "
+        f"{turns['line_p50_s']:.2f} s (each request finds its file's cache among those kept), but p50 "
+        f"{window['line_p50_s']:.2f} s typing with only the lines within {window['context_tokens']:,} tokens "
+        f"before the cursor sent (as Continue cuts them from the top: each request begins where the last did "
+        f"not); resident memory {memory['before_mb']:,.0f} → "
         f"{memory['after_mb']:,.0f} MB over {memory['requests']:,} requests. The goal, p50 ≤ {goal} s to a "
         f"complete next line: {'; '.join(verdicts)}."
     )

@@ -153,22 +153,20 @@ def generate_batched(
 def line_breaks(tokenizer) -> list[int]:
     """The tokens whose text is one line break and what begins the next line (its indentation, a word):
     what the next line's answer may begin with. Not two line breaks: a completion offers a line of
-    code, never a blank one, as an editor's does. Found once per tokenizer: it decodes the whole
-    vocabulary, and every code task of an evaluation and every next line `serve` writes asks for them."""
-    if tokenizer not in _LINE_BREAKS:
-        texts = enumerate(token_texts(tokenizer))
-        _LINE_BREAKS[tokenizer] = [t for t, text in texts if text.startswith("\n") and "\n" not in text[1:]]
-    return _LINE_BREAKS[tokenizer]
+    code, never a blank one, as an editor's does."""
+    return [
+        t for t, text in enumerate(token_texts(tokenizer)) if text.startswith("\n") and "\n" not in text[1:]
+    ]
 
 
 def token_texts(tokenizer) -> list[str]:
-    """Each token's text, by its id: found once per tokenizer (it decodes the whole vocabulary)."""
+    """Each token's text, by its id: found once per tokenizer (it decodes the whole vocabulary), as every
+    code task of an evaluation and every answer `serve` heals reads them."""
     if tokenizer not in _TEXTS:
         _TEXTS[tokenizer] = [tokenizer.decode([token]) for token in range(len(tokenizer))]
     return _TEXTS[tokenizer]
 
 
-_LINE_BREAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

@@ -14,8 +14,8 @@ Greedy unless `temperature` is above 0. Answers stream as server-sent events whe
 that disconnects stops its generation. One generation runs at a time (the model is one); others wait
 their turn, and a request that begins as one of the last few did (an editor's files) reads only what
 follows (their keys and values kept). Errors are OpenAI's JSON error shape, one line, never a traceback:
-requests are read by hand for that. While it runs, SERVE_FILE beside the adapter says where, for the commit hook. Built on
-FastAPI and uvicorn: the HTTP and the event stream are theirs.
+requests are read by hand for that. While it runs, SERVE_FILE beside the adapter says where, for the
+commit hook. Built on FastAPI and uvicorn: the HTTP and the event stream are theirs.
 """
 
 from __future__ import annotations
@@ -225,8 +225,8 @@ class Engine:
             for piece in streamer:
                 if failed:
                     raise failed[0]
-                cut = min(len(unread), len(piece))
-                piece, unread = piece[cut:], unread[cut:]
+                read_back = min(len(unread), len(piece))
+                piece, unread = piece[read_back:], unread[read_back:]
                 written += piece
                 cut = min((written.find(stop) for stop in asked.stop if stop in written), default=-1)
                 if cut >= 0:
@@ -368,8 +368,8 @@ def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Aske
     not read), and a prompt that ends a line, or ends in the indentation that begins one (an editor's
     cursor on a new line, indented as it indents it), healed (`Asked.healed`): the tokenizer merges a
     line break with what follows it, so read as it came the prompt is one the model never saw code end
-    with, and it answers with another line break or a space too many (a blank or misplaced suggestion). A
-    prompt already in StarCoder's fill-in-the-middle format, which editors send a model they do not
+    with, and it answers with another line break or a space too many (a blank or misplaced suggestion).
+    A prompt already in StarCoder's fill-in-the-middle format, which editors send a model they do not
     know (Continue's default template), is read as its prefix and suffix where the model has no such
     tokens: as text they are markup it never saw."""
     suffix = _suffix(body)
