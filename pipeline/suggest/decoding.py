@@ -219,13 +219,17 @@ def _shared_prefix(encoded: Sequence[Sequence[int]]) -> int:
     each prompt keeps at least one token of its own, whose logits start its answer."""
     if len(encoded) < 2:
         return 0
-    first, length = encoded[0], min(len(tokens) for tokens in encoded) - 1
-    for tokens in encoded[1:]:
-        same = 0
-        while same < length and tokens[same] == first[same]:
-            same += 1
-        length = same
+    first = encoded[0]
+    length = min(min(len(tokens) for tokens in encoded) - 1, *(shared_length(first, t) for t in encoded[1:]))
     return length if length >= SHARED_PREFIX_MIN else 0
+
+
+def shared_length(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many tokens two sequences begin with alike."""
+    for index, (mine, theirs) in enumerate(zip(first, second, strict=False)):
+        if mine != theirs:
+            return index
+    return min(len(first), len(second))
 
 
 def finished(

@@ -41,7 +41,7 @@ from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
-from pipeline.suggest.decoding import line_breaks, token_texts
+from pipeline.suggest.decoding import line_breaks, shared_length, token_texts
 from pipeline.use.generate import UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
@@ -130,7 +130,7 @@ class Engine:
         does, with the same imports, leaves it whole for its own file); else a new one."""
         from transformers import DynamicCache
 
-        shared = [(_shared(prompt[:-1], tokens), index) for index, (tokens, _) in enumerate(self.kept)]
+        shared = [(shared_length(prompt[:-1], tokens), index) for index, (tokens, _) in enumerate(self.kept)]
         common, index = max(
             ((common, index) for common, index in shared if 2 * common >= len(self.kept[index][0])),
             default=(0, -1),
@@ -238,14 +238,6 @@ class Engine:
                 raise failed[0]
         finally:
             stopped.set()  # a stop sequence, or a client that left: the generation ends at its next token
-
-
-def _shared(mine: list[int], theirs: list[int]) -> int:
-    """How many tokens two sequences share from their start."""
-    for index, (a, b) in enumerate(zip(mine, theirs, strict=False)):
-        if a != b:
-            return index
-    return min(len(mine), len(theirs))
 
 
 def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
