@@ -320,3 +320,16 @@ def test_the_run_reaches_the_evaluation_through_its_entry_points():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline.evaluate"):
                 found += [f"{path.name}: {alias.name}" for alias in node.names if alias.name not in allowed]
     assert not found, found
+
+
+def test_every_test_of_the_machines_load_is_in_the_module_make_test_runs_alone():
+    """`make test`'s quiet pass collects tests/test_busy_cpu.py alone (collecting the suite would import
+    all of it again): a `quiet_machine` test anywhere else would be left out of both passes."""
+    marked = [
+        path.name
+        for path in sorted((ROOT / "tests").glob("test_*.py"))
+        if "mark.quiet_machine" in path.read_text()
+        and path.name not in ("test_busy_cpu.py", Path(__file__).name)
+    ]
+    assert not marked, marked
+    assert "pytestmark = pytest.mark.quiet_machine" in (ROOT / "tests" / "test_busy_cpu.py").read_text()
