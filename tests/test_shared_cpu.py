@@ -6,12 +6,12 @@ measures a real one."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import orjson
 import torch
 
 from pipeline.config import load_config
-from pipeline.hardware import CpuLoad, LoadMeter
 from pipeline.plan.planner import make_plan
 from pipeline.train.monitor import HardwareMonitor
 from pipeline.train.performance import throughput_report
@@ -98,12 +98,13 @@ def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_measures
     cli, tmp_path, monkeypatch, cpu_only
 ):
     """The pace of the cores is a CPU's (a GPU's speed does not follow it), so the host is CPU-only; the
-    other processes' load is none each time (a remembered speed holds only at the load it was measured
-    at, tested above), so the suite's other workers do not move it."""
+    threads are set and any load of other processes counts as the same here (a remembered speed is kept
+    per thread count and holds only at the load it was measured at, tested above), so the suite's other
+    workers do not decide it."""
     from pipeline.train import probe
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(LoadMeter, "read", lambda self: CpuLoad(0.0, ()))
+    monkeypatch.setattr(probe, "SAME_LOAD_CORES", math.inf)
     measured: list[int] = []
     passes = Speed(1e6, "a test's passes")
     monkeypatch.setattr(probe, "training_speed", lambda *args: measured.append(1) or passes)
@@ -112,7 +113,8 @@ def test_a_run_remembers_its_speed_with_its_cores_pace_and_the_next_run_measures
     def run_at(pace: float) -> dict:
         monkeypatch.setattr(probe, "cores_pace", lambda threads: pace)
         out = tmp_path / f"at-{pace:g}"
-        options = ("--budget", "10m", "--set", "train.epochs=1")  # 20 steps: enough to remember a speed
+        # 20 steps: enough to remember a speed.
+        options = ("--budget", "10m", "--set", "train.epochs=1", "--set", "plan.cpu_threads=1")
         result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, *options)
         assert result.code == 0, result.err
         return read_json(out / "MANIFEST.json")["training_parameters"]
