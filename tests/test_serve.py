@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 import run_pipeline
+from pipeline.use.generate import after_typed
 from tests.conftest import FAST_TRAINING, WITH_FILES, GitRepo, module_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +161,8 @@ def test_a_request_that_begins_as_a_recent_one_reads_only_what_follows_and_answe
 
 def test_a_completion_that_names_its_file_gets_the_next_line_generate_writes(client, adapter, cli):
     """With `path` (an extra field), the server answers as `generate --task code` does: the run's code
-    system, the repository's context retrieved, one line."""
+    system, the repository's context retrieved, one line; after the indentation an editor writes on the
+    new line, that line after it."""
     before = "def compute_3(values):\n    total = 0\n"
     local = cli(
         "generate", "--adapter", adapter, "--task", "code", "--path", "pkg/feature_3.py", "--prompt", before
@@ -173,6 +175,10 @@ def test_a_completion_that_names_its_file_gets_the_next_line_generate_writes(cli
         model="repotune-repo", prompt=before, stream=True, extra_body={"path": "pkg/feature_3.py"}
     )
     assert "".join(chunk.choices[0].text for chunk in streamed) == served.choices[0].text
+    indented = client.completions.create(
+        model="repotune-repo", prompt=before + "    ", max_tokens=32, extra_body={"path": "pkg/feature_3.py"}
+    )
+    assert indented.choices[0].text == after_typed(served.choices[0].text, "    ")
 
 
 def test_a_suffix_is_read_as_training_infilled_files(served, adapter, cli):

@@ -865,16 +865,20 @@ def test_each_system_writes_the_next_line_at_use_as_the_scoreboard_asked_it(
 ):
     """`generate --task code --system S` gives S's answer in evaluation.jsonl, retrieved context and the
     base model's own weights included; without --system, the system the run chose, which the manifest
-    names with why."""
+    names with why. A cursor after the indentation an editor writes on the new line gets the same line
+    after that indentation (an editor inserts it at the cursor; the model was asked as before)."""
     chosen = read_json(pretrained_run / "MANIFEST.json")["training_report"]["evaluation"]["code_system"]
     assert chosen["name"] == "model-context" and "too few to tell systems apart" in chosen["reason"]
     row, case = held_out_lines(pretrained_run, task)[0]
-    result = cli(
-        "generate", "--adapter", pretrained_run, "--task", "code", "--path", case["path"], "--prompt",
-        case["before"], *(["--system", system] if system else []),
-    )  # fmt: skip
+    asked = ("generate", "--adapter", pretrained_run, "--task", "code", "--path", case["path"])
+    result = cli(*asked, "--prompt", case["before"], *(["--system", system] if system else []))
     assert result.code == 0, result.err
     assert result.out == row[column] + "\n"
+    line = row[column].lstrip(" ")
+    typed = row[column][: len(row[column]) - len(line)]
+    assert typed  # the line is indented: the editor writes that much before it asks
+    indented = cli(*asked, "--prompt", case["before"] + typed, *(["--system", system] if system else []))
+    assert indented.code == 0 and indented.out == line + "\n"
 
 
 def test_text_after_the_cursor_a_model_cannot_infill_is_said_and_left_out(pretrained_run, cli):

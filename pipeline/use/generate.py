@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,28 @@ def generate(
             "--system chooses who writes a commit message or a next line: use it with --task message or code"
         )
     return answerer.continuation(prompt, task, max_new_tokens)
+
+
+TYPED_INDENTATION = re.compile(
+    r"\n([ \t]+)\Z"
+)  # a cursor on a new line, after the indentation an editor wrote
+
+
+def line_ended(before: str) -> tuple[str, str]:
+    """`before` with its last line ended there, as the scoreboard's cases are, and the indentation an
+    editor wrote on the new line before the cursor ("" where there is none)."""
+    typed = TYPED_INDENTATION.search(before)
+    indentation = typed[1] if typed else ""
+    return before.removesuffix(indentation).removesuffix("\n") + "\n", indentation
+
+
+def after_typed(line: str, indentation: str) -> str:
+    """`line` (the next line, or a block's first line and the rest) after the `indentation` already typed
+    before the cursor; a line indented less than that, with its own indentation left out (a completion
+    inserts text, it cannot take typed text back)."""
+    if not indentation:
+        return line
+    return line.removeprefix(indentation) if line.startswith(indentation) else line.lstrip(" \t")
 
 
 def complete(
@@ -261,7 +284,9 @@ class Answerer:
         the chunks of other files the run's split point holds that are most like the lines before the
         cursor (CODE_FILES beside the adapter) where the system reads them, and `after` (the text after the
         cursor) where the model infills; the lookup for code loads no model. Also why `after` was not
-        read (None: it was, or none was given)."""
+        read (None: it was, or none was given). Where `before` ends in the indentation an editor writes on a
+        new line (the cursor after it), the answer is the line's rest after that indentation: an editor
+        inserts it at the cursor."""
         if not before.strip():
             raise PipelineError(
                 "--prompt is empty: give the file's text up to the cursor (`--prompt -` reads it)"
@@ -276,16 +301,19 @@ class Answerer:
                 f"--system {system}: with --task code or block, one of {', '.join(CODE_SYSTEMS)} (default: the "
                 "run's choice)"
             )
+        ended, indentation = line_ended(before)
         records = self.files
         repo = records[0]["repo"] if records else ""
-        case = CodeCase("", "", repo, file_path, before.removesuffix("\n") + "\n", "", after)
+        case = CodeCase("", "", repo, file_path, ended, "", after)
         asked = CODE_SYSTEMS[system]
         if asked is None:
             if not records:
                 raise ModelLoadError(
                     f"--system lookup: {self.directory} has no {CODE_FILES} to look lines up in"
                 )
-            return self.index.lookup(case, block), UNREAD_BY_LOOKUP if after else None
+            return after_typed(
+                self.index.lookup(case, block), indentation
+            ), UNREAD_BY_LOOKUP if after else None
         tuned, context = asked
         model, tokenizer = self.loaded
         infill = infills(tokenizer)
@@ -299,7 +327,7 @@ class Answerer:
             answer = generate_batched(
                 model, tokenizer, [prompt], tokens, "fp32", next_line=not block, block=block
             )[0]
-        return answer, UNREAD_BY_MODEL if after and not infill else None
+        return after_typed(answer, indentation), UNREAD_BY_MODEL if after and not infill else None
 
     def commit_messages(
         self, diff: str, alternatives: int = 0, system: str | None = None, max_new_tokens: int | None = None
