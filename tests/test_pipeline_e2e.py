@@ -11,8 +11,8 @@ from tests.conftest import FAST_TRAINING, read_json
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One real run shared by the assertions below (training is the slow part): three epochs, to show
-    warmup, a falling loss and a summary per epoch."""
+    """One real run shared by the assertions below (training is the slow part): three epochs of a step a
+    commit, to show warmup, a falling loss and a summary per epoch."""
     import run_pipeline
     from tests.conftest import GitRepo, module_source
 
@@ -25,8 +25,11 @@ def trained(tmp_path_factory):
         )
     out = base / "out"
     code = run_pipeline.main(
-        ["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=3"]
-    )
+        [
+            "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING, "--set", "train.epochs=3",
+            "--set", "plan.batch_size=1",
+        ]
+    )  # fmt: skip
     assert code == 0
     return out, read_json(out / "MANIFEST.json")
 
