@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.train.model import STAMP_FILE
-from tests.conftest import FAST_TRAINING, WITH_FILES, GitRepo, module_source, read_json
+from tests.conftest import FAST_TRAINING, PRETRAINED, WITH_FILES, GitRepo, module_source, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,8 +156,23 @@ def test_second_run_hits_the_token_cache_and_a_change_misses_it(cli, tmp_path):
     assert third["hit"] is False and third["key"] != first["key"]
 
 
+@pytest.fixture(scope="module")
+def small_pretrained(tmp_path_factory) -> Path:
+    """A model directory as a user's own would be: the built-in model's tokenizer, so that a run tokenizes
+    as a pretrained model's does, in front of tiny's random weights, so that its training takes a second."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.base_models import TINY, load_pretrained, model_config
+
+    tokenizer = load_pretrained(AutoTokenizer, PRETRAINED)
+    directory = tmp_path_factory.mktemp("small-pretrained") / "model"
+    AutoModelForCausalLM.from_config(model_config(TINY, tokenizer)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_when_it_trains_more(
-    cli, tmp_path, monkeypatch
+    cli, tmp_path, monkeypatch, small_pretrained
 ):
     """A first run on a long history tokenized all of it (pytest's 23,478 sequences: 1 to 2 minutes on 2
     cores) to train the newest 146; it now tokenizes ahead of the budget, and all when the speed measured
@@ -171,7 +186,7 @@ def test_a_budget_tokenizes_the_newest_history_it_can_train_and_the_rest_only_wh
     monkeypatch.setattr(probe, "remembered_speed", lambda *args: (None, ""))
     monkeypatch.setattr("pipeline.recipes.run.remember_speed", lambda *args: None)  # where the run calls it
     options = (
-        "--repo", repo.path, "--model", "smollm2-135m", "--budget", "1m", "--set", "train.epochs=1",
+        "--repo", repo.path, "--model", small_pretrained, "--budget", "1m", "--set", "train.epochs=1",
         "--set", "train.max_sequence_length=64", "--set", "eval.samples=0", "--set", "eval.max_blocks=1",
         "--set", "eval.message_tokens=4", "--set", "scrape.format=message", "--set", "scrape.eval_commits=1",
         "--set", "scrape.valid_commits=0", "--set", "scrape.files=false", "--set", "eval.code_cases=0",
