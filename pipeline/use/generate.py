@@ -131,9 +131,8 @@ def generate(
     return answerer.continuation(prompt, task, max_new_tokens)
 
 
-TYPED_INDENTATION = re.compile(
-    r"\n([ \t]+)\Z"
-)  # a cursor on a new line, after the indentation an editor wrote
+# A cursor on a new line, after the indentation an editor wrote there.
+TYPED_INDENTATION = re.compile(r"\n([ \t]+)\Z")
 
 
 def line_ended(before: str) -> tuple[str, str]:
@@ -311,9 +310,8 @@ class Answerer:
                 raise ModelLoadError(
                     f"--system lookup: {self.directory} has no {CODE_FILES} to look lines up in"
                 )
-            return after_typed(
-                self.index.lookup(case, block), indentation
-            ), UNREAD_BY_LOOKUP if after else None
+            found = self.index.lookup(case, block)
+            return after_typed(found, indentation), UNREAD_BY_LOOKUP if after else None
         tuned, context = asked
         model, tokenizer = self.loaded
         infill = infills(tokenizer)
