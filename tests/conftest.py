@@ -361,8 +361,9 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
 FAST_TRAINING = (
     # One epoch of the tiny model, a step for two commits, and no checkpoint (the planner's ten cost more
     # than the training): the suite trains dozens of these, and each of them cost about 7.5 s of a slow core
-    # with three epochs and the checkpoints, 4.4 s without, and a fifth less with two commits a step. Tests of warmup, a falling loss or epochs ask for
-    # more (`--set train.epochs=3`), tests of checkpoints and resume for them. No validation during
+    # with three epochs and the checkpoints, 4.4 s without, and a fifth less with two commits a step. Tests
+    # of warmup, a falling loss or epochs ask for more (`--set train.epochs=3`), tests of checkpoints and
+    # resume for them. No validation during
     # training and commit messages of 8 tokens (the random model never ends one before its limit): a
     # quarter of such a run was validating and writing 48-token answers; the tests of validations and
     # of keeping the best weights ask for them.
