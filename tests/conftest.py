@@ -342,6 +342,9 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         "--set", "plan.batch_size=4",
         "--set", "plan.gradient_accumulation_steps=1",
         "--set", "eval.samples=1",
+        # Two of that commit's next lines, not its five: each is a prompt of each model, alone and with
+        # context, before and after training.
+        "--set", "eval.code_cases=2",
         "--set", "eval.max_blocks=1",
         "--set", "eval.message_tokens=16",
         "--set", "monitor.collection_interval_seconds=1",
