@@ -362,7 +362,7 @@ def test_a_block_is_the_body_generate_writes_after_a_line_that_opens_one(pretrai
 
     model, tokenizer = pretrained
     first = line_breaks(tokenizer)
-    body_tokens = 40  # long enough for a body to end
+    body_tokens = 20  # long enough for both bodies to end (their answers: 5 and 12 tokens)
     everything = list(range(len(tokenizer)))
     prompts = [
         "<filename>calc.py\ndef add(a, b):",
