@@ -865,8 +865,7 @@ def test_each_system_writes_the_next_line_at_use_as_the_scoreboard_asked_it(
 ):
     """`generate --task code --system S` gives S's answer in evaluation.jsonl, retrieved context and the
     base model's own weights included; without --system, the system the run chose, which the manifest
-    names with why. A cursor after the indentation an editor writes on the new line gets the same line
-    after that indentation (an editor inserts it at the cursor; the model was asked as before)."""
+    names with why."""
     chosen = read_json(pretrained_run / "MANIFEST.json")["training_report"]["evaluation"]["code_system"]
     assert chosen["name"] == "model-context" and "too few to tell systems apart" in chosen["reason"]
     row, case = held_out_lines(pretrained_run, task)[0]
@@ -874,11 +873,30 @@ def test_each_system_writes_the_next_line_at_use_as_the_scoreboard_asked_it(
     result = cli(*asked, "--prompt", case["before"], *(["--system", system] if system else []))
     assert result.code == 0, result.err
     assert result.out == row[column] + "\n"
-    line = row[column].lstrip(" ")
-    typed = row[column][: len(row[column]) - len(line)]
-    assert typed  # the line is indented: the editor writes that much before it asks
-    indented = cli(*asked, "--prompt", case["before"] + typed, *(["--system", system] if system else []))
-    assert indented.code == 0 and indented.out == line + "\n"
+
+
+@pytest.mark.parametrize("typed", ["    ", "        ", "\t"], ids=["its indentation", "deeper", "a tab"])
+def test_a_cursor_after_the_indentation_an_editor_wrote_gets_the_rest_of_the_line(pretrained_run, cli, typed):
+    """The text before the cursor ends in the indentation an editor writes on a new line: the question is
+    the scoreboard's (the line's start), and the answer is what an editor inserts at the cursor: the line
+    after that indentation, or, where the line is indented otherwise, the line without its own. The lookup
+    answers without a model; the model's answers are cut alike (tests/test_serve.py)."""
+    _, case = held_out_lines(pretrained_run, "code")[0]
+    asked = (
+        "generate",
+        "--adapter",
+        pretrained_run,
+        "--task",
+        "code",
+        "--path",
+        case["path"],
+        "--system",
+        "lookup",
+    )
+    whole = cli(*asked, "--prompt", case["before"]).out
+    assert whole.startswith("    return ")  # at the line's start: the line, indented 4 spaces
+    indented = cli(*asked, "--prompt", case["before"] + typed)
+    assert indented.code == 0 and indented.out == whole.lstrip(" ")
 
 
 def test_text_after_the_cursor_a_model_cannot_infill_is_said_and_left_out(pretrained_run, cli):
