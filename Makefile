@@ -57,7 +57,7 @@ run: $(INSTALLED)
 # CPU-only host and on a simulated H100 host (REPOTUNE_TEST_GPU=h100-80gb runs the whole suite as the latter).
 # The type check first (seconds): every stage call goes through Record.step, typed with a ParamSpec.
 # The suite runs once: on three workers (most tests wait on one core at most: imports, subprocesses, git,
-# a child's start-up; measured on 2 cores, a fresh clone's suite took 210 s on two workers, 183 s on three;
+# a child's start-up; measured on 2 cores, the parallel pass took 265 s on two workers, 245 s on three, warm;
 # the tests of the built-in model on one of them, tests/conftest.py says why), each with one thread for
 # torch (two workers with two threads each on two cores spent a third of their CPU time spinning),
 # then the few that measure how busy the CPU is, alone: their module only, which imports nothing heavy,
