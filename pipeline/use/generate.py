@@ -131,14 +131,14 @@ def generate(
     return answerer.continuation(prompt, task, max_new_tokens)
 
 
-# A cursor on a new line, after the indentation an editor wrote there.
-TYPED_INDENTATION = re.compile(r"\n([ \t]+)\Z")
+# A text's end where the cursor begins a line; the group: the indentation an editor wrote there, if any.
+LINE_START = re.compile(r"\n([ \t]*)\Z")
 
 
 def line_ended(before: str) -> tuple[str, str]:
     """`before` with its last line ended there, as the scoreboard's cases are, and the indentation an
     editor wrote on the new line before the cursor ("" where there is none)."""
-    typed = TYPED_INDENTATION.search(before)
+    typed = LINE_START.search(before)
     indentation = typed[1] if typed else ""
     return before.removesuffix(indentation).removesuffix("\n") + "\n", indentation
 

@@ -42,7 +42,7 @@ from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
 from pipeline.suggest.decoding import line_breaks, shared_length, token_texts
-from pipeline.use.generate import UNREAD_BY_MODEL, Answerer, keep_folded, model_name
+from pipeline.use.generate import LINE_START, UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
 COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for a completion
@@ -54,7 +54,6 @@ STOP_STRINGS = 64
 # Answers whose keys and values are kept for the requests that begin as they did: an editor's few open
 # files and a chat between them. Each holds memory for its prompt's and answer's tokens (docs/use.md).
 KEPT_CACHES = 4
-LINE_START = re.compile(r"\n[ \t]*\Z")  # a prompt's end where the cursor begins a line
 INFILL_PROMPT = re.compile(
     "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
 )  # infill_text's format
@@ -161,7 +160,10 @@ class Engine:
 
         class Healed(LogitsProcessor):
             def __call__(self, input_ids, scores):
-                written = "".join(texts[token] for token in input_ids[0, width:].tolist())
+                # Spelling `healed` takes at most as many tokens as it has characters: the rest is the answer.
+                written = "".join(
+                    texts[token] for token in input_ids[0, width : width + len(healed)].tolist()
+                )
                 left = healed[len(written) :]
                 if not left:
                     return scores
