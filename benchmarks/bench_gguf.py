@@ -68,6 +68,8 @@ class LlamaServer:
             str(threads),
             "-c",
             "2048",
+            "--parallel",  # one request at a time, all the context its own (the default splits it in slots)
+            "1",
         ]
         if "lora_path" in weights:
             command += ["--lora", weights["lora_path"]]

@@ -2,7 +2,7 @@
 """How fast `serve` answers an editor, warm, through the real HTTP path, against a cold `generate`.
 
     python benchmarks/bench_serve.py --adapter RUN_DIR [--requests 20] [--clients 4] [--leak-requests 1000]
-        [--shorter 512,256] [--name flask]
+        [--shorter 512,256] [--name flask] [--llama-server /path/to/llama-server] [--typed-files 8]
 
 Starts `run_pipeline.py serve` on a free port and asks it, with the official OpenAI client, for the next
 line of `--requests` files of the run's split point (RUN_DIR/adapter/files.jsonl), each cut at a line
@@ -17,8 +17,13 @@ request's cached keys and values kept and evicted, in two files by turns, and wi
 within the smallest `--shorter` budget sent (as Continue cuts what it sends from the top), then
 `--leak-requests` short requests with the server's resident memory before and after. The baseline, in
 the same run: `generate --task code` as a fresh process for a few of the same files (what a tool that
-shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. Everything it
-prints goes to benchmarks/results/serve-NAME.json too, which docs/use.md's figure is generated from.
+shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. With
+`--llama-server`, llama.cpp's server binary, the same editor typing in `--typed-files` files (10 lines
+each) through serve and through llama-server serving the exported GGUF (f16, the merged weights): asked
+as an editor asks (the text up to a cursor at a line's start), and with that last line break left for
+the model to write (what serve's healing asks; llama-server has none); each line scored against the
+file's own next line (exact match and edit similarity, intervals resampled by file). Everything it prints
+goes to benchmarks/results/serve-NAME.json too, which docs/use.md's figures are generated from.
 """
 
 from __future__ import annotations
@@ -55,6 +60,10 @@ def main() -> None:
         help="the same prompts' last lines within these many tokens, one client (comma-separated)",
     )
     parser.add_argument("--leak-requests", type=int, default=1000)
+    parser.add_argument(
+        "--llama-server", metavar="PATH", help="llama.cpp's server binary: the same typing through it, beside"
+    )
+    parser.add_argument("--typed-files", type=int, default=8, help="files typed in, with --llama-server")
     parser.add_argument(
         "--cold", type=int, default=3, help="cold `generate --task code` processes (the baseline)"
     )
@@ -106,6 +115,8 @@ def main() -> None:
             **report(f"{args.clients} clients at once", together),
         }  # fmt: skip
         measured |= typing(client, name, [prompt for _, prompt, _ in cases], tokenizer, min(budgets))
+        typed = [(path, cursors(prompt, 10)) for path, prompt, _ in cases[: args.typed_files]]
+        served = typed_lines(client, name, typed, ask) if args.llama_server else []
         server = psutil.Process(process.pid)
         before = server.memory_info().rss
         for index in range(args.leak_requests):
@@ -123,6 +134,8 @@ def main() -> None:
     finally:
         process.terminate()
         process.wait(timeout=60)
+    if args.llama_server:
+        measured["llama_server"] = through_llama_server(args.adapter, args.llama_server, typed, served, texts)
     cold = [cold_generate(args.adapter, path, prompt) for path, prompt, _ in cases[: args.cold]]
     cold_p50, warm_p50 = percentile(cold, 50), measured["one_client"]["line_p50_s"]
     print(f"baseline, `generate --task code` as a fresh process: p50 {cold_p50:.2f} s over {len(cold)}")
@@ -284,6 +297,95 @@ def concurrently(
         + (f" ({failures[0]})" if failures else "")
     )
     return results, len(failures)
+
+
+def typed_lines(client, name: str, typed: list[tuple[str, list[str]]], asking) -> list[tuple]:
+    """(path, cursor's text, `asking`'s timing and line) for each file's cursors in turn, a line further
+    each request; each file's first cursor is asked untimed (it reads the file)."""
+    rows = []
+    for path, prompts in typed:
+        asking(client, name, prompts[0])
+        rows += [(path, prompt, asking(client, name, prompt)) for prompt in prompts[1:]]
+    return rows
+
+
+def ask_before_break(client, name: str, prompt: str) -> tuple[float, float, str]:
+    """`ask`, with the prompt's last line break left for the model to write (as serve heals a prompt; a
+    server without healing reads a prompt that ends in one as code never ends): the line is what follows
+    the first line break it writes, complete at the next."""
+    started = time.perf_counter()
+    first = None
+    stream = client.completions.create(
+        model=name, prompt=prompt.removesuffix("\n"), max_tokens=40, temperature=0, stream=True
+    )
+    written = ""
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            written += chunk.choices[0].text
+            line = written[1:] if written.startswith("\n") else ""
+            first = first or (time.perf_counter() - started if line else None)
+            if "\n" in line or not written.startswith("\n"):
+                stream.close()  # the line is complete: llama-server stops generating when the client leaves
+                break
+    done = time.perf_counter() - started
+    line = written[1:].split("\n", 1)[0] if written.startswith("\n") else ""
+    return (done if first is None else first), done, line
+
+
+def through_llama_server(
+    adapter: str, binary: str, typed: list[tuple[str, list[str]]], served: list[tuple], texts: dict[str, str]
+) -> dict:
+    """The same typing through llama-server serving the exported GGUF (f16), as an editor asks and with
+    the last line break left for the model; each system's lines scored against the files' next lines,
+    and llama-server's − serve's, paired, intervals resampled by file."""
+    import os
+    import tempfile
+
+    import openai
+
+    from benchmarks.bench_gguf import LlamaServer
+    from pipeline.evaluate.metrics import paired_difference, score_code
+    from pipeline.use.export import export
+
+    with tempfile.TemporaryDirectory() as scratch:
+        exported = export(adapter, Path(scratch) / "model.gguf", "f16", None, False)
+        server = LlamaServer(binary, {"model_path": str(exported.gguf)}, len(os.sched_getaffinity(0)))
+        try:
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0, timeout=600
+            )
+            name = client.models.list().data[0].id
+            raw, healed = (typed_lines(client, name, typed, asking) for asking in (ask, ask_before_break))
+        finally:
+            server.close()
+    files = [path for path, _, _ in served]
+    wanted = [texts[path][len(prompt) :].split("\n", 1)[0] for path, prompt, _ in served]
+    found = {}
+    for key, label, rows in (
+        ("serve", "serve, typing", served),
+        ("raw", "llama-server, as an editor asks", raw),
+        ("line_break_left", "llama-server, the line break left for the model", healed),
+    ):
+        lines = [line for _, _, (_, _, line) in rows]
+        found[key] = report(label, [timing for _, _, timing in rows]) | {
+            "scores": score_code(lines, wanted, files),
+            "lines": lines,
+        }
+        scores = found[key]["scores"]
+        print(
+            f"  exact match {scores['exact_match_pct']:.1f}% edit similarity {scores['edit_similarity']:.1f}"
+        )
+    for key in ("raw", "line_break_left"):
+        found[f"{key}_minus_serve"] = paired_difference(
+            "code", found["serve"]["lines"], found[key]["lines"], wanted, files
+        )
+        gain = found[f"{key}_minus_serve"]
+        print(
+            f"{key} − serve: exact match {gain['exact_match_pct']:+.1f} "
+            f"[{gain['exact_match_pct_ci95'][0]:+.1f}, {gain['exact_match_pct_ci95'][1]:+.1f}], edit similarity "
+            f"{gain['edit_similarity']:+.1f} [{gain['edit_similarity_ci95'][0]:+.1f}, {gain['edit_similarity_ci95'][1]:+.1f}]"
+        )
+    return {"files": len(typed), "weights": "f16", **found}
 
 
 def report(label: str, timings: list[tuple[float, float, str]]) -> dict:
