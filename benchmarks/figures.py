@@ -314,6 +314,43 @@ def serve(name: str) -> str:
     )
 
 
+SERVED_BY = {
+    "serve": "`serve` (transformers, fp32, the prompt healed)",
+    "raw": "llama-server, f16 GGUF, as an editor asks",
+    "line_break_left": "llama-server, the last line break left for the model",
+}
+
+
+def serve_llama(name: str) -> str:
+    """The same editor typing through `serve` and through llama.cpp's server serving the exported GGUF
+    (bench_serve --llama-server), each line scored against the file's own next line."""
+    run = results(f"serve-{name}")
+    found = run["llama_server"]
+    rows = [
+        "| served by | complete line p50 / p95 s | blank | exact match % | edit similarity | − serve (EM / ES) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, label in SERVED_BY.items():
+        timed, scores = found[key], found[key]["scores"]
+        versus = found.get(f"{key}_minus_serve")
+        gain = (
+            f"{difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
+            if versus
+            else ""
+        )
+        rows.append(
+            f"| {label} | {timed['line_p50_s']:.2f} / {timed['line_p95_s']:.2f} | {timed['blank']} of "
+            f"{timed['requests']} | {with_interval(scores, 'exact_match_pct')} | "
+            f"{with_interval(scores, 'edit_similarity')} | {gain} |"
+        )
+    return "\n".join(rows) + (
+        f"\n\n{found['serve']['requests']} cursors: the next {found['serve']['requests'] // found['files']} "
+        f"lines of each of {found['files']} files of {name}'s split point, typed in order (each server keeps "
+        f"what the last request read); intervals resampled by file; the adapter of a "
+        f"{run['adapter']['budget']} run; {_provenance(run)}.\n"
+    )
+
+
 def hook_through_serve(name: str) -> str:
     """The commit hook where the model writes: asking a running `serve` against loading the model per
     commit (bench_hook --model-writes)."""
@@ -448,6 +485,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ablation-flask": lambda: ablation("flask"),
     "budgets-flask": lambda: budgets("flask"),
     "serve-flask": lambda: serve("flask"),
+    "serve-llama-flask": lambda: serve_llama("flask"),
     "hook-flask-model": lambda: hook_through_serve("flask"),
     "hook-requests": lambda: hook_cold("requests"),
     "scrape-flask": lambda: scrape_speed("flask"),
