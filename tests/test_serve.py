@@ -121,6 +121,20 @@ def test_a_cursor_at_the_start_of_a_line_gets_the_line_as_the_code_scoreboard_he
     assert answer == streamed == expected and answer.strip()
 
 
+def test_a_healed_answer_counts_every_token_the_model_wrote(client):
+    """The usage counts the tokens generated, the ones that spell the healed line break included, and
+    `finish_reason` says `max_tokens` ended the answer: counted again from the answer's text, which
+    leaves that line break out, a healed answer came out a token short and said "stop"."""
+    prompt = module_source(3).split("    total")[0]  # ends a line: healed
+    asked = {"model": "repotune-repo", "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    whole = client.completions.create(**asked)
+    streamed = list(client.completions.create(**asked, stream=True, stream_options={"include_usage": True}))
+    assert whole.choices[0].finish_reason == streamed[-2].choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == streamed[-1].usage.completion_tokens == 6
+    cut = client.completions.create(**asked, stop=["\n"])
+    assert cut.choices[0].finish_reason == "stop" and 1 <= cut.usage.completion_tokens <= 6
+
+
 def test_a_cursor_after_the_indentation_an_editor_wrote_gets_the_rest_of_that_line(client):
     """An editor indents a new line before it asks (Continue sends the text before the cursor): the
     indentation is healed with the line break before it, so the answer is the line the model writes at

@@ -21,6 +21,7 @@ commit hook. Built on FastAPI and uvicorn: the HTTP and the event stream are the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import threading
@@ -111,9 +112,6 @@ class Engine:
             finally:
                 keep_folded(self.model)
 
-    def tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def fits(self, asked: Asked) -> int:
         """The prompt's tokens, where they and the answer fit the model's positions (`check_length`, as
         `generate` checks them); else a 400."""
@@ -190,18 +188,21 @@ class Engine:
         return options
 
     def stream(
-        self, asked: Asked, stopped: threading.Event, told: dict[str, int] | None = None
+        self, asked: Asked, stopped: threading.Event, told: dict[str, Any] | None = None
     ) -> Iterator[str]:
         """The answer's text as it is written, ended at a stop sequence, at `max_tokens`, at the end of
         sequence, or when `stopped` is set (the client left); `told` gets `cached_tokens`, the prompt's
-        tokens whose keys and values an earlier answer left (`kept`)."""
+        tokens whose keys and values an earlier answer left (`kept`), and where the answer ends (not
+        when the client left) `completion_tokens` and `finish_reason` (`_ended`)."""
         from transformers import TextIteratorStreamer
 
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         read = asked.prompt.removesuffix(asked.healed)
         ids = self.tokenizer(read, return_tensors="pt", add_special_tokens=False)
-        options = self._options(asked, ids["input_ids"].shape[1], stopped)
+        width = ids["input_ids"].shape[1]
+        options = self._options(asked, width, stopped)
         failed: list[Exception] = []
+        generated: list[list[int]] = []  # the answer's tokens, once generation has ended
 
         def write() -> None:
             import torch
@@ -216,6 +217,7 @@ class Engine:
                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
                     )  # fmt: skip
                     self.keep(made[0].tolist()[: cache.get_seq_length()], cache)
+                    generated.append(made[0, width:].tolist())
                 except Exception as error:  # raised where the answer is read, as one line
                     failed.append(error)  # the cache it took from `kept` is let go: it may be half written
                     streamer.end()
@@ -223,6 +225,7 @@ class Engine:
         worker = threading.Thread(target=write, daemon=True)
         worker.start()
         written, unread = "", asked.healed  # the prompt's own end, read back: left out
+        spelled = None  # where a stop sequence cut the answer: the characters written up to its end
         try:
             for piece in streamer:
                 if failed:
@@ -230,16 +233,37 @@ class Engine:
                 read_back = min(len(unread), len(piece))
                 piece, unread = piece[read_back:], unread[read_back:]
                 written += piece
-                cut = min((written.find(stop) for stop in asked.stop if stop in written), default=-1)
-                if cut >= 0:
-                    yield piece[: len(piece) - (len(written) - cut)]
-                    return
+                if cut := _first_stop(written, asked.stop):
+                    yield piece[: len(piece) - (len(written) - cut[0])]
+                    spelled = len(asked.healed) + cut[0] + len(cut[1])
+                    break
                 if piece:
                     yield piece
-            if failed:
+            if failed and spelled is None:
                 raise failed[0]
+            stopped.set()  # after a stop sequence, the generation ends at its next token
+            worker.join()
+            if told is not None:
+                told.update(self._ended(generated, asked, spelled))
         finally:
-            stopped.set()  # a stop sequence, or a client that left: the generation ends at its next token
+            stopped.set()  # a client that left, or a failure: the generation ends at its next token
+
+    def _ended(self, generated: list[list[int]], asked: Asked, spelled: int | None = None) -> dict[str, Any]:
+        """Where an answer ended, as OpenAI's usage and `finish_reason` say it: the tokens generated (the
+        healed start's included), up to the one that ends the stop sequence where `spelled` (the
+        characters written up to there) is given; "length" where `max_tokens` ended it, else "stop"."""
+        tokens = generated[0] if generated else []
+        if spelled is not None:
+            lengths = itertools.accumulate(len(self.texts[token]) for token in tokens)
+            used = next((count for count, length in enumerate(lengths, 1) if length >= spelled), len(tokens))
+            return {"completion_tokens": used, "finish_reason": "stop"}
+        ran_out = len(tokens) >= asked.max_tokens and tokens[-1] != self.tokenizer.eos_token_id
+        return {"completion_tokens": len(tokens), "finish_reason": "length" if ran_out else "stop"}
+
+
+def _first_stop(written: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """Where the first of `stops` in `written` begins, and which it is."""
+    return min(((written.find(stop), stop) for stop in stops if stop in written), default=None)
 
 
 def app_for(engine: Engine, stopped: Callable[[], None] = lambda: None):
@@ -310,14 +334,13 @@ async def _answer(
             media_type="text/event-stream",
             headers=headers,
         )
-    told: dict[str, int] = {}
+    told: dict[str, Any] = {}
     try:
         text = await run_in_threadpool(lambda: "".join(engine.stream(asked, stopped, told)))
     except Exception as error:  # one line for the client and the log, never a traceback
         raise ServeError(500, _failure(error), "server_error") from None
-    completion = engine.tokens(text)
-    finish = "length" if completion >= asked.max_tokens else "stop"
-    usage = _usage(prompt_tokens, completion, told)
+    finish = told["finish_reason"]
+    usage = _usage(prompt_tokens, told)
     if kind == "chat.completion":
         answer = _chat_response(engine.name, [text], usage, finish)
     else:
@@ -405,7 +428,7 @@ async def _events(
     if chat:
         yield _event({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})  # fmt: skip
     pieces: list[str] = []
-    told: dict[str, int] = {}
+    told: dict[str, Any] = {}
     ended = False
     try:
         async for piece in iterate_in_threadpool(engine.stream(asked, stopped, told)):
@@ -419,12 +442,10 @@ async def _events(
             yield _event({**chunk, "choices": [{**choice, "finish_reason": None}]})
             pieces.append(piece)
         else:
-            completion = engine.tokens("".join(pieces))
-            finish = "length" if completion >= asked.max_tokens else "stop"
             last = {"index": 0, "delta": {}} if chat else {"index": 0, "text": "", "logprobs": None}
-            yield _event({**chunk, "choices": [{**last, "finish_reason": finish}]})
+            yield _event({**chunk, "choices": [{**last, "finish_reason": told["finish_reason"]}]})
             if prompt_tokens is not None:
-                yield _event({**chunk, "choices": [], "usage": _usage(prompt_tokens, completion, told)})
+                yield _event({**chunk, "choices": [], "usage": _usage(prompt_tokens, told)})
             yield b"data: [DONE]\n\n"
             ended = True
     except Exception as error:  # the status is sent: the failure goes in the stream, in one line
@@ -536,7 +557,7 @@ async def _commit_messages(engine: Engine, diff: str, body: dict[str, Any]):
     found = await run_in_threadpool(_suggested, engine, diff, body)
     if body.get("stream"):
         return StreamingResponse(iter(_chat_events(engine.name, found)), media_type="text/event-stream")
-    return JSONResponse(_chat_response(engine.name, found, _usage(0, 0, {})))
+    return JSONResponse(_chat_response(engine.name, found, _usage(0, {"completion_tokens": 0})))
 
 
 def _suggested(engine: Engine, diff: str, body: dict[str, Any]) -> list[str]:
@@ -589,7 +610,8 @@ def _usage_asked(body: dict[str, Any]) -> bool:
     return options.get("include_usage", False)
 
 
-def _usage(prompt_tokens: int, completion: int, told: dict[str, int]) -> dict[str, Any]:
+def _usage(prompt_tokens: int, told: dict[str, Any]) -> dict[str, Any]:
+    completion = told["completion_tokens"]
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
