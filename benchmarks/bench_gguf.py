@@ -51,8 +51,9 @@ def newest_diffs(repo: str, count: int) -> list[tuple[str, str]]:
 
 
 class LlamaServer:
-    """A llama-server process on a free local port, answering greedy completions of prompt tokens as
-    llama-cpp-python's `create_completion` does (the fields this benchmark reads)."""
+    """A llama-server process on a free local port, one request at a time: its OpenAI API at /v1
+    (bench_serve asks it so), and `create_completion` answering greedy completions of prompt tokens as
+    llama-cpp-python's does (the fields this benchmark reads)."""
 
     def __init__(self, binary: str, weights: dict[str, str], threads: int):
         with socket.socket() as probe:
