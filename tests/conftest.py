@@ -27,8 +27,8 @@ GIT_ENV = {
     "GIT_CONFIG_GLOBAL": os.devnull,
     "HOME": "/nonexistent",
 }
-# How GitRepo builds its repositories: no `git maintenance run --auto` after each commit (a process of its
-# own, a third of a commit's cost): the suite commits thousands of times into repositories of a few commits.
+# How GitRepo builds its repositories: no `git maintenance run --auto` after each commit (a second git
+# process each time): the suite commits thousands of times into repositories of a few commits.
 BUILD_ENV = {
     **GIT_ENV,
     "GIT_CONFIG_COUNT": "1",
@@ -308,10 +308,11 @@ PRETRAINED_MODULES = ("tests/test_pretrained_e2e.py", "tests/test_take_home.py")
 
 
 def pytest_collection_finish(session):
-    """The objects a worker holds once it has imported the libraries and collected the suite (about 600,000)
-    live until it ends: frozen, no full collection scans them again. Every training's start has one
-    (accelerate's `free_memory`) and CPython runs its own: before, each scanned them all, a tenth of the
-    suite's CPU time on 2 cores (docs/development.md)."""
+    """The objects a worker holds once it has imported the libraries and collected the suite live until it
+    ends: frozen, no full collection scans them again. Every training's start has one (accelerate's
+    `free_memory`) and CPython runs its own; a run freezes what its own imports made
+    (`train.model.load_libraries`), but a worker imported them while collecting (the time it saves:
+    docs/development.md)."""
     gc.collect()
     gc.freeze()
 
