@@ -103,7 +103,7 @@ def picked(suggester, held) -> str:
     who keeps the one closest to the message written gets (by edit similarity), against the suggestion
     alone, and against as many of the lookup's nearest messages picked the same way (the baseline)."""
     from pipeline.evaluate.metrics import edit_similarities, paired_difference, score_messages
-    from pipeline.scores import difference
+    from pipeline.scores import differences
     from pipeline.use.hook import ALTERNATIVES
 
     shown = 1 + ALTERNATIVES
@@ -126,10 +126,9 @@ def picked(suggester, held) -> str:
     mine, theirs = score_messages(kept, references), score_messages(near, references)
     return (
         f"the hook's {shown} (the suggestion and {ALTERNATIVES} more), the closest kept: {mine['chrf']:.1f} / "
-        f"{mine['edit_similarity']:.1f}, − the suggestion alone {difference(over_first, 'chrf')} / "
-        f"{difference(over_first, 'edit_similarity')}; the lookup's {shown} nearest, the closest kept: "
+        f"{mine['edit_similarity']:.1f}, − the suggestion alone {differences(over_first, 'chrf')}; the lookup's {shown} nearest, the closest kept: "
         f"{theirs['chrf']:.1f} / {theirs['edit_similarity']:.1f}, the hook's − them "
-        f"{difference(over_lookup, 'chrf')} / {difference(over_lookup, 'edit_similarity')}"
+        f"{differences(over_lookup, 'chrf')}"
     )
 
 
@@ -141,7 +140,7 @@ def hook_reads(repo: str, suggester, held) -> str:
     import subprocess
 
     from pipeline.evaluate.metrics import paired_difference, score_messages
-    from pipeline.scores import difference
+    from pipeline.scores import differences
     from pipeline.suggest.retrieval import changed_paths
     from pipeline.use.hook import DIFF_OPTIONS, MAX_DIFF_BYTES
     from scrapers.safe_git import SAFE_GIT_ENV
@@ -164,7 +163,7 @@ def hook_reads(repo: str, suggester, held) -> str:
     return (
         f"held-out commits as the commit hook is given them ({differ} of {len(held)} change files the scrape "
         f"left out): read whole {whole_s}, read as trained {read_s} (the scrape's diffs: {kept_s}), "
-        f"read as trained − whole {difference(delta, 'chrf')} / {difference(delta, 'edit_similarity')}"
+        f"read as trained − whole {differences(delta, 'chrf')}"
     )
 
 
@@ -173,14 +172,14 @@ _INDEX_LINE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+.*\n", re.MULTILINE)
 
 def compare(lookup: list[str], selector: list[str], references: list[str]) -> str:
     from pipeline.evaluate.metrics import paired_difference, score_messages
-    from pipeline.scores import difference
+    from pipeline.scores import differences
 
     mine, theirs = score_messages(selector, references), score_messages(lookup, references)
     delta = paired_difference("message", lookup, selector, references)
     return (
         f"lookup {theirs['chrf']:.1f} / {theirs['edit_similarity']:.1f}, "
         f"selector {mine['chrf']:.1f} / {mine['edit_similarity']:.1f}, "
-        f"selector − lookup {difference(delta, 'chrf')} / {difference(delta, 'edit_similarity')} (chrF / edit similarity)"
+        f"selector − lookup {differences(delta, 'chrf')} (chrF / edit similarity)"
     )
 
 

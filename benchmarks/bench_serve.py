@@ -345,6 +345,7 @@ def through_llama_server(
 
     from benchmarks.bench_gguf import LlamaServer
     from pipeline.evaluate.metrics import paired_difference, score_code
+    from pipeline.scores import difference
     from pipeline.use.export import export
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -381,9 +382,8 @@ def through_llama_server(
         )
         gain = found[f"{key}_minus_serve"]
         print(
-            f"{key} − serve: exact match {gain['exact_match_pct']:+.1f} "
-            f"[{gain['exact_match_pct_ci95'][0]:+.1f}, {gain['exact_match_pct_ci95'][1]:+.1f}], edit similarity "
-            f"{gain['edit_similarity']:+.1f} [{gain['edit_similarity_ci95'][0]:+.1f}, {gain['edit_similarity_ci95'][1]:+.1f}]"
+            f"{key} − serve: exact match {difference(gain, 'exact_match_pct')}, "
+            f"edit similarity {difference(gain, 'edit_similarity')}"
         )
     return {"files": len(typed), "weights": "f16", **found}
 

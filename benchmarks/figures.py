@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))  # it imports pipeline, installed or not (as the o
 
 from benchmarks.measured import RESULTS  # noqa: E402  (after the path it is found on)
 from pipeline.evaluate import report  # noqa: E402  (after the path it is found on)
-from pipeline.scores import CODE_LABELS, difference, with_interval  # noqa: E402  (after the path it is found on)
+from pipeline.scores import CODE_LABELS, difference, differences, with_interval  # noqa: E402  (after the path it is found on)
 
 DOCS = ROOT / "docs"
 BLOCK = re.compile(r"(<!-- figure: (\S+) -->\n)(.*?)(<!-- /figure -->)", re.S)
@@ -95,9 +95,7 @@ def _versus(tasks: dict[str, Any], system: str, task: str) -> str:
     """A fine-tuned model against the base model given the same prompt (the manifest's `vs_before`): with
     context, that is base + context."""
     versus = tasks[system][task].get("vs_before") if system == "after" else None
-    return (
-        f"{difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}" if versus else ""
-    )
+    return differences(versus, "exact_match_pct") if versus else ""
 
 
 def message_scoreboard(name: str) -> str:
@@ -110,7 +108,7 @@ def message_scoreboard(name: str) -> str:
         if not scored:
             continue
         versus = scored.get("vs_nearest_commit")
-        shown = f"{difference(versus, 'chrf')} / {difference(versus, 'edit_similarity')}" if versus else ""
+        shown = differences(versus, "chrf") if versus else ""
         chosen = f" (chose {run['system']})" if system == "suggested" else ""
         rows.append(
             f"| {label}{chosen} | {with_interval(scored, 'chrf')} | "
@@ -333,11 +331,7 @@ def serve_llama(name: str) -> str:
     for key, label in SERVED_BY.items():
         timed, scores = found[key], found[key]["scores"]
         versus = found.get(f"{key}_minus_serve")
-        gain = (
-            f"{difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
-            if versus
-            else ""
-        )
+        gain = differences(versus, "exact_match_pct") if versus else ""
         rows.append(
             f"| {label} | {timed['line_p50_s']:.2f} / {timed['line_p95_s']:.2f} | {timed['blank']} of "
             f"{timed['requests']} | {with_interval(scores, 'exact_match_pct')} | "

@@ -40,6 +40,11 @@ def difference(versus: dict[str, Any], key: str) -> str:
     return f"{versus[key]:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
+def differences(versus: dict[str, Any], key: str) -> str:
+    """The paired differences in `key` and in edit similarity, as a scoreboard shows them: `key / ES`."""
+    return f"{difference(versus, key)} / {difference(versus, 'edit_similarity')}"
+
+
 def registers(tasks: dict[str, Any]) -> list[str]:
     """`one_register`'s line for each model, base and fine-tuned, that writes in one register
     (`tasks`: the manifest's `.evaluation.tasks`): the run's scoreboard and the report page say them."""

@@ -11,7 +11,7 @@ import orjson
 
 from pipeline.evaluate.evaluation import SHOWN_CHARS
 from pipeline.evaluate.metrics import CODE_TASKS, TASKS, paired_difference
-from pipeline.scores import BLOCK_TASK, CODE_LABELS, difference, registers, with_interval
+from pipeline.scores import BLOCK_TASK, CODE_LABELS, differences, registers, with_interval
 from pipeline.types import Evaluation, Scores, TaskPrompt
 
 SHOWN_SAMPLES = 12  # samples per task and system in the manifest (evaluation.jsonl has every one)
@@ -231,7 +231,7 @@ def code_scoreboard(
         for key, against in (("vs_before", "base"), ("vs_nearest_commit", "lookup")):
             if system == "after" and metrics.get(key):
                 versus = metrics[key]
-                line += f"  vs {against} {difference(versus, 'exact_match_pct')} / {difference(versus, 'edit_similarity')}"
+                line += f"  vs {against} {differences(versus, 'exact_match_pct')}"
         lines.append(line)
     if chosen and not blocks:
         lines.append(f"  next lines come from the {CODE_LABELS[chosen['name']][2]}: {chosen['reason']}")
@@ -265,7 +265,7 @@ def message_scoreboard(evaluation: dict[str, Any]) -> list[str]:
         line = f"  {label:<24} chrF {with_interval(scored, 'chrf', 5)}  ES {with_interval(scored, 'edit_similarity', 5)}"
         versus = scored.get("vs_nearest_commit")
         if versus:
-            line += f"  vs lookup {difference(versus, 'chrf')} / {difference(versus, 'edit_similarity')}"
+            line += f"  vs lookup {differences(versus, 'chrf')}"
         lines.append(line)
     if system:
         lines.append(f"  suggestions come from the {system}: {evaluation['system']['reason']}")
