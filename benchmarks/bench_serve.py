@@ -349,7 +349,7 @@ def through_llama_server(
     from pipeline.use.export import export
 
     with tempfile.TemporaryDirectory() as scratch:
-        exported = export(adapter, Path(scratch) / "model.gguf", "f16", None, False)
+        exported = export(adapter, Path(scratch) / "model.gguf")  # f16, the merged weights
         server = LlamaServer(binary, {"model_path": str(exported.gguf)}, len(os.sched_getaffinity(0)))
         try:
             client = openai.OpenAI(
