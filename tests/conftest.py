@@ -342,9 +342,9 @@ def pretrained_run(tmp_path_factory):
 PRETRAINED_COMMITS = 10
 
 
-def short_pretrained_run(root: Path, *overrides: str) -> Path:
-    """A few steps of the built-in pretrained model on PRETRAINED_COMMITS commits in one style, the newest held out;
-    returns the output directory. `overrides`: more `--set` values."""
+def short_pretrained_run(root: Path, *overrides: str, model: str = PRETRAINED) -> Path:
+    """A few steps of the built-in pretrained model (or `model`) on PRETRAINED_COMMITS commits in one style, the
+    newest held out; returns the output directory. `overrides`: more `--set` values."""
     repo = GitRepo(root / "repo")
     for index in range(1, PRETRAINED_COMMITS + 1):
         repo.commit(
@@ -352,7 +352,7 @@ def short_pretrained_run(root: Path, *overrides: str) -> Path:
         )
     out = root / "out"
     argv = [
-        "--repo", str(repo.path), "--output-dir", str(out), "--model", PRETRAINED, "--budget", "none",
+        "--repo", str(repo.path), "--output-dir", str(out), "--model", model, "--budget", "none",
         "--set", "scrape.format=[diff, message]",
         "--set", "train.epochs=1",
         # Blocks of 128 tokens: nothing the tests read needs longer ones, and at 256 training was most of the run.

@@ -1,6 +1,6 @@
-"""QLoRA, proven on a CPU: the built-in base loaded in 4 bits (bitsandbytes NF4 with double
-quantisation, bf16 or fp32 compute), LoRA trained on top, the adapter used and merged afterwards; and
-the planner choosing 4 bits from a model's config alone when its weights would not fit."""
+"""QLoRA, proven on a CPU: a pretrained base loaded in 4 bits (bitsandbytes NF4 with double quantisation,
+bf16 or fp32 compute), LoRA trained on top, the adapter used and merged afterwards; and the planner
+choosing 4 bits from a model's config alone when its weights would not fit."""
 
 from __future__ import annotations
 
@@ -13,11 +13,36 @@ import pytest
 import torch
 
 from pipeline.builtin import builtin_directory
+from pipeline.hardware import GB
+from pipeline.plan.planner import QUANTIZED_BITS
 from tests.conftest import PRETRAINED, read_json, short_pretrained_run
+
+# The built-in base cut to its first two decoder layers (its tokenizer, embeddings and chat template
+# whole): a pretrained model directory as a user passes one, whose quantization, 4-bit steps, merge and
+# loads take a fraction of the whole base's on a CPU (bitsandbytes quantizes every linear layer at each load).
+LAYERS = 2
+# Its linear weights (7 per layer), quantized, and its embeddings, tied to the output and kept dense.
+LINEAR_WEIGHTS = LAYERS * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
+EMBEDDING_WEIGHTS = 49152 * 576
 
 
 @pytest.fixture(scope="module")
-def quantized_run(tmp_path_factory):
+def two_layer_base(tmp_path_factory) -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.base_models import load_pretrained
+
+    directory = tmp_path_factory.mktemp("two-layer-base")
+    model = load_pretrained(AutoModelForCausalLM, PRETRAINED)
+    model.model.layers = model.model.layers[:LAYERS]
+    model.config.num_hidden_layers = LAYERS
+    model.save_pretrained(directory)
+    load_pretrained(AutoTokenizer, PRETRAINED).save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def quantized_run(tmp_path_factory, two_layer_base):
     # One format and no files: a quarter of the dense run's tokens, and 4 bits train no differently on
     # either; nothing here reads a held-out answer's score (4-bit answers are slow on a CPU), only the
     # held-out loss.
@@ -28,25 +53,27 @@ def quantized_run(tmp_path_factory):
         "scrape.files=false",
         "eval.code_cases=0",
         "eval.samples=0",
+        model=two_layer_base,
     )
 
 
-def test_the_base_trains_in_4_bits(quantized_run):
+def test_the_base_trains_in_4_bits(quantized_run, two_layer_base):
     manifest = read_json(quantized_run / "MANIFEST.json")
     decision = manifest["training_parameters"]["decisions"]["quantization"]
     assert decision == {"value": "4bit", "source": "cli", "reason": "set by --set plan.quantization"}
     model = manifest["model"]
     assert model["quantization"] == "4bit"
-    # 106M linear weights in NF4 (about half a byte each) beside 28M dense embedding weights in the compute
-    # dtype: about 0.1 GB in bf16 (0.16 GB with fp32 embeddings, on a CPU without bf16), where a dense bf16
-    # model takes 0.25 GB and fp32 0.5 GB.
-    fp32 = manifest["training_parameters"]["precision"] == "fp32"
-    assert (0.13 if fp32 else 0.08) < model["weights_gb"] < (0.18 if fp32 else 0.13)
+    # The linear weights in NF4 (4 bits and their blocks' scales) beside the dense embeddings in the
+    # compute dtype (fp32 on a CPU without bf16).
+    dense_bytes = 4 if manifest["training_parameters"]["precision"] == "fp32" else 2
+    quantized = LINEAR_WEIGHTS * QUANTIZED_BITS["4bit"] / 8 + EMBEDDING_WEIGHTS * dense_bytes
+    assert model["weights_gb"] == pytest.approx(quantized / GB, rel=0.05)
+    assert model["weights_gb"] < 0.9 * (LINEAR_WEIGHTS + EMBEDDING_WEIGHTS) * dense_bytes / GB
     evaluation = manifest["training_report"]["evaluation"]
     assert evaluation["after"]["loss"] < evaluation["before"]["loss"]
     assert manifest["training_report"]["throughput"]["tokens_per_s"] > 0
     facts = orjson.loads((quantized_run / "adapter" / "repotune.json").read_bytes())
-    assert (facts["model"], facts["quantization"]) == (PRETRAINED, "4bit")
+    assert (facts["model"], facts["quantization"]) == (two_layer_base, "4bit")
 
 
 def test_generate_loads_the_adapter_on_its_4_bit_base(quantized_run, cli):
