@@ -7,6 +7,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -83,6 +86,33 @@ def test_generate_loads_the_adapter_on_its_4_bit_base(quantized_run, cli):
     )  # fmt: skip
     assert result.code == 0, result.err
     assert result.out.strip()
+
+
+def test_bitsandbytes_is_imported_for_a_quantized_base_alone(quantized_run):
+    """peft imports bitsandbytes as it loads and as it wraps a model's layers (a second of a core): a
+    process that trains or loads an adapter on a dense base goes without it, and a 4-bit base loaded
+    afterwards in that process still gets its 4-bit LoRA layers."""
+    script = f"""
+import sys
+from pipeline.train.model import TRAINING_LIBRARIES, load_libraries, unquantized_imports
+from pipeline.use.generate import load_adapter
+
+load_libraries(TRAINING_LIBRARIES, "none")
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+dense = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2, vocab_size=256))
+with unquantized_imports("none"):
+    get_peft_model(dense, LoraConfig(target_modules="all-linear"))
+assert "bitsandbytes" not in sys.modules
+model, _ = load_adapter({str(quantized_run)!r})
+layer = model.get_base_model().model.layers[0].mlp.down_proj
+assert type(layer).__module__ == "peft.tuners.lora.bnb" and type(layer).__name__ == "Linear4bit", type(layer)
+"""
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_merge_writes_the_dequantized_model_the_adapter_trained_on(quantized_run, cli, tmp_path):

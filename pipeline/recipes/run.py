@@ -87,7 +87,7 @@ def fit_to_machine(
     this machine (the largest micro-batch that fits a GPU, the training speed for a time budget) and plan
     again."""
     config = loaded.config
-    record.step("imports_training", load_libraries, TRAINING_LIBRARIES)
+    record.step("imports_training", load_libraries, TRAINING_LIBRARIES, data.plan.quantization)
     model = record.step(
         "load_model", load_model, config.train.model, data.prepared, data.plan, config.lora, record.launch,
         record.output_dir, continue_from,

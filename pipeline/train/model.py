@@ -33,8 +33,8 @@ from pipeline.progress import say
 from pipeline.types import Launch, Loaded, Outputs, Plan, Prepared, TextStyle
 from scrapers.scrape import SEQUENCES_FILE
 
-# bitsandbytes (peft imports it) warns on a CPU that an optional kernel package is missing: not the user's
-# to act on. Set before anything here imports peft (training, update, generate all come through this module).
+# bitsandbytes (peft imports it for a quantized base) warns on a CPU that an optional kernel package is
+# missing: not the user's to act on. Set before anything here imports peft (training, update, generate all come through this module).
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 ADAPTER_DIR = "adapter"
@@ -56,16 +56,41 @@ def newest_checkpoint(checkpoints: Path) -> Path | None:
 
 
 DATA_LIBRARIES = ("torch", "transformers", "datasets")  # what tokenizing and planning use
-TRAINING_LIBRARIES = ("peft",)  # and what attaching LoRA adds (seconds, with bitsandbytes): not for `plan`
+TRAINING_LIBRARIES = ("peft",)  # and what attaching LoRA adds (seconds): not for `plan`
+BITSANDBYTES = "bitsandbytes"
 
 
-def load_libraries(modules: tuple[str, ...]) -> None:
+@contextmanager
+def unquantized_imports(quantization: str) -> Iterator[None]:
+    """Imports and LoRA layers for a base that is not quantized, without bitsandbytes: peft imports it as
+    it loads and again as it wraps a model's layers, wherever it is installed (a second of a CPU core in
+    every process that trains or loads an adapter), and only a quantized base uses it. Inside, bitsandbytes
+    is Python's "not importable" (None in sys.modules), so peft's checks find it absent; afterwards it is
+    importable again and those checks, which remember their answer, are asked anew, so that a quantized
+    base loaded later in the same process finds it."""
+    hide = quantization == "none" and BITSANDBYTES not in sys.modules
+    if hide:
+        sys.modules[BITSANDBYTES] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if hide:
+            del sys.modules[BITSANDBYTES]
+            if "peft" in sys.modules:
+                from peft.import_utils import is_bnb_4bit_available, is_bnb_available
+
+                is_bnb_available.cache_clear()
+                is_bnb_4bit_available.cache_clear()
+
+
+def load_libraries(modules: tuple[str, ...], quantization: str = "none") -> None:
     """Import libraries as a stage of their own: their start-up (seconds) is then not billed to whichever
-    stage happens to import them first."""
+    stage happens to import them first; bitsandbytes only for a `quantization` that needs it."""
     started = time.perf_counter()
     imported = all(name in sys.modules for name in modules)
-    for name in modules:
-        importlib.import_module(name)
+    with unquantized_imports(quantization):
+        for name in modules:
+            importlib.import_module(name)
     if not imported:
         # What importing made lives as long as the process: frozen, a full garbage collection (the Trainer
         # asks for one as it starts, Python makes its own) looks only at what the run made, not at every
@@ -306,14 +331,15 @@ def load_model(
             model.save_pretrained(base_dir)
             prepared.tokenizer.save_pretrained(base_dir)
         model.name_or_path = str(base_dir.resolve())
-    if continue_from is not None:
-        from peft import PeftModel
+    with unquantized_imports(plan.quantization):
+        if continue_from is not None:
+            from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(continue_from), is_trainable=True)
-        for config in model.peft_config.values():  # the base as loaded here: saving reads its config, offline
-            config.base_model_name_or_path = model.get_base_model().name_or_path
-    else:
-        model = attach_lora(model, lora_config, plan.base_modules_trained, plan.lora_dropout)
+            model = PeftModel.from_pretrained(model, str(continue_from), is_trainable=True)
+            for config in model.peft_config.values():  # the base as loaded here: saving reads its config
+                config.base_model_name_or_path = model.get_base_model().name_or_path
+        else:
+            model = attach_lora(model, lora_config, plan.base_modules_trained, plan.lora_dropout)
     if plan.quantization == "none":  # a quantized base was placed on its device as it loaded
         model.to(device)
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)

@@ -34,6 +34,7 @@ from pipeline.train.model import (
     adapter_facts,
     newest_checkpoint,
     quantized_loading,
+    unquantized_imports,
 )
 from scrapers.filters import as_trained
 
@@ -60,15 +61,19 @@ def load_adapter(path: str | Path, dense: bool = False):
     """The base model (from the adapter's config; tiny's saved base for tiny runs), loaded as it was in
     training (4 or 8 bits where it was quantized; with `dense` dequantized first), with the adapter; and
     its tokenizer."""
-    from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForCausalLM
-
-    quiet_library_output()
     directory = adapter_directory(path)
     try:
         facts = adapter_facts(directory)
+    except (OSError, ValueError) as err:  # a truncated or hand-edited repotune.json
+        raise ModelLoadError(f"--adapter {path}: not a readable adapter ({one_line(err)})") from None
+    with unquantized_imports(facts.quantization):
+        from peft import PeftConfig, PeftModel
+        from transformers import AutoModelForCausalLM
+
+    quiet_library_output()
+    try:
         recorded = PeftConfig.from_pretrained(str(directory)).base_model_name_or_path
-    except (OSError, ValueError) as err:  # a truncated or hand-edited adapter_config.json / repotune.json
+    except (OSError, ValueError) as err:  # a truncated or hand-edited adapter_config.json
         raise ModelLoadError(f"--adapter {path}: not a readable adapter ({one_line(err)})") from None
     # A random base is saved in the run directory, beside adapter/ and checkpoints/: use that copy, wherever
     # the run directory went since (the adapter records the absolute path it had when it trained).
@@ -95,7 +100,8 @@ def load_adapter(path: str | Path, dense: bool = False):
         finally:
             transformers.logging.set_verbosity(verbosity)
     try:
-        model = PeftModel.from_pretrained(base, str(directory))
+        with unquantized_imports(facts.quantization):
+            model = PeftModel.from_pretrained(base, str(directory))
     except (OSError, ValueError, RuntimeError) as err:  # missing or mismatched adapter weights
         raise ModelLoadError(
             f"--adapter {path}: cannot load the adapter onto {base_name} ({one_line(err)})"
