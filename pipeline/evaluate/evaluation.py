@@ -152,20 +152,24 @@ def answer_tasks(
     model, tokenizer, prompts: Sequence[TaskPrompt], config: EvalConfig, precision: str, who: str
 ) -> dict[str, list[str]]:
     """A model's answers to every prompt, by task, in the prompts' order; how far it has come is shown
-    as `who` answering (minutes on a CPU)."""
+    as `who` answering (minutes on a CPU). Tasks answered alike (the next line with and without context;
+    a block so too) are decoded together: a step of a few more rows costs little more than one."""
     tokens = {
         "message": config.message_tokens, **dict.fromkeys(LINE_TASKS, LINE_TOKENS),
         **dict.fromkeys(BLOCK_TASKS, BLOCK_TOKENS),
     }  # fmt: skip
+    asked = {task: [p.text for p in prompts if p.task == task] for task in TASKS}
     outputs = {}
     with Progress(f"{who} answering", len(prompts), "question") as progress:
-        for task in TASKS:
-            asked = [p.text for p in prompts if p.task == task]
-            if asked:
-                outputs[task] = generate_batched(
-                    model, tokenizer, asked, tokens[task], precision, progress=progress.update,
-                    cut_loops=task == "message", next_line=task in LINE_TASKS, block=task in BLOCK_TASKS,
-                )  # fmt: skip
+        for tasks in (("message",), LINE_TASKS, BLOCK_TASKS):
+            together = [text for task in tasks for text in asked[task]]
+            answers = generate_batched(
+                model, tokenizer, together, tokens[tasks[0]], precision, progress=progress.update,
+                cut_loops=tasks == ("message",), next_line=tasks == LINE_TASKS, block=tasks == BLOCK_TASKS,
+            )  # fmt: skip
+            for task in tasks:
+                if asked[task]:
+                    outputs[task], answers = answers[: len(asked[task])], answers[len(asked[task]) :]
     return outputs
 
 
