@@ -8,15 +8,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
-import openai
 import orjson
 import pytest
 
 import run_pipeline
 from pipeline.use.generate import after_typed
 from tests.conftest import FAST_TRAINING, WITH_FILES, GitRepo, module_source
+
+if TYPE_CHECKING:  # the client is imported by the tests that use it: every worker collects this module
+    import openai
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,6 +82,8 @@ def served(adapter):
 
 @pytest.fixture
 def client(served) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(base_url=served[1], api_key="none", max_retries=0, timeout=60)
 
 
@@ -257,6 +262,8 @@ def test_an_editors_infill_template_is_read_as_its_prefix_by_a_model_that_cannot
 def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(client, adapter, cli):
     """The run's suggestion system answers, as `generate --task message --alternatives` does; a chat
     the model cannot hold (the tiny model trained raw, with no chat template) is refused in one line."""
+    import openai
+
     asked = [{"role": "user", "content": f"Write the commit message for this change:\n{DIFF}"}]
     message = client.chat.completions.create(model="repotune-repo", messages=asked, n=3)
     local = cli(
@@ -278,6 +285,8 @@ def test_a_diff_in_a_chat_gets_the_runs_commit_message_and_its_alternatives(clie
 
 
 def test_bad_requests_are_one_line_in_openais_error_shape(client, served):
+    import openai
+
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="gpt-4o", prompt="x = 1", max_tokens=2)
     assert missing.value.body["message"] == "model 'gpt-4o': this server has 'repotune-repo' (GET /v1/models)"
@@ -342,6 +351,8 @@ def test_the_commit_hook_asks_a_running_server_and_loads_the_model_itself_withou
     """Where the run chose the model to suggest, the hook takes the message from a `serve` of its adapter
     (SERVE_FILE beside it says where), not loading the model per commit; once the server stops, the file
     is gone and the hook answers as before."""
+    import openai
+
     from pipeline.use import generate
     from pipeline.use.hook import SERVE_FILE, staged_diff
     from tests.test_take_home import suggested_in_process
