@@ -89,7 +89,7 @@ def test_generate_loads_the_adapter_on_its_4_bit_base(quantized_run, cli):
 
 
 def test_bitsandbytes_is_imported_for_a_quantized_base_alone(quantized_run):
-    """peft imports bitsandbytes as it loads and as it wraps a model's layers (a second of a core): a
+    """peft imports bitsandbytes as it loads and as it wraps a model's layers (start-up time): a
     process that trains or loads an adapter on a dense base goes without it, and a 4-bit base loaded
     afterwards in that process still gets its 4-bit LoRA layers."""
     script = f"""

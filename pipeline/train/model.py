@@ -63,11 +63,11 @@ BITSANDBYTES = "bitsandbytes"
 @contextmanager
 def unquantized_imports(quantization: str) -> Iterator[None]:
     """Imports and LoRA layers for a base that is not quantized, without bitsandbytes: peft imports it as
-    it loads and again as it wraps a model's layers, wherever it is installed (a second of a CPU core in
-    every process that trains or loads an adapter), and only a quantized base uses it. Inside, bitsandbytes
-    is Python's "not importable" (None in sys.modules), so peft's checks find it absent; afterwards it is
-    importable again and those checks, which remember their answer, are asked anew, so that a quantized
-    base loaded later in the same process finds it."""
+    it loads and again as it wraps a model's layers, wherever it is installed (a good part of the start-up
+    of every process that trains or loads an adapter: docs/development.md), and only a quantized base
+    uses it. Inside, bitsandbytes is Python's "not importable" (None in sys.modules), so peft's checks find
+    it absent; afterwards it is importable again and those checks, which remember their answer, are asked
+    anew, so that a quantized base loaded later in the same process finds it."""
     hide = quantization == "none" and BITSANDBYTES not in sys.modules
     if hide:
         sys.modules[BITSANDBYTES] = None  # type: ignore[assignment]
