@@ -186,8 +186,8 @@ class EvalConfig:
     validate_model: bool | Auto = "auto"
     """The fine-tuned model also answers the validation commits, so the suggestion system can be the
     model where it beats the repository's past there beyond its 95% interval; auto: on a GPU or without
-    a time budget (on a CPU with a budget it takes training time, 13 s of a 10-minute run on 2 bf16 cores,
-    from a model that minutes of CPU training have not made better than retrieval anywhere measured)."""
+    a time budget (on a CPU with a budget it takes training time from a model that minutes of CPU training
+    have not made better than retrieval anywhere measured: docs/experiments.md)."""
     cache_base_scores: bool = True
     """Keep the base model's scores per model and held-out set (~/.cache/repotune/evaluations), and its
     answers to the validation lines, so a second run on the same commits evaluates only the fine-tuned
