@@ -178,8 +178,9 @@ def _convert(gguf: Path, destination: Path, progress: Progress) -> None:
     # save_pretrained refuses a model that says it is GGUF-quantised; the weights are plain fp32 now.
     config = loaded.config
     del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(loaded.state_dict())
+    with torch.device("meta"):  # no random weights drawn only to be overwritten
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict(), assign=True)
     plain.generation_config = loaded.generation_config
     progress.update(1)
     plain.save_pretrained(destination)
