@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -166,16 +167,34 @@ def load_gguf(path: Path):
     return model.eval(), tokenizer
 
 
+def exported(run: Path, directory: Path) -> tuple[Path, Path, str]:
+    """`export` of a run with its defaults: the run, the GGUF file and what export printed."""
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert (
+            run_pipeline.main(["export", "--adapter", str(run), "--output", str(directory / "model.gguf")])
+            == 0
+        )
+    return run, directory / "model.gguf", printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tiny_run, tmp_path_factory) -> tuple[Path, Path, str]:
+    return exported(tiny_run, tmp_path_factory.mktemp("tiny-export"))
+
+
+@pytest.fixture(scope="module")
+def pretrained_export(pretrained_run, tmp_path_factory) -> tuple[Path, Path, str]:
+    """Exported once for the tests that read the GGUF and those that read its Modelfiles."""
+    return exported(pretrained_run, tmp_path_factory.mktemp("pretrained-export"))
+
+
 @pytest.mark.parametrize("which", ["tiny", "pretrained"])
-def test_the_gguf_reloads_with_the_same_tokens_and_the_same_greedy_answers(
-    which, tiny_run, pretrained_run, tmp_path, cli
-):
-    run = tiny_run if which == "tiny" else pretrained_run
-    result = cli("export", "--adapter", run, "--output", tmp_path / "model.gguf")
-    assert result.code == 0, result.err
-    assert "model.gguf" in result.out and "ollama create" in result.out
-    assert "git diff --cached --no-color --no-ext-diff -- :/ ':(top,exclude,glob)**/*.lock'" in result.out
-    gguf_model, gguf_tokenizer = load_gguf(tmp_path / "model.gguf")
+def test_the_gguf_reloads_with_the_same_tokens_and_the_same_greedy_answers(which, request):
+    run, gguf, printed = request.getfixturevalue(f"{which}_export")
+    assert "model.gguf" in printed and "ollama create" in printed
+    assert "git diff --cached --no-color --no-ext-diff -- :/ ':(top,exclude,glob)**/*.lock'" in printed
+    gguf_model, gguf_tokenizer = load_gguf(gguf)
     merged, tokenizer = merged_in_f16(run)
     texts = [*PROMPTS, "Fix the 2024 parser: ünïcode, tabs\tand  spaces"]
     for text in texts:
@@ -187,12 +206,12 @@ def test_the_gguf_reloads_with_the_same_tokens_and_the_same_greedy_answers(
         assert greedy(gguf_model, gguf_tokenizer, prompt) == greedy(merged, tokenizer, prompt)
 
 
-def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
+def test_the_modelfile_asks_what_training_asked(pretrained_export):
     from pipeline.data.examples import SYSTEM_PROMPT
 
-    assert cli("export", "--adapter", pretrained_run, "--output", tmp_path / "m.gguf").code == 0
-    modelfile = (tmp_path / "Modelfile").read_text()
-    assert "FROM ./m.gguf" in modelfile
+    _, gguf, _ = pretrained_export
+    modelfile = (gguf.parent / "Modelfile").read_text()
+    assert "FROM ./model.gguf" in modelfile
     assert (
         "<|im_start|>user\nWrite the commit message for this change.\n\n{{ .Prompt }}<|im_end|>" in modelfile
     )
@@ -207,8 +226,10 @@ def test_the_modelfile_asks_what_training_asked(pretrained_run, tmp_path, cli):
     )
     assert "#   ollama create repotune-repo -f Modelfile" in modelfile
     # and a code completer: the editor's text as it is (SmolLM2 has no fill-in-the-middle tokens)
-    code = (tmp_path / "Modelfile.code").read_text()
-    assert "FROM ./m.gguf" in code and 'TEMPLATE """{{ .Prompt }}"""' in code and "{{ .Suffix }}" not in code
+    code = (gguf.parent / "Modelfile.code").read_text()
+    assert (
+        "FROM ./model.gguf" in code and 'TEMPLATE """{{ .Prompt }}"""' in code and "{{ .Suffix }}" not in code
+    )
     assert "#   ollama create repotune-repo-code -f Modelfile.code" in code
 
 
