@@ -16,7 +16,6 @@ from pipeline.plan.planner import make_plan
 from pipeline.train.monitor import HardwareMonitor
 from pipeline.train.performance import throughput_report
 from pipeline.train.probe import _store_speed, cores_pace, remembered_speed
-from pipeline.train.trainer import FollowFreeCores
 from pipeline.types import Speed
 from tests.conftest import FAST_TRAINING, read_json
 from tests.test_planner import TINY, cpu_machine, same_length
@@ -42,6 +41,9 @@ def test_the_threads_are_the_cores_other_processes_leave_free():
 
 
 def test_training_follows_the_free_cores_and_records_each_change():
+    # heavy: transformers' Trainer and peft, which a worker otherwise imports as a run loads them
+    from pipeline.train.trainer import FollowFreeCores
+
     class Samples(HardwareMonitor):
         def __init__(self, others):
             super().__init__(1.0)

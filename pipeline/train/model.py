@@ -56,7 +56,8 @@ def newest_checkpoint(checkpoints: Path) -> Path | None:
 
 
 DATA_LIBRARIES = ("torch", "transformers", "datasets")  # what tokenizing and planning use
-TRAINING_LIBRARIES = ("peft",)  # and what attaching LoRA adds (seconds): not for `plan`
+# and what attaching LoRA and training add (seconds): not for `plan`
+TRAINING_LIBRARIES = ("peft", "transformers.trainer")
 BITSANDBYTES = "bitsandbytes"
 
 
