@@ -34,7 +34,8 @@ from pipeline.types import Launch, Loaded, Outputs, Plan, Prepared, TextStyle
 from scrapers.scrape import SEQUENCES_FILE
 
 # bitsandbytes (peft imports it for a quantized base) warns on a CPU that an optional kernel package is
-# missing: not the user's to act on. Set before anything here imports peft (training, update, generate all come through this module).
+# missing: not the user's to act on. Set before anything here imports peft (training, update, generate all
+# come through this module).
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 ADAPTER_DIR = "adapter"
