@@ -24,9 +24,16 @@ from tests.conftest import PRETRAINED, read_json, short_pretrained_run
 # whole): a pretrained model directory as a user passes one, whose quantization, 4-bit steps, merge and
 # loads take a fraction of the whole base's on a CPU (bitsandbytes quantizes every linear layer at each load).
 LAYERS = 2
-# Its linear weights (7 per layer), quantized, and its embeddings, tied to the output and kept dense.
-LINEAR_WEIGHTS = LAYERS * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
-EMBEDDING_WEIGHTS = 49152 * 576
+
+
+def weights(directory: str) -> tuple[int, int]:
+    """A Llama model's linear weights (7 per layer: quantized) and its embeddings (tied to the output,
+    kept dense), from its config."""
+    config = json.loads((Path(directory) / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    kv = hidden * config["num_key_value_heads"] // config["num_attention_heads"]
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inner
+    return config["num_hidden_layers"] * per_layer, config["vocab_size"] * hidden
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +75,11 @@ def test_the_base_trains_in_4_bits(quantized_run, two_layer_base):
     assert model["quantization"] == "4bit"
     # The linear weights in NF4 (4 bits and their blocks' scales) beside the dense embeddings in the
     # compute dtype (fp32 on a CPU without bf16).
+    linear, embedding = weights(two_layer_base)
     dense_bytes = 4 if manifest["training_parameters"]["precision"] == "fp32" else 2
-    quantized = LINEAR_WEIGHTS * QUANTIZED_BITS["4bit"] / 8 + EMBEDDING_WEIGHTS * dense_bytes
+    quantized = linear * QUANTIZED_BITS["4bit"] / 8 + embedding * dense_bytes
     assert model["weights_gb"] == pytest.approx(quantized / GB, rel=0.05)
-    assert model["weights_gb"] < 0.9 * (LINEAR_WEIGHTS + EMBEDDING_WEIGHTS) * dense_bytes / GB
+    assert model["weights_gb"] < 0.9 * (linear + embedding) * dense_bytes / GB
     evaluation = manifest["training_report"]["evaluation"]
     assert evaluation["after"]["loss"] < evaluation["before"]["loss"]
     assert manifest["training_report"]["throughput"]["tokens_per_s"] > 0
