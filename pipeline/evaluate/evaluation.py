@@ -154,17 +154,14 @@ def answer_tasks(
     """A model's answers to every prompt, by task, in the prompts' order; how far it has come is shown
     as `who` answering (minutes on a CPU). Tasks answered alike (the next line with and without context;
     a block so too) are decoded together: a step of a few more rows costs little more than one."""
-    tokens = {
-        "message": config.message_tokens, **dict.fromkeys(LINE_TASKS, LINE_TOKENS),
-        **dict.fromkeys(BLOCK_TASKS, BLOCK_TOKENS),
-    }  # fmt: skip
+    alike = ((("message",), config.message_tokens), (LINE_TASKS, LINE_TOKENS), (BLOCK_TASKS, BLOCK_TOKENS))
     asked = {task: [p.text for p in prompts if p.task == task] for task in TASKS}
     outputs = {}
     with Progress(f"{who} answering", len(prompts), "question") as progress:
-        for tasks in (("message",), LINE_TASKS, BLOCK_TASKS):
+        for tasks, max_tokens in alike:
             together = [text for task in tasks for text in asked[task]]
             answers = generate_batched(
-                model, tokenizer, together, tokens[tasks[0]], precision, progress=progress.update,
+                model, tokenizer, together, max_tokens, precision, progress=progress.update,
                 cut_loops=tasks == ("message",), next_line=tasks == LINE_TASKS, block=tasks == BLOCK_TASKS,
             )  # fmt: skip
             for task in tasks:
