@@ -354,6 +354,45 @@ def test_folded_weights_stay_folded_and_a_base_answer_is_still_the_bases():
         assert not folded(model)
 
 
+def test_a_bf16_base_is_the_base_again_after_every_fold_and_unfold():
+    """peft takes a folded adapter out by subtracting it, which in bf16 does not give every weight back,
+    and each fold and unfold moved those further: a server answering by turns as the base model and as
+    the fine-tuned one would drift from both. Unfolded, the base's weights are the base's, bit for bit,
+    however often; folded, they are peft's merge."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.suggest.decoding import base_only, fold, merged
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    lora = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
+    model = get_peft_model(LlamaForCausalLM(config).to(torch.bfloat16), lora).eval()
+
+    def base_weights() -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in model.named_parameters() if "base_layer" in name}
+
+    pristine = base_weights()
+    model.merge_adapter()
+    merged_by_peft = base_weights()
+    model.unmerge_adapter()
+    drifted = base_weights()
+    assert any(not torch.equal(drifted[name], pristine[name]) for name in pristine)  # peft alone
+    for name, p in model.named_parameters():
+        if name in pristine:
+            p.data.copy_(pristine[name])
+    for _ in range(3):
+        fold(model, "none")
+        assert all(torch.equal(weight, merged_by_peft[name]) for name, weight in base_weights().items())
+        with base_only(model):
+            assert all(torch.equal(weight, pristine[name]) for name, weight in base_weights().items())
+        with merged(model, "none"):
+            pass
+    assert all(torch.equal(weight, pristine[name]) for name, weight in base_weights().items())
+
+
 def test_a_block_is_the_body_generate_writes_after_a_line_that_opens_one(pretrained):
     """A prompt that ends a line opening a body is answered with the body: healed as a next line is, ended
     where the answer writes a line indented less than its first (or BLOCK_LINES), and cut there: what

@@ -63,27 +63,70 @@ def merged(model, quantization: str) -> Iterator[None]:
     stay so."""
     fold = _foldable(model, quantization) and not folded(model)
     if fold:
-        model.merge_adapter()
+        _fold(model)
     try:
         yield
     finally:
         if fold:
-            model.unmerge_adapter()
+            _unfold(model)
 
 
 def fold(model, quantization: str) -> None:
-    """The LoRA weights folded into the base weights until something takes them out (`base_only`:
-    peft's `disable_adapter` does), for a process that answers request after request: `merged` then
-    costs nothing, where folding and unfolding each time reads and writes every adapted weight twice."""
+    """The LoRA weights folded into the base weights until something takes them out (`base_only`), for a
+    process that answers request after request: `merged` then costs nothing, where folding and unfolding
+    each time reads and writes every adapted weight twice."""
     if _foldable(model, quantization) and not folded(model):
-        model.merge_adapter()
+        _fold(model)
 
 
 def folded(model) -> bool:
     """Whether the adapter's weights are in the base weights now (peft keeps it per adapted layer)."""
-    return any(
-        getattr(layer, "merged", False) for layer in model.modules() if hasattr(layer, "merged_adapters")
-    )
+    return any(getattr(layer, "merged", False) for layer in _adapted(model))
+
+
+# A bf16 (or fp16) base weight's values that folding the adapter in and taking it out again (peft subtracts
+# it) does not give back, by adapted layer: each fold and unfold moved them further, and a base model's
+# answers drifted from the base's. `_unfold` puts them back.
+_ROUNDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fold(model) -> None:
+    """peft's merge, layer by layer; a low-precision base weight's is tried once and taken out first, to
+    learn which values that round trip does not give back (merging is deterministic: the second fold's
+    round trip misses the same ones)."""
+    import torch
+
+    for layer in _adapted(model):
+        weight = layer.get_base_layer().weight
+        if weight.dtype not in (torch.bfloat16, torch.float16):
+            layer.merge()
+            continue
+        before = weight.detach().clone()
+        layer.merge()
+        layer.unmerge()
+        changed = (weight != before).nonzero(as_tuple=True)
+        weight.data[changed] = before[changed]
+        layer.merge()
+        _ROUNDED[layer] = (changed, before[changed])
+
+
+def _unfold(model) -> None:
+    """peft's unmerge, layer by layer, and the values folding rounded put back as they were."""
+    for layer in _adapted(model):
+        layer.unmerge()
+        if (rounded := _ROUNDED.pop(layer, None)) is not None:
+            changed, values = rounded
+            layer.get_base_layer().weight.data[changed] = values
+
+
+def _adapted(model) -> list:
+    """The layers peft adapted (each folds and unfolds its own weights), as peft's merge finds them; none
+    in a model without an adapter (peft is not imported for it)."""
+    if not getattr(model, "peft_config", None):
+        return []
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [layer for layer in model.modules() if isinstance(layer, BaseTunerLayer)]
 
 
 def _foldable(model, quantization: str) -> bool:
@@ -94,8 +137,11 @@ def _foldable(model, quantization: str) -> bool:
 
 @contextmanager
 def base_only(model) -> Iterator[None]:
-    """The base model alone while answering: the adapter's layers skipped (peft's `disable_adapter`), the
-    same weights the base model answered with before training."""
+    """The base model alone while answering: the adapter taken out of the weights where it was folded in,
+    and its layers skipped (peft's `disable_adapter`): the same weights the base model answered with
+    before training."""
+    if folded(model):
+        _unfold(model)
     with model.disable_adapter() if getattr(model, "peft_config", None) else nullcontext():
         yield
 
