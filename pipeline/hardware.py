@@ -131,7 +131,7 @@ def detect_hardware(load: LoadMeter | None = None) -> Hardware:
         ram_total_gb=round(memory.total / GB, 2),
         ram_available_gb=round(memory.available / GB, 2),
         memory_limit_gb=round(limit / GB, 2) if limit else None,
-        cpu_bf16=cpu_bf16_flag(_cpu_flags()),
+        cpu_bf16=native_cpu_bf16(),
         platform=platform.platform(),
         python_version=platform.python_version(),
         notes=notes,
@@ -149,6 +149,11 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # native bfloat16 matmuls, best fi
 
 def cpu_bf16_flag(flags: set[str]) -> str | None:
     return next((flag for flag in BF16_CPU_FLAGS if flag in flags), None)
+
+
+def native_cpu_bf16() -> str | None:
+    """This CPU's flag for native bfloat16 matmuls (BF16_CPU_FLAGS), or None where it would emulate them."""
+    return cpu_bf16_flag(_cpu_flags())
 
 
 def _cpu_flags() -> set[str]:

@@ -372,7 +372,8 @@ def short_pretrained_run(root: Path, *overrides: str, model: str = PRETRAINED) -
         "--set", "eval.max_blocks=1",
         "--set", "eval.message_tokens=16",
         "--set", "monitor.collection_interval_seconds=1",
-        # fp32 on every CPU: `generate` answers in fp32, and tests hold it to the scoreboard's answers.
+        # fp32 on every CPU: tests hold `generate`'s answers (in the run's precision) to the scoreboard's,
+        # and in bf16 a batch rounds otherwise than one prompt, which changes some greedy answers.
         "--set", "plan.precision=fp32",
         # A few steps: no activations recomputed, one validation (at the end); no blocks (tests/test_decoding.py
         # holds their answers to generate's).

@@ -7,6 +7,7 @@ directory happens once per test session, in the session's own cache.
 from __future__ import annotations
 
 import errno
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,6 +64,35 @@ def test_prompt_tokens_carry_no_loss(pretrained_run):
     assert "You are a developer" not in learned and "Write the commit message" not in learned
     assert "Add compute_" in learned and "def compute_" in learned  # messages and changes are answers
     assert 0 < (labels != -100).mean() < 0.9
+
+
+def test_an_adapter_answers_in_the_precision_its_scoreboard_answered_in_where_the_cpu_computes_it(
+    pretrained_run, tmp_path, monkeypatch
+):
+    """An adapter records the precision its scoreboard answered in; `generate` and `serve` load a
+    pretrained base in it and answer in it where this CPU computes it natively (bf16 with avx512_bf16 or
+    AMX), else in fp32 (emulated bf16 and fp16 are slower than fp32 on a CPU)."""
+    import torch
+
+    from pipeline.use import generate
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(pretrained_run / "adapter", adapter)
+    facts = orjson.loads((adapter / "repotune.json").read_bytes())
+    assert facts["precision"] == "fp32"  # the run's plan
+    (adapter / "repotune.json").write_bytes(orjson.dumps({**facts, "precision": "bf16"}))
+    monkeypatch.setattr(generate, "native_cpu_bf16", lambda: "avx512_bf16")
+    answerer = generate.Answerer(adapter)
+    assert answerer.precision == "bf16"
+    model, _ = answerer.loaded
+    assert {p.dtype for name, p in model.named_parameters() if "base_layer" in name} == {torch.bfloat16}
+    assert answerer.continuation("def compute_3(values):", None, 4)
+    monkeypatch.setattr(generate, "native_cpu_bf16", lambda: None)
+    assert generate.Answerer(adapter).precision == "fp32"
+    for trained in ("fp16", "fp32"):
+        (adapter / "repotune.json").write_bytes(orjson.dumps({**facts, "precision": trained}))
+        monkeypatch.setattr(generate, "native_cpu_bf16", lambda: "amx_bf16")
+        assert generate.Answerer(adapter).precision == "fp32"
 
 
 def test_generate_uses_the_built_in_base_from_a_moved_run(pretrained_run, tmp_path, cli):

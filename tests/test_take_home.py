@@ -37,8 +37,8 @@ def tiny_run(tmp_path_factory) -> Path:
     for index in range(1, 31):
         repo.commit(f"Add compute_{index}", {f"pkg/feature_{index}.py": module_source(index)})
     out = root / "out"
-    # fp32 on every CPU: `generate` answers in fp32, and the scoreboard, on a CPU with avx512_bf16, in bf16
-    # and in a batch, whose rounding changes some greedy answers (on a 2-core EPYC, 1 of this run's 3). The
+    # fp32 on every CPU: `generate` answers in the run's precision, but the scoreboard in a batch, which in
+    # bf16 rounds otherwise than one prompt and changes some greedy answers (on a 2-core EPYC, 1 of 3). The
     # history alone: the scoreboard answers through training's attention kernel and `generate` through
     # sdpa, and the random model's near-flat logits flip a greedy token on that rounding in some trainings
     # (this one's, with the files).

@@ -251,6 +251,10 @@ class AdapterFacts:
     """How many tokens the scoreboard let the model write for a commit message (`eval.message_tokens`):
     `generate` writes as many by default. None for adapters written before this was recorded (the
     default's)."""
+    precision: str = "fp32"
+    """The precision the scoreboard answered in (`plan.precision`; a pretrained base was loaded in it):
+    `generate` and `serve` answer in it where this machine computes it natively (`answering_precision`).
+    fp32 for adapters written before this was recorded."""
 
 
 def facts_for(prepared: Prepared, plan: Plan, config: Config) -> AdapterFacts:
@@ -262,6 +266,7 @@ def facts_for(prepared: Prepared, plan: Plan, config: Config) -> AdapterFacts:
         config.train.max_prompt_tokens,
         prepared.repository,
         config.eval.message_tokens,
+        plan.precision,
     )
 
 
@@ -282,6 +287,7 @@ def record_base(adapter_dir: Path, facts: AdapterFacts) -> None:
         "prompt_tokens": facts.prompt_tokens,
         "repository": facts.repository,
         "message_tokens": facts.message_tokens,
+        "precision": facts.precision,
     }
     (adapter_dir / ADAPTER_FACTS_FILE).write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
 
@@ -298,6 +304,7 @@ def adapter_facts(adapter_dir: Path) -> AdapterFacts:
         record.get("prompt_tokens"),
         record.get("repository", ""),
         record.get("message_tokens"),
+        record.get("precision", "fp32"),
     )
 
 

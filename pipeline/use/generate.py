@@ -13,6 +13,7 @@ from pipeline.base_models import infills, load_pretrained, load_saved_tokenizer,
 from pipeline.config import EvalConfig
 from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
+from pipeline.hardware import native_cpu_bf16
 from pipeline.suggest.completion import (
     BLOCK_TOKENS,
     CODE_SYSTEMS,
@@ -30,6 +31,7 @@ from pipeline.train.model import (
     BASE_MODEL_DIR,
     CHECKPOINT_DIR,
     CODE_FILES,
+    DTYPES,
     AdapterFacts,
     adapter_facts,
     newest_checkpoint,
@@ -57,10 +59,10 @@ def adapter_directory(path: str | Path) -> Path:
     )
 
 
-def load_adapter(path: str | Path, dense: bool = False):
+def load_adapter(path: str | Path, dense: bool = False, precision: str = "fp32"):
     """The base model (from the adapter's config; tiny's saved base for tiny runs), loaded as it was in
-    training (4 or 8 bits where it was quantized; with `dense` dequantized first), with the adapter; and
-    its tokenizer."""
+    training (4 or 8 bits where it was quantized; with `dense` dequantized first; a pretrained base's
+    weights in `precision`, a saved random one's as saved), with the adapter; and its tokenizer."""
     directory = adapter_directory(path)
     try:
         facts = adapter_facts(directory)
@@ -85,8 +87,10 @@ def load_adapter(path: str | Path, dense: bool = False):
             f"--adapter {path}: its base model {base_name} is gone: put it back there, or write where it "
             f"is now into {directory / 'adapter_config.json'} (base_model_name_or_path)"
         )
+    # As `build_model` loads them: a pretrained base in the compute dtype, a random one in fp32 under autocast.
+    weights = {} if base_name == str(beside) else {"dtype": DTYPES[precision]}
     base = load_pretrained(
-        AutoModelForCausalLM, base_name, **quantized_loading(facts.quantization, "fp32", "cpu")
+        AutoModelForCausalLM, base_name, **weights, **quantized_loading(facts.quantization, precision, "cpu")
     )
     if dense and facts.quantization != "none":
         import transformers
@@ -107,6 +111,14 @@ def load_adapter(path: str | Path, dense: bool = False):
             f"--adapter {path}: cannot load the adapter onto {base_name} ({one_line(err)})"
         ) from None
     return model.eval(), load_saved_tokenizer(directory)
+
+
+def answering_precision(trained: str) -> str:
+    """The precision a model answers in at use: the one the scoreboard answered in (`trained`), so that
+    the answers are those it scored, where this machine's CPU computes it natively (bf16 with avx512_bf16
+    or AMX: a token about half the memory to read); else fp32, which such a CPU computes faster than
+    emulated bf16 or fp16 (and a GPU's fp16 training is answered so on any CPU)."""
+    return trained if trained == "bf16" and native_cpu_bf16() else "fp32"
 
 
 CONTINUATION_TOKENS = 128  # what `generate` writes by default, but for a commit message
@@ -234,10 +246,15 @@ class Answerer:
 
     @property
     def loaded(self) -> tuple[Any, Any]:
-        """The model with its adapter, and its tokenizer."""
+        """The model with its adapter, and its tokenizer, in `precision`."""
         if self._loaded is None:
-            self._loaded = load_adapter(self.path)
+            self._loaded = load_adapter(self.path, precision=self.precision)
         return self._loaded
+
+    @property
+    def precision(self) -> str:
+        """What the model answers in (`answering_precision`)."""
+        return answering_precision(self.facts.precision)
 
     @property
     def facts(self) -> AdapterFacts:
@@ -329,7 +346,7 @@ class Answerer:
         tokens = max_new_tokens or (BLOCK_TOKENS if block else LINE_TOKENS)
         with answering(model) if tuned else base_only(model):
             answer = generate_batched(
-                model, tokenizer, [prompt], tokens, "fp32", next_line=not block, block=block
+                model, tokenizer, [prompt], tokens, self.precision, next_line=not block, block=block
             )[0]
         return after_typed(answer, indentation), UNREAD_BY_MODEL if after and not infill else None
 
@@ -375,7 +392,9 @@ class Answerer:
         with answering(model):
             return (
                 given
-                + generate_batched(model, tokenizer, [prompt], max_new_tokens, "fp32", cut_loops=message)[0]
+                + generate_batched(
+                    model, tokenizer, [prompt], max_new_tokens, self.precision, cut_loops=message
+                )[0]
             )
 
     def check_length(self, prompt: str, max_new_tokens: int, option: str) -> int:

@@ -43,6 +43,7 @@ from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
 from pipeline.suggest.decoding import line_breaks, shared_length, token_texts
+from pipeline.train.model import autocast
 from pipeline.use.generate import LINE_START, UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
@@ -53,8 +54,11 @@ CHAT_TOKENS = 256
 # have (Continue: its infill template's 7, and more of its own).
 STOP_STRINGS = 64
 # Answers whose keys and values are kept for the requests that begin as they did: an editor's few open
-# files and a chat between them. Each holds memory for its prompt's and answer's tokens (docs/use.md).
+# files and a chat between them. Each holds memory for its prompt's and answer's tokens and CACHE_ROOM
+# more (docs/use.md): a cache of fixed size, written in place, where one that grows copies itself whole
+# at each token.
 KEPT_CACHES = 4
+CACHE_ROOM = 256
 INFILL_PROMPT = re.compile(
     "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
 )  # infill_text's format
@@ -120,24 +124,36 @@ class Engine:
         except PipelineError as error:
             raise ServeError(400, str(error), param="max_tokens") from None
 
-    def reusable(self, prompt: list[int]):
-        """A cache for `prompt`, and how many tokens it holds: the kept one that shares the most tokens
-        with it, taken out of `kept` and cut to those (at least one token is left to read: generation
-        starts from it), where they are at least half of its own (another file that only begins as it
-        does, with the same imports, leaves it whole for its own file); else a new one."""
-        from transformers import DynamicCache
+    def reusable(self, prompt: list[int], answer: int):
+        """A cache for `prompt` and an `answer` of at most that many tokens, and how many tokens it holds:
+        the kept one that shares the most tokens with it and has room for the rest, taken out of `kept`
+        and cut to those (at least one token is left to read: generation starts from it), where they are
+        at least half of its own (another file that only begins as it does, with the same imports, leaves
+        it whole for its own file); else a new one (`room`)."""
+        from transformers import StaticCache
 
-        shared = [(shared_length(prompt[:-1], tokens), index) for index, (tokens, _) in enumerate(self.kept)]
+        needed = len(prompt) + answer
+        shared = [
+            (shared_length(prompt[:-1], tokens), index)
+            for index, (tokens, cache) in enumerate(self.kept)
+            if cache.get_max_length() >= needed
+        ]
         common, index = max(
             ((common, index) for common, index in shared if 2 * common >= len(self.kept[index][0])),
             default=(0, -1),
         )
         if not common:
-            return DynamicCache(config=self.model.config), 0
+            return StaticCache(config=self.model.config, max_cache_len=self.room(needed)), 0
         _, cache = self.kept.pop(index)
-        if common < cache.get_seq_length():
-            cache.crop(common - cache.get_seq_length())  # transformers 5: how many tokens to drop
+        if common < int(cache.get_seq_length()):
+            cache.crop(common - int(cache.get_seq_length()))  # transformers 5: how many tokens to drop
         return cache, common
+
+    def room(self, needed: int) -> int:
+        """A new cache's positions: `needed` and CACHE_ROOM to twice that more, in steps of CACHE_ROOM (the
+        next requests in the file, a line further each, fit), within the model's positions."""
+        positions = getattr(self.model.config, "max_position_embeddings", None) or needed + CACHE_ROOM
+        return max(needed, min(positions, (needed // CACHE_ROOM + 2) * CACHE_ROOM))
 
     def keep(self, tokens: list[int], cache) -> None:
         """Keep an answer's keys and values as the most recent, the least recent beyond KEPT_CACHES let go."""
@@ -207,16 +223,16 @@ class Engine:
         def write() -> None:
             import torch
 
-            with self.turn(), torch.no_grad():
+            with self.turn(), torch.no_grad(), autocast("cpu", self.answerer.precision):
                 try:
-                    cache, cached = self.reusable(ids["input_ids"][0].tolist())
+                    cache, cached = self.reusable(ids["input_ids"][0].tolist(), asked.max_tokens)
                     if told is not None:
                         told["cached_tokens"] = cached
                     made = self.model.generate(
                         **ids, cache=cache, streamer=streamer,
                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
                     )  # fmt: skip
-                    self.keep(made[0].tolist()[: cache.get_seq_length()], cache)
+                    self.keep(made[0].tolist()[: int(cache.get_seq_length())], cache)
                     generated.append(made[0, width:].tolist())
                 except Exception as error:  # raised where the answer is read, as one line
                     failed.append(error)  # the cache it took from `kept` is let go: it may be half written
