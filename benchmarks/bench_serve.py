@@ -146,16 +146,19 @@ def main() -> None:
     measured["baseline"] = {"processes": len(cold), "p50_s": cold_p50}
     run = orjson.loads((Path(args.adapter) / "MANIFEST.json").read_bytes())
     name = repository_name(args.name, run["repository"]["path"])
-    path = write_result(RESULTS / f"serve-{name}.json", provenance(run) | measured)
+    path = write_result(RESULTS / f"serve-{name}.json", provenance(run, args.adapter) | measured)
     print(f"results: {path}")
 
 
-def provenance(run: dict) -> dict:
-    """What measured (measured_by()) and which run's adapter it served."""
+def provenance(run: dict, directory: str) -> dict:
+    """What measured (measured_by()) and which run's adapter it served, in what precision."""
+    from pipeline.use.generate import Answerer
+
     adapter = {
         "repository": run["repository"]["path"],
         "model": run["model"]["name"],
         "budget": run["config"]["effective"]["train"]["time_budget"],
+        "precision": Answerer(directory).precision,
     }
     return measured_by() | {"adapter": adapter}
 

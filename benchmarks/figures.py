@@ -282,7 +282,8 @@ def serve(name: str) -> str:
     ]
     return _prose(
         f"How fast, measured by `benchmarks/bench_serve.py --adapter OUTPUT_DIR` (the adapter of a "
-        f"{adapter['budget']} run on {name}, {adapter['model']}, the next line of {run['files']} files of "
+        f"{adapter['budget']} run on {name}, {adapter['model']} in {adapter.get('precision', 'fp32')}, the "
+        f"next line of {run['files']} files of "
         f"the split point cut to at most {run['context_tokens']:,} tokens (a shorter file before its last "
         f"line), {run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a "
         f"complete next line p50 {alone['line_p50_s']:.2f} s, p95 {alone['line_p95_s']:.2f} s warm, "
@@ -313,7 +314,7 @@ def serve(name: str) -> str:
 
 
 SERVED_BY = {
-    "serve": "`serve` (transformers, fp32, the prompt healed)",
+    "serve": "`serve` (transformers, {precision}, the prompt healed)",
     "raw": "llama-server, f16 GGUF, as an editor asks",
     "line_break_left": "llama-server, the last line break left for the model",
 }
@@ -333,7 +334,8 @@ def serve_llama(name: str) -> str:
         versus = found.get(f"{key}_minus_serve")
         gain = differences(versus, "exact_match_pct") if versus else ""
         rows.append(
-            f"| {label} | {timed['line_p50_s']:.2f} / {timed['line_p95_s']:.2f} | {timed['blank']} of "
+            f"| {label.format(precision=run['adapter'].get('precision', 'fp32'))} | {timed['line_p50_s']:.2f} / "
+            f"{timed['line_p95_s']:.2f} | {timed['blank']} of "
             f"{timed['requests']} | {with_interval(scores, 'exact_match_pct')} | "
             f"{with_interval(scores, 'edit_similarity')} | {gain} |"
         )
