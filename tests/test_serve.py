@@ -178,6 +178,23 @@ def test_a_request_that_begins_as_a_recent_one_reads_only_what_follows_and_answe
     assert whole.choices[0].text == reused.choices[0].text
 
 
+def test_a_request_that_outgrows_a_kept_cache_reads_anew_into_one_with_room(client):
+    """A kept cache has room for its request, its answer and CACHE_ROOM more tokens (a cache of fixed size,
+    written in place): a request in the same file past that reads it anew, into a cache with room for
+    it, which the next request there reuses."""
+    from pipeline.use.serve import CACHE_ROOM
+
+    def ask(prompt: str):
+        return client.completions.create(model="repotune-repo", prompt=prompt, max_tokens=4).usage
+
+    start = "def compute_4(values):\n    total = 0\n"
+    ask(start)
+    grown = start + "".join(f"    total += values[{index}]\n" for index in range(100))
+    outgrown = ask(grown)
+    assert outgrown.prompt_tokens > 2 * CACHE_ROOM and outgrown.prompt_tokens_details.cached_tokens == 0
+    assert ask(grown + "    return total\n").prompt_tokens_details.cached_tokens > 2 * CACHE_ROOM
+
+
 def test_a_completion_that_names_its_file_gets_the_next_line_generate_writes(client, adapter, cli):
     """With `path` (an extra field), the server answers as `generate --task code` does: the run's code
     system, the repository's context retrieved, one line; after the indentation an editor writes on the
