@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -251,9 +252,9 @@ class Answerer:
             self._loaded = load_adapter(self.path, precision=self.precision)
         return self._loaded
 
-    @property
+    @functools.cached_property
     def precision(self) -> str:
-        """What the model answers in (`answering_precision`)."""
+        """What the model answers in (`answering_precision`), decided once: it reads the CPU's flags."""
         return answering_precision(self.facts.precision)
 
     @property
