@@ -526,13 +526,11 @@ def few_heaps() -> None:
     heaps, none of which gave its free memory back (docs/experiments.md). SERVE_HEAPS from now on; nothing
     where the C library is not glibc."""
     import ctypes
-    import ctypes.util
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(M_ARENA_MAX, SERVE_HEAPS)
-    except (OSError, AttributeError):  # no C library by that name, or one without mallopt (musl, macOS)
-        pass
+    # The process's own symbols hold its C library's: no search for it (find_library runs ldconfig).
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:  # macOS has none; musl's does nothing
+        mallopt(M_ARENA_MAX, SERVE_HEAPS)
 
 
 async def _body(request) -> dict[str, Any]:
