@@ -82,14 +82,15 @@ def load_adapter(path: str | Path, dense: bool = False, precision: str = "fp32")
     # the run directory went since (the adapter records the absolute path it had when it trained).
     run_directory = directory.parent.parent if directory.parent.name == CHECKPOINT_DIR else directory.parent
     beside = run_directory / BASE_MODEL_DIR
-    base_name = str(beside) if (beside / "config.json").exists() else recorded
+    random_base = (beside / "config.json").exists()
+    base_name = str(beside) if random_base else recorded
     if base_name.startswith(("/", ".", "~")) and not Path(base_name).expanduser().is_dir():
         raise ModelLoadError(
             f"--adapter {path}: its base model {base_name} is gone: put it back there, or write where it "
             f"is now into {directory / 'adapter_config.json'} (base_model_name_or_path)"
         )
     # As `build_model` loads them: a pretrained base in the compute dtype, a random one in fp32 under autocast.
-    weights = {} if base_name == str(beside) else {"dtype": DTYPES[precision]}
+    weights = {} if random_base else {"dtype": DTYPES[precision]}
     base = load_pretrained(
         AutoModelForCausalLM, base_name, **weights, **quantized_loading(facts.quantization, precision, "cpu")
     )
