@@ -59,6 +59,10 @@ STOP_STRINGS = 64
 # at each token.
 KEPT_CACHES = 4
 CACHE_ROOM = 256
+# The most tokens guessed ahead at each step of an answer (`guess`), and the longest run of its last
+# tokens looked for earlier in the prompt and answer to guess them from.
+GUESSED_TOKENS = 10
+GUESSED_FROM = 3
 INFILL_PROMPT = re.compile(
     "{}(?P<prefix>.*?){}(?P<suffix>.*){}".format(*map(re.escape, FIM_TOKENS)), re.DOTALL
 )  # infill_text's format
@@ -159,49 +163,83 @@ class Engine:
         """Keep an answer's keys and values as the most recent, the least recent beyond KEPT_CACHES let go."""
         self.kept = [*self.kept, (tokens, cache)][-KEPT_CACHES:]
 
-    def _options(self, asked: Asked, width: int, stopped: threading.Event) -> dict[str, Any]:
-        """`generate`'s options for `asked`, read as `width` prompt tokens: greedy or sampled, ended when
-        `stopped` is set; where the prompt is healed, the first tokens only those that spell what was
-        cut from it (the first one of `line_starts`: `"\n   "` then `" return"` for a cut `"\n    "`, as
-        the tokenizer splits an indented line)."""
-        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+    def _chooser(self, asked: Asked, width: int) -> Callable[[list[int], Any], int]:
+        """How the token after `tokens` is chosen from the model's scores for it, for `asked` read as
+        `width` prompt tokens: greedy, or sampled at its temperature and top_p; where the prompt is healed,
+        the first tokens only those that spell what was cut from it (the first one of `line_starts`:
+        `"\\n   "` then `" return"` for a cut `"\\n    "`, as the tokenizer splits an indented line)."""
+        import torch
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
         line_starts, texts, healed = self.line_starts, self.texts, asked.healed
 
-        class Left(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs) -> bool:
-                return stopped.is_set()
+        def spelling(tokens: list[int], scores):
+            # Spelling `healed` takes at most as many tokens as it has characters: the rest is the answer.
+            written = "".join(texts[token] for token in tokens[width : width + len(healed)])
+            left = healed[len(written) :]
+            if not left:
+                return scores
+            allowed = [
+                token
+                for token in (range(len(texts)) if written else line_starts)
+                if texts[token].startswith(left) or (texts[token] and left.startswith(texts[token]))
+            ]
+            kept = scores.new_full(scores.shape, float("-inf"))
+            kept[allowed] = scores[allowed]
+            return kept
 
-        class Healed(LogitsProcessor):
-            def __call__(self, input_ids, scores):
-                # Spelling `healed` takes at most as many tokens as it has characters: the rest is the answer.
-                written = "".join(
-                    texts[token] for token in input_ids[0, width : width + len(healed)].tolist()
-                )
-                left = healed[len(written) :]
-                if not left:
-                    return scores
-                allowed = [
-                    token
-                    for token in (range(len(texts)) if written else line_starts)
-                    if texts[token].startswith(left) or (texts[token] and left.startswith(texts[token]))
-                ]
-                kept = scores.new_full(scores.shape, float("-inf"))
-                kept[:, allowed] = scores[:, allowed]
-                return kept
+        sampled = asked.temperature > 0
+        warpers = (
+            [TemperatureLogitsWarper(asked.temperature), TopPLogitsWarper(asked.top_p)] if sampled else []
+        )
 
-        options: dict[str, Any] = {
-            "do_sample": asked.temperature > 0,
-            "max_new_tokens": asked.max_tokens,
-            "stopping_criteria": StoppingCriteriaList([Left()]),
-        }
-        if asked.healed:
-            options["logits_processor"] = LogitsProcessorList([Healed()])
-        if asked.temperature > 0:
-            options.update(temperature=asked.temperature, top_p=asked.top_p)
-        else:  # greedy: the model's own sampling defaults would only be warned about
-            options.update(temperature=None, top_p=None, top_k=None)
-        return options
+        def choose(tokens: list[int], scores) -> int:
+            scores = spelling(tokens, scores) if healed else scores
+            if not sampled:
+                return int(scores.argmax())
+            read, row = torch.tensor([tokens]), scores[None]
+            for warper in warpers:
+                row = warper(read, row)
+            return int(torch.multinomial(row.softmax(-1), 1))
+
+        return choose
+
+    def _written(
+        self, prompt: list[int], cache, cached: int, asked: Asked, stopped: threading.Event, streamer
+    ) -> list[int]:
+        """`prompt` and its answer's tokens, written into `cache` (which holds its first `cached`) and put
+        to `streamer` as they are chosen, until the end of sequence, `max_tokens` or `stopped`. Each
+        forward reads the last token and a guess at the next ones (`guess`: what followed the last
+        tokens where they occurred before); the guessed tokens the model would have chosen anyway are
+        taken with the next, and the keys and values of the rest dropped: a forward of a dozen tokens
+        costs little more than one of one on a CPU, where reading the weights is most of it. The
+        answer is the one a token at a time gives (within rounding, in bf16)."""
+        import torch
+
+        choose = self._chooser(asked, len(prompt))
+        tokens, fed, guessed = list(prompt), cached, list[int]()
+        end = len(prompt) + asked.max_tokens
+        while True:
+            read = [*tokens[fed:], *guessed]
+            scores = self.model(
+                input_ids=torch.tensor([read]), cache=cache, logits_to_keep=len(guessed) + 1,
+                cache_position=torch.arange(fed, fed + len(read)),
+            ).logits[0].float()  # fmt: skip
+            new: list[int] = []
+            for row, expected in zip(scores, [*guessed, None], strict=True):
+                new.append(choose(tokens + new, row))
+                if new[-1] != expected:
+                    break
+            if len(new) <= len(guessed):
+                cache.crop(len(new) - len(guessed) - 1)  # the guesses not taken
+            if self.tokenizer.eos_token_id in new:
+                new = new[: new.index(self.tokenizer.eos_token_id) + 1]
+            tokens += new
+            fed = len(tokens) - 1  # the last token chosen is read with the next guess
+            streamer.put(torch.tensor(new))
+            if len(tokens) >= end or new[-1] == self.tokenizer.eos_token_id or stopped.is_set():
+                return tokens
+            guessed = guess(tokens, min(GUESSED_TOKENS, end - len(tokens) - 1))
 
     def stream(
         self, asked: Asked, stopped: threading.Event, told: dict[str, Any] | None = None
@@ -212,11 +250,9 @@ class Engine:
         when the client left) `completion_tokens` and `finish_reason` (`_ended`)."""
         from transformers import TextIteratorStreamer
 
-        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=False, skip_special_tokens=True)
         read = asked.prompt.removesuffix(asked.healed)
-        ids = self.tokenizer(read, return_tensors="pt", add_special_tokens=False)
-        width = ids["input_ids"].shape[1]
-        options = self._options(asked, width, stopped)
+        prompt = self.tokenizer(read, add_special_tokens=False)["input_ids"]
         failed: list[Exception] = []
         generated: list[list[int]] = []  # the answer's tokens, once generation has ended
 
@@ -225,17 +261,15 @@ class Engine:
 
             with self.turn(), torch.no_grad(), autocast("cpu", self.answerer.precision):
                 try:
-                    cache, cached = self.reusable(ids["input_ids"][0].tolist(), asked.max_tokens)
+                    cache, cached = self.reusable(prompt, asked.max_tokens)
                     if told is not None:
                         told["cached_tokens"] = cached
-                    made = self.model.generate(
-                        **ids, cache=cache, streamer=streamer,
-                        pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options,
-                    )  # fmt: skip
-                    self.keep(made[0].tolist()[: int(cache.get_seq_length())], cache)
-                    generated.append(made[0, width:].tolist())
+                    tokens = self._written(prompt, cache, cached, asked, stopped, streamer)
+                    self.keep(tokens[: int(cache.get_seq_length())], cache)
+                    generated.append(tokens[len(prompt) :])
                 except Exception as error:  # raised where the answer is read, as one line
                     failed.append(error)  # the cache it took from `kept` is let go: it may be half written
+                finally:
                     streamer.end()
 
         worker = threading.Thread(target=write, daemon=True)
@@ -275,6 +309,20 @@ class Engine:
             return {"completion_tokens": used, "finish_reason": "stop"}
         ran_out = len(tokens) >= asked.max_tokens and tokens[-1] != self.tokenizer.eos_token_id
         return {"completion_tokens": len(tokens), "finish_reason": "length" if ran_out else "stop"}
+
+
+def guess(tokens: list[int], count: int) -> list[int]:
+    """Up to `count` tokens that may come next: those that followed the longest run of the last
+    GUESSED_FROM tokens (or fewer) where it last occurred before (prompt lookup: code repeats its own
+    names and lines, and an answer often repeats its prompt); none where it never did."""
+    if count <= 0:
+        return []
+    for length in range(min(GUESSED_FROM, len(tokens) - 1), 0, -1):
+        last = tokens[-length:]
+        for start in range(len(tokens) - length - 1, -1, -1):
+            if tokens[start : start + length] == last:
+                return tokens[start + length : start + length + count]
+    return []
 
 
 def _first_stop(written: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
