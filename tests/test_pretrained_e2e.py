@@ -19,7 +19,7 @@ import pytest
 from pipeline.builtin import CONVERSION_STEPS, SOURCE_FILE, builtin_directory, models_cache, source_of
 from pipeline.errors import ModelLoadError
 from tests.conftest import PRETRAINED as MODEL
-from tests.conftest import PRETRAINED_COMMITS, read_json
+from tests.conftest import PRETRAINED_COMMITS, module_source, read_json
 
 
 def test_the_model_says_what_it_is(pretrained_run):
@@ -93,6 +93,46 @@ def test_an_adapter_answers_in_the_precision_its_scoreboard_answered_in_where_th
         (adapter / "repotune.json").write_bytes(orjson.dumps({**facts, "precision": trained}))
         monkeypatch.setattr(generate, "native_cpu_bf16", lambda: "amx_bf16")
         assert generate.Answerer(adapter).precision == "fp32"
+
+
+def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(pretrained_run, monkeypatch):
+    """`serve` reads the tokens that followed an answer's last ones where they occurred before with the
+    next, and keeps those the model would have chosen: fewer forwards (a step puts more than one
+    token), the same answer as one token a step (fp32: no rounding between a forward of one token and
+    of many). A stop sequence ends the writing at the step that completes it, not a step later."""
+    import threading
+    from dataclasses import replace
+
+    from pipeline.use import serve
+    from pipeline.use.generate import Answerer
+
+    engine = serve.Engine(Answerer(pretrained_run), "repotune-repo")
+    before = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
+    whole, _ = serve._completion(engine, {"max_tokens": 24}, before)  # healed: the line break read back
+    prompt = engine.tokenizer(before.removesuffix(whole.healed), add_special_tokens=False)["input_ids"]
+
+    class Steps:
+        def __init__(self):
+            self.each: list[list[int]] = []
+
+        def put(self, tokens) -> None:
+            self.each.append(tokens.tolist())
+
+    def answered(asked: serve.Asked) -> tuple[list[int], list[list[int]]]:
+        steps = Steps()
+        cache, cached = engine.reusable(prompt, asked.max_tokens)
+        written = engine._written(prompt, cache, cached, asked, threading.Event(), steps)
+        return written[len(prompt) :], steps.each
+
+    with engine.turn():
+        guessed, steps = answered(whole)
+        monkeypatch.setattr(serve, "GUESSED_TOKENS", 0)
+        one_by_one, _ = answered(whole)
+        stop = next(engine.texts[token] for token in one_by_one[4:] if engine.texts[token].strip())
+        stopped, _ = answered(replace(whole, stop=(stop,)))
+    assert guessed == one_by_one and len(guessed) == whole.max_tokens and len(steps) < whole.max_tokens / 2
+    text = engine.tokenizer.decode
+    assert one_by_one[: len(stopped)] == stopped and stop in text(stopped) and stop not in text(stopped[:-1])
 
 
 def test_generate_uses_the_built_in_base_from_a_moved_run(pretrained_run, tmp_path, cli):

@@ -195,40 +195,6 @@ def test_a_request_that_outgrows_a_kept_cache_reads_anew_into_one_with_room(clie
     assert ask(grown + "    return total\n").prompt_tokens_details.cached_tokens > 2 * CACHE_ROOM
 
 
-def test_an_answer_guessed_ahead_is_the_answer_written_a_token_at_a_time(adapter, monkeypatch):
-    """Each step reads the tokens that followed the answer's last ones where they occurred before, and
-    keeps those the model would have chosen: fewer forwards (a step puts more than one token), the same
-    answer as one token a step (fp32: no rounding between a forward of one token and of many)."""
-    import threading
-
-    from pipeline.use import serve
-    from pipeline.use.generate import Answerer
-
-    engine = serve.Engine(Answerer(adapter), "repotune-repo")
-    prompt = engine.tokenizer("".join(module_source(index) for index in range(1, 4)))["input_ids"]
-    asked = serve.Asked("", 40, 0.0, 1.0, ())
-
-    class Steps:
-        def __init__(self):
-            self.each: list[list[int]] = []
-
-        def put(self, tokens) -> None:
-            self.each.append(tokens.tolist())
-
-    def answered() -> tuple[list[int], list[list[int]]]:
-        steps = Steps()
-        cache, cached = engine.reusable(prompt, asked.max_tokens)
-        written = engine._written(prompt, cache, cached, asked, threading.Event(), steps)
-        return written[len(prompt) :], steps.each
-
-    with engine.turn():
-        guessed, steps = answered()
-        monkeypatch.setattr(serve, "GUESSED_TOKENS", 0)
-        one_by_one, single_steps = answered()
-    assert guessed == one_by_one and len(guessed) == asked.max_tokens
-    assert len(steps) < len(single_steps) == asked.max_tokens
-
-
 def test_a_guess_is_what_followed_the_last_tokens_where_they_last_occurred():
     from pipeline.use.serve import guess
 

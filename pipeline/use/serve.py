@@ -208,7 +208,8 @@ class Engine:
         self, prompt: list[int], cache, cached: int, asked: Asked, stopped: threading.Event, streamer
     ) -> list[int]:
         """`prompt` and its answer's tokens, written into `cache` (which holds its first `cached`) and put
-        to `streamer` as they are chosen, until the end of sequence, `max_tokens` or `stopped`. Each
+        to `streamer` as they are chosen, until the end of sequence, `max_tokens`, a stop sequence (seen
+        here, not a forward later where the reader of `streamer` sees it) or `stopped`. Each
         forward reads the last token and a guess at the next ones (`guess`: what followed the last
         tokens where they occurred before); the guessed tokens the model would have chosen anyway are
         taken with the next, and the keys and values of the rest dropped: a forward of a dozen tokens
@@ -218,7 +219,7 @@ class Engine:
 
         choose = self._chooser(asked, len(prompt))
         tokens, fed, guessed = list(prompt), cached, list[int]()
-        end = len(prompt) + asked.max_tokens
+        end, written = len(prompt) + asked.max_tokens, ""  # the answer's text, its healed start included
         while True:
             read = [*tokens[fed:], *guessed]
             scores = self.model(
@@ -237,7 +238,11 @@ class Engine:
             tokens += new
             fed = len(tokens) - 1  # the last token chosen is read with the next guess
             streamer.put(torch.tensor(new))
-            if len(tokens) >= end or new[-1] == self.tokenizer.eos_token_id or stopped.is_set():
+            written += "".join(self.texts[token] for token in new)
+            if (
+                len(tokens) >= end or new[-1] == self.tokenizer.eos_token_id or stopped.is_set()
+                or _first_stop(written[len(asked.healed) :], asked.stop)
+            ):  # fmt: skip
                 return tokens
             guessed = guess(tokens, min(GUESSED_TOKENS, end - len(tokens) - 1))
 
