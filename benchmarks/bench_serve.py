@@ -142,7 +142,13 @@ def main() -> None:
     print(
         f"serve, warm, complete next line: p50 {warm_p50:.2f} s: {cold_p50 / warm_p50:.1f}× as fast as the baseline"
     )
-    print(f"goal p50 ≤ {GOAL_S:.1f} s to a complete next line: {'met' if warm_p50 <= GOAL_S else 'not met'}")
+    for asked, p50 in (
+        ("a file's first request", warm_p50),
+        ("typing", measured["typing_kept"]["line_p50_s"]),
+    ):
+        print(
+            f"goal p50 ≤ {GOAL_S:.1f} s to a complete next line, {asked}: {'met' if p50 <= GOAL_S else 'not met'}"
+        )
     measured["baseline"] = {"processes": len(cold), "p50_s": cold_p50}
     run = orjson.loads((Path(args.adapter) / "MANIFEST.json").read_bytes())
     name = repository_name(args.name, run["repository"]["path"])
