@@ -12,11 +12,12 @@
 
 Greedy unless `temperature` is above 0. Each answer is written here a step at a time, each step taking
 with its token the ones guessed from the prompt that the model would have chosen (`Engine._written`).
-Answers stream as server-sent events where `stream` asks; a client that disconnects stops its generation. One generation runs at a time (the model is one); others wait
-their turn, and a request that begins as one of the last few did (an editor's files) reads only what
-follows (their keys and values kept). Errors are OpenAI's JSON error shape, one line, never a traceback:
-requests are read by hand for that. While it runs, SERVE_FILE beside the adapter says where, for the
-commit hook. Built on FastAPI and uvicorn: the HTTP and the event stream are theirs.
+Answers stream as server-sent events where `stream` asks; a client that disconnects stops its generation.
+One generation runs at a time (the model is one); others wait their turn, and a request that begins as
+one of the last few did (an editor's files) reads only what follows (their keys and values kept). Errors
+are OpenAI's JSON error shape, one line, never a traceback: requests are read by hand for that. While it
+runs, SERVE_FILE beside the adapter says where, for the commit hook. Built on FastAPI and uvicorn: the
+HTTP and the event stream are theirs.
 """
 
 from __future__ import annotations
