@@ -108,7 +108,7 @@ def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(pretraine
 
     engine = serve.Engine(Answerer(pretrained_run), "repotune-repo")
     before = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
-    whole, _ = serve._completion(engine, {"max_tokens": 24}, before)  # healed: the line break read back
+    whole, _ = serve._completion(engine, {"max_tokens": 16}, before)  # healed: the line break read back
     prompt = engine.tokenizer(before.removesuffix(whole.healed), add_special_tokens=False)["input_ids"]
 
     class Steps:
