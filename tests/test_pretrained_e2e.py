@@ -99,7 +99,8 @@ def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(pretraine
     """`serve` reads the tokens that followed an answer's last ones where they occurred before with the
     next, and keeps those the model would have chosen: fewer forwards (a step puts more than one
     token), the same answer as one token a step (fp32: no rounding between a forward of one token and
-    of many). A stop sequence ends the writing at the step that completes it, not a step later."""
+    of many). A stop sequence ends the writing at the step that completes it, not a step later, and no
+    guess reaches past it."""
     import threading
     from dataclasses import replace
 
@@ -126,13 +127,15 @@ def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(pretraine
 
     with engine.turn():
         guessed, steps = answered(whole)
+        stop = next(engine.texts[token] for token in guessed[4:] if engine.texts[token].strip())
+        stopped, _ = answered(replace(whole, stop=(stop,)))
         monkeypatch.setattr(serve, "GUESSED_TOKENS", 0)
         one_by_one, _ = answered(whole)
-        stop = next(engine.texts[token] for token in one_by_one[4:] if engine.texts[token].strip())
-        stopped, _ = answered(replace(whole, stop=(stop,)))
     assert guessed == one_by_one and len(guessed) == whole.max_tokens and len(steps) < whole.max_tokens / 2
+    # Guessed no further than the stop: its step ends with the token that completes it, or one after (a
+    # step's own choice follows the guesses it kept).
     text = engine.tokenizer.decode
-    assert one_by_one[: len(stopped)] == stopped and stop in text(stopped) and stop not in text(stopped[:-1])
+    assert guessed[: len(stopped)] == stopped and stop in text(stopped) and stop not in text(stopped[:-2])
 
 
 def test_generate_uses_the_built_in_base_from_a_moved_run(pretrained_run, tmp_path, cli):

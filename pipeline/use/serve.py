@@ -247,6 +247,13 @@ class Engine:
             ):  # fmt: skip
                 return tokens
             guessed = guess(tokens, min(GUESSED_TOKENS, end - len(tokens) - 1))
+            # Guesses past a stop sequence would be read for nothing: the answer ends there.
+            ahead = itertools.accumulate((self.texts[token] for token in guessed), initial=written)
+            ending = next(
+                (n for n, text in enumerate(ahead) if _first_stop(text[len(asked.healed) :], asked.stop)),
+                None,
+            )
+            guessed = guessed[:ending]
 
     def stream(
         self, asked: Asked, stopped: threading.Event, told: dict[str, Any] | None = None
