@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.measured import RESULTS, measured_by, name_option, percentile, repository_name, write_result  # noqa: E402  (after the path it is found on)
 
 GOAL_S = 0.5
+KEPT_FILES = 3  # files typed in, 12 lines each, one after another, with the cache kept and evicted
 
 
 def main() -> None:
@@ -236,24 +237,17 @@ def ask(client, name: str, prompt: str) -> tuple[float, float, str]:
 
 
 def typing(client, name: str, texts: list[str], tokenizer, window: int, steps: int = 12) -> dict:
-    """An editor's successive requests in one file, the cursor a line further each time: with the last
-    request's keys and values kept (what serve does), with them evicted before each (as many other
-    files' requests in between as serve keeps, not timed): what the reuse buys; two files typed in by
-    turns, each request finding its file's keys and values among those kept; and one file with only
-    the lines within `window` tokens before the cursor sent, as Continue cuts its prefix from the top:
-    a request then begins where the last one did not, and reads it all. Each under its results key."""
-    from pipeline.use.serve import KEPT_CACHES
-
-    first, second = (cursors(text, steps) for text in texts[:2])
+    """An editor's successive requests in a file, the cursor a line further each time, in KEPT_FILES files
+    one after another (so that a p50 is not one file's): with the last request's keys and values kept
+    (what serve does), and with them evicted before each (`typed_in`): what the reuse buys; two files
+    typed in by turns, each request finding its file's keys and values among those kept; and one file
+    with only the lines within `window` tokens before the cursor sent, as Continue cuts its prefix from
+    the top: a request then begins where the last one did not, and reads it all. Each under its results
+    key."""
+    typed = [cursors(text, steps) for text in texts[:KEPT_FILES]]
+    kept, evicted = typed_in(client, name, typed), typed_in(client, name, typed, evicted=True)
+    first, second = typed[0], typed[1]
     ask(client, name, first[0])
-    kept = [ask(client, name, prompt) for prompt in first[1:]]
-    evicted = []
-    for index, prompt in enumerate(first[1:]):
-        for other in range(KEPT_CACHES):  # each begins with another token: none takes another's place
-            client.completions.create(
-                model=name, prompt=f"{chr(65 + other)}_{index} = ", max_tokens=1, temperature=0
-            )
-        evicted.append(ask(client, name, prompt))
     ask(client, name, second[0])
     by_turns = [
         ask(client, name, prompt) for pair in zip(first[1:], second[1:], strict=False) for prompt in pair
@@ -270,9 +264,28 @@ def typing(client, name: str, texts: list[str], tokenizer, window: int, steps: i
         f"reusing the shared beginning: complete line p50 {was:.2f} s → {now:.2f} s ({was / now:.1f}× as fast)"
     )
     return {
-        "typing_kept": kept_said, "typing_evicted": evicted_said, "typing_by_turns": turns_said,
-        "typing_in_window": {"context_tokens": window, **window_said},
+        "typing_kept": {"files": len(typed), **kept_said}, "typing_evicted": {"files": len(typed), **evicted_said},
+        "typing_by_turns": turns_said, "typing_in_window": {"context_tokens": window, **window_said},
     }  # fmt: skip
+
+
+def typed_in(
+    client, name: str, typed: list[list[str]], evicted: bool = False
+) -> list[tuple[float, float, str]]:
+    """Each file's cursors (`typed`) asked in order, its first not timed; with `evicted`, as many other
+    files' requests as serve keeps before each (not timed), each beginning with another token, so that
+    none takes another's place."""
+    from pipeline.use.serve import KEPT_CACHES
+
+    timed = []
+    for number, prompts in enumerate(typed):
+        ask(client, name, prompts[0])
+        for index, prompt in enumerate(prompts[1:]):
+            for other in range(KEPT_CACHES if evicted else 0):
+                other_file = f"{chr(65 + other)}_{number}_{index} = "
+                client.completions.create(model=name, prompt=other_file, max_tokens=1, temperature=0)
+            timed.append(ask(client, name, prompt))
+    return timed
 
 
 def cursors(text: str, steps: int) -> list[str]:
