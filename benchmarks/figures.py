@@ -282,7 +282,7 @@ def serve(name: str) -> str:
     ]
     return _prose(
         f"How fast, measured by `benchmarks/bench_serve.py --adapter OUTPUT_DIR` (the adapter of a "
-        f"{adapter['budget']} run on {name}, {adapter['model']} in {_answered_in(run)}, the "
+        f"{adapter['budget']} run on {name}, {adapter['model']} in {run['adapter']['precision']}, the "
         f"next line of {run['files']} files of "
         f"the split point cut to at most {run['context_tokens']:,} tokens (a shorter file before its last "
         f"line), {run['tokens_mean']:.0f} on average, streamed to the line break; {_provenance(run)}): a "
@@ -301,7 +301,8 @@ def serve(name: str) -> str:
         + f"{together['clients']} clients at once, {together['failed']} of "
         f"{together['requests'] + together['failed']} requests failed, each waiting its turn (p50 "
         f"{together['line_p50_s']:.2f} s); an editor typing in a file, the cursor a line further each "
-        f"request ({_typed_files(kept)}), p50 {kept['line_p50_s']:.2f} s with the last request's cache kept and "
+        f"request ({kept['files']} files one after another, {kept['requests']} requests), p50 "
+        f"{kept['line_p50_s']:.2f} s with the last request's cache kept and "
         f"{evicted['line_p50_s']:.2f} s with it evicted "
         f"({evicted['line_p50_s'] / kept['line_p50_s']:.1f}×), and typing in two files by turns p50 "
         f"{turns['line_p50_s']:.2f} s (each request finds its file's cache among those kept), but p50 "
@@ -311,18 +312,6 @@ def serve(name: str) -> str:
         f"{memory['after_mb']:,.0f} MB over {memory['requests']:,} requests. The goal, p50 ≤ {goal} s to a "
         f"complete next line: {'; '.join(verdicts)}."
     )
-
-
-def _typed_files(kept: dict[str, Any]) -> str:
-    """The files typed in, with the cache kept and evicted (one in results from before bench_serve typed in
-    several)."""
-    files = kept.get("files", 1)
-    return f"{files} files one after another, {kept['requests']} requests" if files > 1 else "one file"
-
-
-def _answered_in(run: dict[str, Any]) -> str:
-    """The precision `serve` answered in (fp32 in results from before bench_serve recorded it)."""
-    return run["adapter"].get("precision", "fp32")
 
 
 SERVED_BY = {
@@ -346,7 +335,7 @@ def serve_llama(name: str) -> str:
         versus = found.get(f"{key}_minus_serve")
         gain = differences(versus, "exact_match_pct") if versus else ""
         rows.append(
-            f"| {label.format(precision=_answered_in(run))} | {timed['line_p50_s']:.2f} / "
+            f"| {label.format(precision=run['adapter']['precision'])} | {timed['line_p50_s']:.2f} / "
             f"{timed['line_p95_s']:.2f} | {timed['blank']} of "
             f"{timed['requests']} | {with_interval(scores, 'exact_match_pct')} | "
             f"{with_interval(scores, 'edit_similarity')} | {gain} |"
