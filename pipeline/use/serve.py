@@ -45,7 +45,7 @@ from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
 from pipeline.suggest.decoding import line_breaks, shared_length, token_texts
-from pipeline.train.model import autocast
+from pipeline.train.model import scoring
 from pipeline.use.generate import LINE_START, UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
 
@@ -271,9 +271,7 @@ class Engine:
         generated: list[list[int]] = []  # the answer's tokens, once generation has ended
 
         def write() -> None:
-            import torch
-
-            with self.turn(), torch.no_grad(), autocast("cpu", self.answerer.precision):
+            with self.turn(), scoring(self.model, self.answerer.precision):
                 try:
                     cache, cached = self.reusable(prompt, asked.max_tokens)
                     if told is not None:
