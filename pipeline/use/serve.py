@@ -222,6 +222,10 @@ class Engine:
         choose = self._chooser(asked, len(prompt))
         tokens, fed, guessed = list(prompt), cached, list[int]()
         end, written = len(prompt) + asked.max_tokens, ""  # the answer's text, its healed start included
+
+        def stops(text: str) -> bool:  # a stop sequence in the answer written after its healed start
+            return _first_stop(text[len(asked.healed) :], asked.stop) is not None
+
         while True:
             read = [*tokens[fed:], *guessed]
             scores = self.model(
@@ -242,18 +246,16 @@ class Engine:
             streamer.put(torch.tensor(new))
             written += "".join(self.texts[token] for token in new)
             if (
-                len(tokens) >= end or new[-1] == self.tokenizer.eos_token_id or stopped.is_set()
-                or _first_stop(written[len(asked.healed) :], asked.stop)
-            ):  # fmt: skip
+                len(tokens) >= end
+                or new[-1] == self.tokenizer.eos_token_id
+                or stopped.is_set()
+                or stops(written)
+            ):
                 return tokens
             guessed = guess(tokens, min(GUESSED_TOKENS, end - len(tokens) - 1))
             # Guesses past a stop sequence would be read for nothing: the answer ends there.
             ahead = itertools.accumulate((self.texts[token] for token in guessed), initial=written)
-            ending = next(
-                (n for n, text in enumerate(ahead) if _first_stop(text[len(asked.healed) :], asked.stop)),
-                None,
-            )
-            guessed = guessed[:ending]
+            guessed = guessed[: next((n for n, text in enumerate(ahead) if stops(text)), None)]
 
     def stream(
         self, asked: Asked, stopped: threading.Event, told: dict[str, Any] | None = None
