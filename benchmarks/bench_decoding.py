@@ -135,7 +135,7 @@ def baseline(
     `newline` (code), the answer the line after the line break its first token begins with."""
     import torch
 
-    from pipeline.suggest.decoding import finished, line_breaks
+    from pipeline.suggest.decoding import finished, healed_tokens
     from pipeline.train.model import autocast
 
     device = next(model.parameters()).device
@@ -143,15 +143,11 @@ def baseline(
     outputs = [""] * len(prompts)
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     stopping: dict = {}
-    first, everything = (line_breaks(tokenizer), list(range(len(tokenizer)))) if newline else ([], [])
     try:
         for chosen in similar_lengths([len(tokens) for tokens in encoded]):
             batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt").to(device)
             if newline:
-                width = batch["input_ids"].shape[1]
-                stopping["prefix_allowed_tokens_fn"] = lambda row, ids, width=width: (
-                    first if len(ids) == width else everything
-                )
+                stopping["prefix_allowed_tokens_fn"] = healed_tokens(tokenizer, batch["input_ids"].shape[1])
             with torch.no_grad(), autocast(device.type, precision):
                 generated = model.generate(
                     **batch, do_sample=False, pad_token_id=tokenizer.pad_token_id,

@@ -289,17 +289,17 @@ def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_wi
     pretrained,
 ):
     """A prompt that ends a line (before its line break) is answered with the next line: the first token
-    one that begins with a line break and holds no second one (token healing; never a blank line), the
-    same tokens `model.generate` gives one prompt at a time under that constraint."""
-    from pipeline.suggest.decoding import line_breaks
+    one that begins with a line break and holds no second one (token healing), and none with a line break
+    while the line is blank (never a blank line), the same tokens `model.generate` gives one prompt at a
+    time under that constraint."""
+    from pipeline.suggest.decoding import healed_tokens
 
     model, tokenizer = pretrained
-    first = line_breaks(tokenizer)
-    everything = list(range(len(tokenizer)))
     prompts = [
         "<filename>calc.py\ndef add(a, b):",
         "<filename>walk.py\nimport os\nimport sys",
         "<filename>point.py\nclass Point:\n    def __init__(self, x, y):\n        self.x = x",
+        "<filename>calc.py\ndef add(a, b):\n    return a + b",  # a lone line break, then another: not kept
     ]
     expected = []
     for prompt in prompts:
@@ -309,7 +309,7 @@ def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_wi
             out = model.generate(
                 ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
-                prefix_allowed_tokens_fn=lambda row, seen, width=width: first if len(seen) == width else everything,
+                prefix_allowed_tokens_fn=healed_tokens(tokenizer, width),
             )  # fmt: skip
         text = tokenizer.decode(out[0, width:], skip_special_tokens=True)
         assert text.startswith("\n") and not text.startswith("\n\n")
@@ -397,12 +397,10 @@ def test_a_block_is_the_body_generate_writes_after_a_line_that_opens_one(pretrai
     """A prompt that ends a line opening a body is answered with the body: healed as a next line is, ended
     where the answer writes a line indented less than its first (or BLOCK_LINES), and cut there: what
     `model.generate` gives one prompt at a time under the same first-token constraint, cut the same way."""
-    from pipeline.suggest.decoding import line_breaks
+    from pipeline.suggest.decoding import healed_tokens
 
     model, tokenizer = pretrained
-    first = line_breaks(tokenizer)
     body_tokens = 20  # long enough for both bodies to end (their answers: 5 and 12 tokens)
-    everything = list(range(len(tokenizer)))
     prompts = [
         "<filename>calc.py\ndef add(a, b):",
         "<filename>point.py\nclass Point:\n    def __init__(self, x, y):",
@@ -415,7 +413,7 @@ def test_a_block_is_the_body_generate_writes_after_a_line_that_opens_one(pretrai
             out = model.generate(
                 ids, max_new_tokens=body_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
-                prefix_allowed_tokens_fn=lambda row, seen, width=width: first if len(seen) == width else everything,
+                prefix_allowed_tokens_fn=healed_tokens(tokenizer, width),
             )  # fmt: skip
         expected.append(
             finished(

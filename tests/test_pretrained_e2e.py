@@ -95,7 +95,34 @@ def test_an_adapter_answers_in_the_precision_its_scoreboard_answered_in_where_th
         assert generate.Answerer(adapter).precision == "fp32"
 
 
-def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(pretrained_run, monkeypatch):
+@pytest.fixture(scope="module")
+def engine(pretrained_run):
+    """`serve`'s model: the pretrained run's adapter, folded."""
+    from pipeline.use import serve
+    from pipeline.use.generate import Answerer
+
+    return serve.Engine(Answerer(pretrained_run), "repotune-repo")
+
+
+def test_a_next_line_is_never_a_blank_one_in_serve_as_in_the_scoreboard(engine):
+    """Below a function's last line, the model writes a lone line break and then another: a blank line,
+    which the tokenizer writes as one token (one a healed answer may not begin with), so the model never
+    read it split so. A healed answer writes a character before a line break can end its line: the line
+    after the blank one, the same in `serve` as in the code scoreboard's decoder."""
+    import threading
+
+    from pipeline.suggest.decoding import generate_batched
+    from pipeline.use import serve
+
+    before = "def add(a, b):\n    return a + b\n"
+    asked, _ = serve._completion(engine, {"max_tokens": 12, "stop": ["\n"]}, before)
+    served = "".join(engine.stream(asked, threading.Event()))
+    with engine.turn():
+        scored = generate_batched(engine.model, engine.tokenizer, [before[:-1]], 12, "fp32", next_line=True)
+    assert served == scored[0] and served.strip()
+
+
+def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(engine, monkeypatch):
     """`serve` reads the tokens that followed an answer's last ones where they occurred before with the
     next, and keeps those the model would have chosen: fewer forwards (a step puts more than one
     token), the same answer as one token a step (fp32: no rounding between a forward of one token and
@@ -105,9 +132,7 @@ def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(pretraine
     from dataclasses import replace
 
     from pipeline.use import serve
-    from pipeline.use.generate import Answerer
 
-    engine = serve.Engine(Answerer(pretrained_run), "repotune-repo")
     before = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
     whole, _ = serve._completion(engine, {"max_tokens": 16}, before)  # healed: the line break read back
     prompt = engine.tokenizer(before.removesuffix(whole.healed), add_special_tokens=False)["input_ids"]

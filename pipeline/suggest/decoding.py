@@ -30,6 +30,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 from pipeline.suggest.completion import body_ended, body_of
 from pipeline.train.model import causal_lm, scoring
@@ -199,10 +200,33 @@ def generate_batched(
 def line_breaks(tokenizer) -> list[int]:
     """The tokens whose text is one line break and what begins the next line (its indentation, a word):
     what the next line's answer may begin with. Not two line breaks: a completion offers a line of
-    code, never a blank one, as an editor's does."""
+    code, never a blank one, as an editor's does (and `breaking` keeps it from writing one after)."""
     return [
         t for t, text in enumerate(token_texts(tokenizer)) if text.startswith("\n") and "\n" not in text[1:]
     ]
+
+
+def breaking(tokenizer) -> list[int]:
+    """The tokens whose text holds a line break: what a next line's answer may not write while its line
+    holds nothing but spaces. A lone line break followed by another is a blank line the tokenizer would
+    have written as one token, which `line_breaks` leaves out, so the model never read it so; a blank
+    line is no completion."""
+    return [t for t, text in enumerate(token_texts(tokenizer)) if "\n" in text]
+
+
+def healed_tokens(tokenizer, width: int) -> Callable[[int, Any], list[int]]:
+    """`model.generate`'s `prefix_allowed_tokens_fn` for prompts `width` tokens long that it answers as
+    `generate_batched` answers a next line or a body: the first token one of `line_breaks`, then none of
+    `breaking` while the answer is blank."""
+    first, texts, everything = line_breaks(tokenizer), token_texts(tokenizer), list(range(len(tokenizer)))
+    unbroken = sorted(set(everything) - set(breaking(tokenizer)))
+
+    def allowed(row: int, seen) -> list[int]:
+        if len(seen) == width:
+            return first
+        return everything if any(texts[token].strip() for token in seen[width:].tolist()) else unbroken
+
+    return allowed
 
 
 def token_texts(tokenizer) -> list[str]:
@@ -350,6 +374,14 @@ class _Ends:
         self.tokenizer, self.at_newline, self.eos = tokenizer, at_newline, tokenizer.eos_token_id
         self.cut_loops, self.next_line, self.block = cut_loops, next_line, block
         self.newline: dict[int, bool] = {}
+        # A healed answer's: each token's text, and those it may not write while its first line is blank
+        # (a message's answer decodes only the tokens it writes, not the whole vocabulary: the hook waits for it).
+        self.texts = token_texts(tokenizer) if next_line else []
+        self.breaking = breaking(tokenizer) if next_line else []
+
+    def blank(self, answer: list[int]) -> bool:
+        """Whether `answer` (a healed one: its line break first) has written nothing but spaces yet."""
+        return not "".join(self.texts[token] for token in answer).strip()
 
     def kept(self, token: int) -> bool:
         """False for the end-of-sequence token, which is not part of the answer."""
@@ -365,7 +397,7 @@ class _Ends:
         if not (self.at_newline or self.cut_loops):
             return False
         if self.next_line and len(answer) == 1:  # the line break it begins with: ends if a second follows
-            return "\n" in self.tokenizer.decode([token])[1:]
+            return "\n" in self.texts[token][1:]
         if token not in self.newline:
             self.newline[token] = "\n" in self.tokenizer.decode([token])
         if not self.newline[token]:
@@ -397,6 +429,7 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
     device = next(model.parameters()).device
     mask = _mask(rows, shared, len(rows[-1]), device)
     cache, token = prefilled
+    breaks = torch.tensor(ends.breaking, dtype=torch.long, device=device)
     last = torch.tensor([shared + len(row) - 1 for row in rows], device=device)
     answers: list[list[int]] = [[] for _ in rows]
     # The answer each row of the batch writes, None once it ended.
@@ -424,7 +457,13 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
             input_ids=token[:, None], attention_mask=mask, position_ids=last[:, None], cache=cache,
             use_cache=True,
         )  # fmt: skip
-        token = out.logits[:, -1].argmax(-1)
+        logits = out.logits[:, -1]
+        if len(breaks):  # a healed answer's line holds a character before a line break ends it
+            blank = [
+                place for place, row in enumerate(writing) if row is not None and ends.blank(answers[row])
+            ]
+            logits[torch.tensor(blank, dtype=torch.long, device=device)[:, None], breaks] = float("-inf")
+        token = logits.argmax(-1)
         if progress is not None:
             progress(0)
     return answers

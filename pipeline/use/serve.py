@@ -44,7 +44,7 @@ from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
-from pipeline.suggest.decoding import line_breaks, shared_length, token_texts
+from pipeline.suggest.decoding import breaking, line_breaks, shared_length, token_texts
 from pipeline.train.model import scoring
 from pipeline.use.generate import LINE_START, UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
@@ -106,6 +106,7 @@ class Engine:
         keep_folded(model)
         self.infills = infills(tokenizer)
         self.line_starts = line_breaks(tokenizer)  # the tokens a healed answer may begin with
+        self.breaking = breaking(tokenizer)  # and may not write while its line is blank
         self.texts = token_texts(tokenizer)
         self.kept: list[tuple[list[int], Any]] = []
         """The last KEPT_CACHES answers' tokens and their keys and values, the most recent last: a request
@@ -169,7 +170,9 @@ class Engine:
         """How the token after `tokens` is chosen from the model's scores for it, for `asked` read as
         `width` prompt tokens: greedy, or sampled at its temperature and top_p; where the prompt is healed,
         the first tokens only those that spell what was cut from it (the first one of `line_starts`:
-        `"\\n   "` then `" return"` for a cut `"\\n    "`, as the tokenizer splits an indented line)."""
+        `"\\n   "` then `" return"` for a cut `"\\n    "`, as the tokenizer splits an indented line), then
+        none that ends the line they began while it is blank (`breaking`: a completion's line, as the
+        scoreboard's answers are, is never a blank one)."""
         import torch
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -179,8 +182,12 @@ class Engine:
             # Spelling `healed` takes at most as many tokens as it has characters: the rest is the answer.
             written = "".join(texts[token] for token in tokens[width : width + len(healed)])
             left = healed[len(written) :]
-            if not left:
-                return scores
+            if not left:  # spelled: then the line it began holds a character before a line break
+                if any(texts[token].strip() for token in tokens[width:]):
+                    return scores
+                unbroken = scores.clone()
+                unbroken[self.breaking] = float("-inf")
+                return unbroken
             allowed = [
                 token
                 for token in (range(len(texts)) if written else line_starts)
