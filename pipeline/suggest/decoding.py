@@ -224,9 +224,14 @@ def healed_tokens(tokenizer, width: int) -> Callable[[int, Any], list[int]]:
     def allowed(row: int, seen) -> list[int]:
         if len(seen) == width:
             return first
-        return everything if any(texts[token].strip() for token in seen[width:].tolist()) else unbroken
+        return unbroken if blank(texts, seen[width:].tolist()) else everything
 
     return allowed
+
+
+def blank(texts: list[str], answer: Sequence[int]) -> bool:
+    """Whether `answer`'s tokens (`texts`: `token_texts`) have written nothing but spaces yet."""
+    return not any(texts[token].strip() for token in answer)
 
 
 def token_texts(tokenizer) -> list[str]:
@@ -379,10 +384,6 @@ class _Ends:
         self.texts = token_texts(tokenizer) if next_line else []
         self.breaking = breaking(tokenizer) if next_line else []
 
-    def blank(self, answer: list[int]) -> bool:
-        """Whether `answer` (a healed one: its line break first) has written nothing but spaces yet."""
-        return not "".join(self.texts[token] for token in answer).strip()
-
     def kept(self, token: int) -> bool:
         """False for the end-of-sequence token, which is not part of the answer."""
         return token != self.eos
@@ -459,10 +460,12 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
         )  # fmt: skip
         logits = out.logits[:, -1]
         if len(breaks):  # a healed answer's line holds a character before a line break ends it
-            blank = [
-                place for place, row in enumerate(writing) if row is not None and ends.blank(answers[row])
+            unopened = [
+                place
+                for place, row in enumerate(writing)
+                if row is not None and blank(ends.texts, answers[row])
             ]
-            logits[torch.tensor(blank, dtype=torch.long, device=device)[:, None], breaks] = float("-inf")
+            logits[torch.tensor(unopened, dtype=torch.long, device=device)[:, None], breaks] = float("-inf")
         token = logits.argmax(-1)
         if progress is not None:
             progress(0)

@@ -44,7 +44,7 @@ from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
-from pipeline.suggest.decoding import breaking, line_breaks, shared_length, token_texts
+from pipeline.suggest.decoding import blank, breaking, line_breaks, shared_length, token_texts
 from pipeline.train.model import scoring
 from pipeline.use.generate import LINE_START, UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
@@ -183,7 +183,7 @@ class Engine:
             written = "".join(texts[token] for token in tokens[width : width + len(healed)])
             left = healed[len(written) :]
             if not left:  # spelled: then the line it began holds a character before a line break
-                if any(texts[token].strip() for token in tokens[width:]):
+                if not blank(texts, tokens[width:]):
                     return scores
                 unbroken = scores.clone()
                 unbroken[self.breaking] = float("-inf")
