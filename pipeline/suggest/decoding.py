@@ -501,10 +501,10 @@ def _prefilled(
         ids = torch.tensor([[pad] * (longest - len(row)) + row for row in chosen], device=device)
         mask = _mask(chosen, shared, longest, device)
         cache = _cache_for(model, prefix, len(chosen))
-        logits = _last_logits(
+        logits = last_logits(
             model, input_ids=ids, attention_mask=mask,
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, shared:], cache=cache, use_cache=True,
-        )  # fmt: skip
+        )[:, -1]  # fmt: skip
         caches.append(cache)
         if first is not None:
             allowed = torch.full_like(logits[0], float("-inf"))
@@ -516,15 +516,16 @@ def _prefilled(
     return (_joined(caches, shared, len(rows[-1]), room) if parts else caches[0]), torch.cat(tokens)
 
 
-def _last_logits(model, **inputs):
-    """Each row's next-token logits after a forward of `inputs`: the decoder's last hidden states, a
-    [rows, hidden] matrix, through the output layer. The model's own `logits_to_keep=1` hands that layer
-    a strided [rows, 1, hidden] slice, which torch's matmul does not fold into one matrix product when
-    the weight does not require grad: it copied the whole output layer once per row, many times the
-    product's own cost in bf16."""
+def last_logits(model, keep: int = 1, **inputs):
+    """The next-token logits at each row's last `keep` positions after a forward of `inputs`, [rows, keep,
+    vocabulary]: the decoder's hidden states there, as a [rows × keep, hidden] matrix, through the output
+    layer. The model's own `logits_to_keep` hands that layer a strided [rows, keep, hidden] slice, which
+    torch's matmul does not fold into one matrix product when the weight does not require grad: it copied
+    the whole output layer once per row, many times the product's own cost in bf16 (`serve`'s first
+    forward of each answer, which reads the typed tokens and a guess at the next ones: docs/use.md)."""
     causal = causal_lm(model)
-    hidden = causal.get_decoder()(**inputs).last_hidden_state
-    return causal.get_output_embeddings()(hidden[:, -1])
+    hidden = causal.get_decoder()(**inputs).last_hidden_state[:, -keep:]
+    return causal.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:2], -1)
 
 
 def _parts(lengths: list[int], tokens: int) -> list[range]:

@@ -44,7 +44,7 @@ from pipeline.errors import PipelineError, one_line
 from pipeline.manifest import write_json
 from pipeline.progress import say
 from pipeline.suggest.completion import LINE_TOKENS
-from pipeline.suggest.decoding import blank, breaking, line_breaks, shared_length, token_texts
+from pipeline.suggest.decoding import blank, breaking, last_logits, line_breaks, shared_length, token_texts
 from pipeline.train.model import scoring
 from pipeline.use.generate import LINE_START, UNREAD_BY_MODEL, Answerer, keep_folded, model_name
 from pipeline.use.hook import SERVE_FILE
@@ -235,10 +235,10 @@ class Engine:
 
         while True:
             read = [*tokens[fed:], *guessed]
-            scores = self.model(
-                input_ids=torch.tensor([read]), cache=cache, logits_to_keep=len(guessed) + 1,
+            scores = last_logits(
+                self.model, len(guessed) + 1, input_ids=torch.tensor([read]), cache=cache, use_cache=True,
                 cache_position=torch.arange(fed, fed + len(read)),
-            ).logits[0].float()  # fmt: skip
+            )[0].float()  # fmt: skip
             new: list[int] = []
             for row, expected in zip(scores, [*guessed, None], strict=True):
                 new.append(choose(tokens + new, row))
