@@ -303,6 +303,34 @@ def assert_valid_manifest(document) -> None:
     assert not problems, "MANIFEST.json does not match the schema:\n" + "\n".join(problems[:20])
 
 
+def made_tensors():
+    """A torch dispatch mode, entered with `with`, that keeps the shape of every tensor an operation made in
+    this thread (views included) in `.shapes`, and the most elements of any in `.most`: a weight copied,
+    or broadcast for a batched product, shows as a tensor of its size or shape."""
+    import math
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Made(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes: list[tuple[int, ...]] = []
+
+        @property
+        def most(self) -> int:
+            return max((math.prod(shape) for shape in self.shapes), default=0)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.shapes.append(tuple(tensor.shape))
+            return out
+
+    return Made()
+
+
 PRETRAINED = "smollm2-135m"
 PRETRAINED_MODULES = ("tests/test_pretrained_e2e.py", "tests/test_take_home.py")  # they read `pretrained_run`
 

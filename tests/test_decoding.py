@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipeline.data.examples import render_prompt
 from pipeline.suggest import decoding
@@ -19,7 +18,7 @@ from pipeline.suggest.decoding import (
     unlooped,
 )
 from pipeline.types import TextStyle
-from tests.conftest import PRETRAINED
+from tests.conftest import PRETRAINED, made_tensors
 
 NEW_TOKENS = 8
 
@@ -174,21 +173,6 @@ def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
     assert told[0] == 1 and len(told) > 1 and set(told[1:]) == {0}
 
 
-class _Largest(TorchDispatchMode):
-    """The most elements of any tensor an operation made."""
-
-    def __init__(self):
-        super().__init__()
-        self.most = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(tensor, torch.Tensor):
-                self.most = max(self.most, tensor.numel())
-        return out
-
-
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_prefill_never_copies_the_output_layer_once_per_row(pretrained, precision):
     """Each row's first answer token comes from its last position's hidden state through the output
@@ -202,12 +186,12 @@ def test_a_prefill_never_copies_the_output_layer_once_per_row(pretrained, precis
     for parameter in model.parameters():
         parameter.requires_grad_(False)  # a LoRA model's base; a weight that requires grad is folded
     try:
-        with _Largest() as largest:
+        with made_tensors() as made:
             answers = generate_batched(model, tokenizer, prompts, 1, precision)
     finally:
         for parameter in model.parameters():
             parameter.requires_grad_(True)
-    assert largest.most <= output_layer and answers == expected
+    assert made.most <= output_layer and answers == expected
 
 
 def test_a_joined_cache_keeps_keys_and_values_in_the_dtypes_a_forward_gave_them(pretrained):

@@ -19,7 +19,7 @@ import pytest
 from pipeline.builtin import CONVERSION_STEPS, SOURCE_FILE, builtin_directory, models_cache, source_of
 from pipeline.errors import ModelLoadError
 from tests.conftest import PRETRAINED as MODEL
-from tests.conftest import PRETRAINED_COMMITS, module_source, read_json
+from tests.conftest import PRETRAINED_COMMITS, made_tensors, module_source, read_json
 
 
 def test_the_model_says_what_it_is(pretrained_run):
@@ -161,6 +161,31 @@ def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(engine, m
     # step's own choice follows the guesses it kept).
     text = engine.tokenizer.decode
     assert guessed[: len(stopped)] == stopped and stop in text(stopped) and stop not in text(stopped[:-2])
+
+
+def test_an_answers_first_forward_never_broadcasts_the_output_layer(engine):
+    """An answer's first forward reads the prompt's tokens after what its cache holds, and a guess at the
+    next ones, and wants the scores of the last few: handed to the output layer as a strided slice
+    (transformers' `logits_to_keep`), torch's matmul broadcast the 49,152 × 576 layer to a batched
+    product, which copied it in bf16 (60 ms of a typed line). Read as the scoreboard's decoder reads
+    them, the layer is one matrix product's."""
+    import threading
+    from types import SimpleNamespace
+
+    from pipeline.use import serve
+
+    before = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
+    asked, _ = serve._completion(engine, {"max_tokens": 4}, before)
+    prompt = engine.tokenizer(before.removesuffix(asked.healed), add_special_tokens=False)["input_ids"]
+    layer = tuple(engine.model.get_output_embeddings().weight.T.shape)
+    with engine.turn():
+        cache, cached = engine.reusable(prompt, asked.max_tokens)
+        with made_tensors() as made:
+            written = engine._written(
+                prompt, cache, cached, asked, threading.Event(), SimpleNamespace(put=lambda tokens: None)
+            )
+    assert len(written) > len(prompt) and layer in made.shapes  # the layer was read for the scores
+    assert not [shape for shape in made.shapes if len(shape) == 3 and shape[1:] == layer]
 
 
 def test_generate_uses_the_built_in_base_from_a_moved_run(pretrained_run, tmp_path, cli):
