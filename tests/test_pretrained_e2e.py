@@ -122,40 +122,49 @@ def test_a_next_line_is_never_a_blank_one_in_serve_as_in_the_scoreboard(engine):
     assert served == scored[0] and served.strip()
 
 
+REPEATING = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
+"""Code whose next tokens occurred before in it: `serve` guesses them."""
+
+
+class Steps:
+    """A streamer that keeps the tokens of each of the writer's steps."""
+
+    def __init__(self):
+        self.each: list[list[int]] = []
+
+    def put(self, tokens) -> None:
+        self.each.append(tokens.tolist())
+
+
+def served(engine, asked) -> tuple[list[int], list[list[int]]]:
+    """`asked`'s answer as `serve`'s writer writes it (within `engine.turn()`), into the cache a request
+    would take, and each of its steps' tokens."""
+    import threading
+
+    steps = Steps()
+    prompt = engine.tokenizer(asked.prompt.removesuffix(asked.healed), add_special_tokens=False)["input_ids"]
+    cache, cached = engine.reusable(prompt, asked.max_tokens)
+    written = engine._written(prompt, cache, cached, asked, threading.Event(), steps)
+    return written[len(prompt) :], steps.each
+
+
 def test_serve_guesses_ahead_and_answers_as_it_would_a_token_at_a_time(engine, monkeypatch):
     """`serve` reads the tokens that followed an answer's last ones where they occurred before with the
     next, and keeps those the model would have chosen: fewer forwards (a step puts more than one
     token), the same answer as one token a step (fp32: no rounding between a forward of one token and
     of many). A stop sequence ends the writing at the step that completes it, not a step later, and no
     guess reaches past it."""
-    import threading
     from dataclasses import replace
 
     from pipeline.use import serve
 
-    before = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
-    whole, _ = serve._completion(engine, {"max_tokens": 16}, before)  # healed: the line break read back
-    prompt = engine.tokenizer(before.removesuffix(whole.healed), add_special_tokens=False)["input_ids"]
-
-    class Steps:
-        def __init__(self):
-            self.each: list[list[int]] = []
-
-        def put(self, tokens) -> None:
-            self.each.append(tokens.tolist())
-
-    def answered(asked: serve.Asked) -> tuple[list[int], list[list[int]]]:
-        steps = Steps()
-        cache, cached = engine.reusable(prompt, asked.max_tokens)
-        written = engine._written(prompt, cache, cached, asked, threading.Event(), steps)
-        return written[len(prompt) :], steps.each
-
+    whole, _ = serve._completion(engine, {"max_tokens": 16}, REPEATING)  # healed: the line break read back
     with engine.turn():
-        guessed, steps = answered(whole)
+        guessed, steps = served(engine, whole)
         stop = next(engine.texts[token] for token in guessed[4:] if engine.texts[token].strip())
-        stopped, _ = answered(replace(whole, stop=(stop,)))
+        stopped, _ = served(engine, replace(whole, stop=(stop,)))
         monkeypatch.setattr(serve, "GUESSED_TOKENS", 0)
-        one_by_one, _ = answered(whole)
+        one_by_one, _ = served(engine, whole)
     assert guessed == one_by_one and len(guessed) == whole.max_tokens and len(steps) < whole.max_tokens / 2
     # Guessed no further than the stop: its step ends with the token that completes it, or one after (a
     # step's own choice follows the guesses it kept).
@@ -169,22 +178,13 @@ def test_an_answers_first_forward_never_broadcasts_the_output_layer(engine):
     (transformers' `logits_to_keep`), torch's matmul broadcast the 49,152 × 576 layer to a batched
     product, which copied it in bf16 (60 ms of a typed line). Read as the scoreboard's decoder reads
     them, the layer is one matrix product's."""
-    import threading
-    from types import SimpleNamespace
-
     from pipeline.use import serve
 
-    before = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
-    asked, _ = serve._completion(engine, {"max_tokens": 4}, before)
-    prompt = engine.tokenizer(before.removesuffix(asked.healed), add_special_tokens=False)["input_ids"]
+    asked, _ = serve._completion(engine, {"max_tokens": 4}, REPEATING)
     layer = tuple(engine.model.get_output_embeddings().weight.T.shape)
-    with engine.turn():
-        cache, cached = engine.reusable(prompt, asked.max_tokens)
-        with made_tensors() as made:
-            written = engine._written(
-                prompt, cache, cached, asked, threading.Event(), SimpleNamespace(put=lambda tokens: None)
-            )
-    assert len(written) > len(prompt) and layer in made.shapes  # the layer was read for the scores
+    with engine.turn(), made_tensors() as made:
+        answer, _ = served(engine, asked)
+    assert answer and layer in made.shapes  # the layer was read for the scores
     assert not [shape for shape in made.shapes if len(shape) == 3 and shape[1:] == layer]
 
 
