@@ -75,6 +75,12 @@ def main() -> int:
         help="the JSON results file the docs' figures are generated from (default: "
         "benchmarks/results/learning-REPO_NAME-LABEL.json)",
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: report, and write the results file, from the runs already under --output-dir "
+        "(one folder per budget), as a newer version of this script reads them",
+    )
     args = parser.parse_args()
     args.name = repository_name(args.name, args.repo)
     args.output_dir = args.output_dir or str(Path("bench-learning-output") / args.name)
@@ -88,6 +94,9 @@ def main() -> int:
             "--set", f"output.cache_dir={Path(args.output_dir) / 'cache'}",  # one token cache for every budget
             *[part for override in args.overrides for part in ("--set", override)],
         ]  # fmt: skip
+        if args.report_only:
+            outcomes.append((budget, output))
+            continue
         print("$ " + " ".join(command), flush=True)
         finished = subprocess.run(command)  # in the caller's directory: relative paths are theirs
         if finished.returncode != 0:
@@ -132,7 +141,38 @@ def summary(output: Path) -> dict:
         "code_system_reason": (evaluation["code_system"] or {}).get("reason"),
         "tasks": evaluation["tasks"],
         "samples": first_samples(output / EVALUATION_FILE),
+        "written_before": written_before(output),
     }
+
+
+def written_before(output: Path) -> dict:
+    """How many of the next lines scored had been written before the split point: the same line (the
+    spaces at its ends aside, as exact match compares) in a file at the split point or on a line of the
+    training history (a diff's line without its marker); and, for each model with context, how many of
+    its exact matches were such lines. Exact match is mostly the recall of a line the repository already
+    had: this counts how many there were to recall."""
+    import orjson
+
+    from pipeline.manifest import EVALUATION_FILE
+    from scrapers.files import FILES_FILE
+    from scrapers.scrape import SEQUENCES_FILE
+
+    seen: set[str] = set()
+    for line in (output / FILES_FILE).read_bytes().splitlines():
+        seen.update(row.strip() for row in orjson.loads(line)["text"].split("\n"))
+    for line in (output / SEQUENCES_FILE).read_bytes().splitlines():
+        record = orjson.loads(line)
+        if record.get("split") == "train":
+            for row in record["text"].split("\n"):
+                seen.update((row.strip(), row[1:].strip()))
+    answers = [orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line]
+    asked = [row for row in answers if row["task"] == "code_context"]
+    recalled = [row for row in asked if row["reference"].strip() in seen]
+    matched = {}
+    for system in ("base", "fine_tuned"):
+        exact = [row for row in asked if row[system].strip() == row["reference"].strip()]
+        matched[system] = [len(exact), sum(row in recalled for row in exact)]
+    return {"lines": len(asked), "written_before": len(recalled), "matched": matched}
 
 
 def first_samples(answers: Path) -> dict:
@@ -226,6 +266,12 @@ def report(budget: str, output: Path, shown: int) -> bool:
         *code_scoreboard(tasks, blocks=True),
     ]:
         print(line)
+    recall = written_before(output)
+    print(
+        f"written before the split point (in its files or the training history): {recall['written_before']} of the "
+        f"{recall['lines']} next lines; of the exact matches with context, base {'/'.join(map(str, recall['matched']['base']))} "
+        f"and fine-tuned {'/'.join(map(str, recall['matched']['fine_tuned']))} (matched / of them written before)"
+    )
     before, after = evaluation["before"], evaluation["after"]
     if before and after:
         print(f"held-out perplexity {before['perplexity']} → {after['perplexity']}")

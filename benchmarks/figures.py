@@ -87,7 +87,21 @@ def code_scoreboard(name: str) -> str:
     return "\n".join(rows) + (
         f"\n\n{lines['samples']} next lines from {lines['commits']} held-out commits; {run['steps']} steps "
         f"in {run['train_s']:.0f} s ({run['tokens_per_s']:.0f} tokens/s), the run {run['run_s'] / 60:.1f} "
-        f"minutes; {_provenance(run)}.\n"
+        f"minutes; {_provenance(run)}.{_recall(run)}\n"
+    )
+
+
+def _recall(run: dict[str, Any]) -> str:
+    """How many of the lines had been written before the split point, and how many exact matches were
+    such lines (results written before bench_learning counted them say nothing)."""
+    recall = run.get("written_before")
+    if not recall:
+        return ""
+    base, tuned = recall["matched"]["base"], recall["matched"]["fine_tuned"]
+    return (
+        f" {recall['written_before']} of the {recall['lines']} lines had been written before the split point, "
+        f"in its files or the training history; exact matches with context: base + context {base[0]} "
+        f"({base[1]} of them such lines), fine-tuned + context {tuned[0]} ({tuned[1]})."
     )
 
 
