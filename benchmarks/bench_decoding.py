@@ -132,14 +132,16 @@ def baseline(
 ):
     """`model.generate`, greedy, in batches of similar-length prompts with left padding; with `cut_loops`
     (messages), an answer that starts over is cut where it repeats a line, as the evaluation's are; with
-    `newline` (code), the answer the line after the line break its first token begins with."""
+    `newline` (code), each prompt read without the line breaks it ends with and the answer the line after
+    the first tokens that spell them (`healing`), as the decoder heals a next line."""
     import torch
 
-    from pipeline.suggest.decoding import finished, healed_tokens
+    from pipeline.suggest.decoding import finished, healing
     from pipeline.train.model import autocast
 
     device = next(model.parameters()).device
-    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    healed = [healing(prompt) if newline else (prompt, 0) for prompt in prompts]
+    encoded = tokenizer([read for read, _ in healed], add_special_tokens=False)["input_ids"]
     outputs = [""] * len(prompts)
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     stopping: dict = {}
@@ -147,7 +149,10 @@ def baseline(
         for chosen in similar_lengths([len(tokens) for tokens in encoded]):
             batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt").to(device)
             if newline:
-                stopping["prefix_allowed_tokens_fn"] = healed_tokens(tokenizer, batch["input_ids"].shape[1])
+                breaks = [healed[i][1] for i in chosen]
+                stopping["prefix_allowed_tokens_fn"] = healed_rows(
+                    tokenizer, batch["input_ids"].shape[1], breaks
+                )
             with torch.no_grad(), autocast(device.type, precision):
                 generated = model.generate(
                     **batch, do_sample=False, pad_token_id=tokenizer.pad_token_id,
@@ -161,6 +166,15 @@ def baseline(
     finally:
         tokenizer.padding_side = side
     return outputs
+
+
+def healed_rows(tokenizer, width: int, breaks: list[int]):
+    """`model.generate`'s `prefix_allowed_tokens_fn` for a batch `width` tokens wide whose rows are healed
+    over `breaks` line breaks each (`healed_tokens`, one rule a count)."""
+    from pipeline.suggest.decoding import healed_tokens
+
+    rules = {count: healed_tokens(tokenizer, width, count) for count in set(breaks)}
+    return lambda row, seen: rules[breaks[row]](row, seen)
 
 
 def similar_lengths(lengths: Sequence[int]) -> list[list[int]]:

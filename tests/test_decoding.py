@@ -272,31 +272,36 @@ def test_a_cpus_batches_are_fixed_and_a_gpus_are_what_its_free_memory_holds_in_c
 def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_with_that_first_token(
     pretrained,
 ):
-    """A prompt that ends a line (before its line break) is answered with the next line: the first token
-    one that begins with a line break and holds no second one (token healing), and none with a line break
-    while the line is blank (never a blank line), the same tokens `model.generate` gives one prompt at a
-    time under that constraint."""
+    """A prompt that ends a line (before its line break, or after it and the blank lines under it) is
+    answered with the next line: read without its line breaks, the first tokens spell them as the model
+    chooses to (token healing: the tokenizer writes a line break with what follows it), and none has a
+    line break while the line is blank (never a blank line), the same tokens `model.generate` gives one
+    prompt at a time under that constraint."""
     from pipeline.suggest.decoding import healed_tokens
 
     model, tokenizer = pretrained
     prompts = [
         "<filename>calc.py\ndef add(a, b):",
-        "<filename>walk.py\nimport os\nimport sys",
+        "<filename>walk.py\nimport os\nimport sys\n",
         "<filename>point.py\nclass Point:\n    def __init__(self, x, y):\n        self.x = x",
         "<filename>calc.py\ndef add(a, b):\n    return a + b",  # a lone line break, then another: not kept
+        "<filename>calc.py\ndef add(a, b):\n    return a + b\n\n",  # under a blank line: both healed
+        "<filename>point.py\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n\n\n",
     ]
     expected = []
     for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        read = prompt.rstrip("\n")
+        breaks = max(len(prompt) - len(read), 1)
+        ids = tokenizer(read, return_tensors="pt", add_special_tokens=False)["input_ids"]
         width = ids.shape[1]
         with torch.no_grad():
             out = model.generate(
                 ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
-                prefix_allowed_tokens_fn=healed_tokens(tokenizer, width),
+                prefix_allowed_tokens_fn=healed_tokens(tokenizer, width, breaks),
             )  # fmt: skip
         text = tokenizer.decode(out[0, width:], skip_special_tokens=True)
-        assert text.startswith("\n") and not text.startswith("\n\n")
+        assert text.startswith("\n" * breaks) and not text.startswith("\n" * (breaks + 1))
         expected.append(finished(text, True, False, next_line=True))
     assert generate_batched(model, tokenizer, prompts, NEW_TOKENS, "fp32", next_line=True) == expected
     assert all(answer.strip() for answer in expected)  # a line of code each, never a blank one

@@ -122,6 +122,26 @@ def test_a_next_line_is_never_a_blank_one_in_serve_as_in_the_scoreboard(engine):
     assert served == scored[0] and served.strip()
 
 
+def test_a_cursor_under_a_blank_line_is_healed_over_both_line_breaks_in_serve_as_in_the_scoreboard(engine):
+    """Under a blank line (where the next function begins) the prompt ends in two line breaks, which the
+    tokenizer writes with what follows them (`"\\n\\n    "` before an indented line, two lone ones
+    before a word): read without both, their spelling left to the model, the answer is the line it
+    writes there, the same in `serve` as in the code scoreboard's decoder (which `model.generate` holds
+    to: tests/test_decoding.py)."""
+    import threading
+
+    from pipeline.suggest.decoding import generate_batched
+    from pipeline.use import serve
+
+    before = "def add(a, b):\n    return a + b\n\n"
+    asked, _ = serve._completion(engine, {"max_tokens": 12, "stop": ["\n"]}, before)
+    assert asked.healed == "\n\n"  # read without both
+    served = "".join(engine.stream(asked, threading.Event()))
+    with engine.turn():
+        scored = generate_batched(engine.model, engine.tokenizer, [before], 12, "fp32", next_line=True)
+    assert served == scored[0] and served.strip()
+
+
 REPEATING = "".join(module_source(index) for index in (1, 2)) + "\n\ndef compute_3(values):\n"
 """Code whose next tokens occurred before in it: `serve` guesses them."""
 

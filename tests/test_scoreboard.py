@@ -546,7 +546,8 @@ def test_a_model_that_writes_in_one_register_is_named():
 
 def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_and_with_context():
     """The file before the cursor after `<filename>` (alone) or after other files' chunks in the repository
-    format (with context), ending before the last line break, which the answer begins with."""
+    format (with context), ending at the cursor, after the last line break (which the decoder reads the
+    prompt without and the answer spells: tests/test_decoding.py)."""
     commit = PastCommit("ab" * 20, "Count cache misses", "diff --git a/pkg/cache.py b/pkg/cache.py\n", "eval")
     case = CodeCase(
         commit.sha,
@@ -567,9 +568,9 @@ def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_an
     )
     [message, bare, contextual] = task_prompts([commit], NO_FIM, RAW, 100, None, [case], index)
     assert (message.task, bare.task, contextual.task) == ("message", "code", "code_context")
-    assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):"
+    assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):\n"
     assert contextual.text.startswith("<repo_name>shop<file_sep>pkg/store.py\nclass Store:")
-    assert contextual.text.endswith("<file_sep>pkg/cache.py\nclass Cache:\n    def get(self, key):")
+    assert contextual.text.endswith("<file_sep>pkg/cache.py\nclass Cache:\n    def get(self, key):\n")
     assert "return 0" not in contextual.text  # never the file being edited
     assert bare.reference == contextual.reference == "        return 1"
     assert index.lookup(case) == "        return self.data[key]"  # the line after the most similar lines
@@ -618,7 +619,7 @@ def test_a_block_asks_for_the_body_under_the_line_that_opens_it_and_the_lookup_a
     index = CodeIndex([{"path": "pkg/store.py", "text": store}])
     [bare, contextual] = task_prompts([], NO_FIM, RAW, 0, None, [], index, [block])
     assert (bare.task, contextual.task) == ("block", "block_context")
-    assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):"
+    assert bare.text == "<filename>pkg/cache.py\nclass Cache:\n    def get(self, key):\n"
     assert bare.reference == contextual.reference == body
     assert index.lookup(block, block=True) == "        found = self.data[key]\n        return found"
 

@@ -90,7 +90,7 @@ SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 # resampled from a handful of commits is narrow by chance (one commit gives a single point).
 CODE_CHOICE_COMMITS = 10
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = 11  # 11: a healed line writes a character before a line break (never a blank line)
+EVALUATION_FORMAT = 12  # 12: a next line after blank lines is healed over all their line breaks
 
 
 def task_prompts(

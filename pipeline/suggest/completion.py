@@ -4,10 +4,11 @@ block), by a model or by the repository's own lines.
 - **The prompt** is what code models are pretrained on: the file as `<filename>path` then its text up to
   the cursor (`bare_prompt`); with retrieved context, the repository format, `<repo_name>`, then each
   retrieved chunk of another file and the file itself after `<file_sep>path` (`context_prompt`). It ends
-  before the line break that ends the last line, and the answer begins with one (`generate_batched`'s
-  `next_line`: token healing); a block's answer is cut where a line is indented less than its first
-  (`body_of`). A model whose tokenizer has fill-in-the-middle tokens is also given the lines after the
-  cursor (`infill`), as training's infilled files were.
+  at the cursor, after the line break that ends the last line and any blank lines under it; the model
+  reads it without them and its answer spells them first (`generate_batched`'s `next_line`: token
+  healing); a block's answer is cut where a line is indented less than its first (`body_of`). A model
+  whose tokenizer has fill-in-the-middle tokens is also given the lines after the cursor (`infill`), as
+  training's infilled files were, the prefix ending before its last line break.
 - **The context** is BM25 over chunks of the files as they stood at the split point (`CodeIndex`), other
   files than the one being edited, queried with the names in the lines before the cursor.
 - **The lookup for code** needs no model: the line (or the body) that follows the most similar lines
@@ -98,8 +99,8 @@ def cases_of(
 
 
 def bare_prompt(case: CodeCase, infill: bool = False) -> str:
-    """The file up to the cursor as a code model was pretrained on one file, ending before its last
-    line break; with `infill`, then the lines after the cursor (`infilled`)."""
+    """The file up to the cursor as a code model was pretrained on one file; with `infill`, then the
+    lines after the cursor (`infilled`)."""
     return infilled(f"<filename>{case.path}\n{_before(case)}", case, infill)
 
 
@@ -113,13 +114,16 @@ def context_prompt(case: CodeCase, chunks: Sequence[tuple[str, str]], infill: bo
 
 def infilled(prompt: str, case: CodeCase, infill: bool) -> str:
     """`prompt` as the prefix the answer fills in before the file's lines after the cursor (at most
-    AFTER_CHARS), which begin with the line break that ends the answer's line, as training's infilled
-    files split them; `prompt` as it is without `infill`, or at the end of the file."""
-    return infill_text(prompt, f"\n{case.after[:AFTER_CHARS]}") if infill and case.after else prompt
+    AFTER_CHARS), the prefix before its last line break and the lines after beginning with the one that
+    ends the answer's line, as training's infilled files split them; `prompt` as it is without
+    `infill`, or at the end of the file."""
+    if not (infill and case.after):
+        return prompt
+    return infill_text(prompt.removesuffix("\n"), f"\n{case.after[:AFTER_CHARS]}")
 
 
 def _before(case: CodeCase) -> str:
-    return case.before[-PROMPT_CHARS:].removesuffix("\n")
+    return case.before[-PROMPT_CHARS:]
 
 
 def body_of(text: str) -> str:

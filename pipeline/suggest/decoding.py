@@ -162,48 +162,74 @@ def generate_batched(
     """Greedy continuations of `prompts` (at most `max_new_tokens` each, ending at the end-of-sequence
     token; with `stop_at_newline`, at their first line break, which is left out; with `cut_loops`, for
     commit messages, where they start over: `unlooped`; code and diffs repeat lines). With `next_line`,
-    each prompt ends where a line of code does, before its line break, and the answer is the next line:
-    the first token is one that begins with a line break (`line_breaks`; BPE tokenizers merge a line
-    break with the next line's indentation, so a prompt ending in a bare one is off their distribution:
-    token healing), and the answer is what follows it up to the next; with `block`, healed so too, the
-    answer is the body it begins, ended and cut where a line is indented less (`body_ended`, `body_of`).
+    each prompt ends where a line of code does, before its line break or after it and the blank lines
+    under it (a cursor on a new line), and the answer is the next line: the prompt is read without its
+    line breaks, and the first tokens spell them, as the model chooses to (`line_breaks`; BPE tokenizers
+    merge a line break with what follows it, the next line's indentation or another line break, so a
+    prompt ending in a bare one is off their distribution: token healing), and the answer is what
+    follows them up to the next; with `block`, healed so too, the answer is the body it begins, ended and
+    cut where a line is indented less (`body_ended`, `body_of`).
     `progress` is told how many prompts each prefill
     forward read (most of the time on a CPU), and 0 after each step that writes the answers, for a
     progress line that keeps coming while they are written."""
     if not prompts:
         return []
     device = next(model.parameters()).device
-    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    heals = next_line or block
+    healed = [healing(prompt) for prompt in prompts] if heals else [(prompt, 0) for prompt in prompts]
+    encoded = tokenizer([read for read, _ in healed], add_special_tokens=False)["input_ids"]
     shared = _shared_prefix(encoded)
     lengths = [len(tokens) - shared for tokens in encoded]
     joinable = _plain_attention(model)
-    heals = next_line or block
     ends = _Ends(tokenizer, stop_at_newline or next_line, cut_loops, heals, block)
-    first = line_breaks(tokenizer) if heals else None
     outputs: list[str] = [""] * len(prompts)
     with scoring(model, precision):
         forward_tokens, batch_tokens = _sizes(model, device, joinable, len(prompts))
         prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
         for chosen in _batches(lengths, max_new_tokens, batch_tokens):
             rows = [encoded[i][shared:] for i in chosen]
+            spelled = [healed[i][1] for i in chosen]
             parts = _parts([len(row) for row in rows], forward_tokens) if joinable else None
             prefilled = _prefilled(
-                model, rows, shared, prefix, tokenizer.pad_token_id, parts, max_new_tokens, progress, first
-            )
-            answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress)
+                model, rows, shared, prefix, tokenizer.pad_token_id, parts, max_new_tokens, progress,
+                tokenizer, spelled,
+            )  # fmt: skip
+            answers = _greedy(model, rows, shared, prefilled, max_new_tokens, ends, progress, spelled)
             for index, answer in zip(chosen, answers, strict=True):
                 text = tokenizer.decode(answer, skip_special_tokens=True)
                 outputs[index] = finished(text, stop_at_newline or next_line, cut_loops, heals, block)
     return outputs
 
 
-def line_breaks(tokenizer) -> list[int]:
-    """The tokens whose text is one line break and what begins the next line (its indentation, a word):
-    what the next line's answer may begin with. Not two line breaks: a completion offers a line of
-    code, never a blank one, as an editor's does (and `breaking` keeps it from writing one after)."""
-    return [
-        t for t, text in enumerate(token_texts(tokenizer)) if text.startswith("\n") and "\n" not in text[1:]
-    ]
+def healing(prompt: str) -> tuple[str, int]:
+    """A next line's `prompt` as the model reads it, without the line breaks it ends with, and how many
+    its answer spells first: those, or the one that ends its last line where it ends without one. A
+    prompt that ends otherwise (in `<fim_middle>`: an infilled prefix ends before its last line break,
+    as training's infilled files were split) is read as it is."""
+    read = prompt.rstrip("\n")
+    return read, max(len(prompt) - len(read), 1)
+
+
+def line_breaks(tokenizer, count: int = 1) -> list[int]:
+    """The tokens a healed answer that has `count` line breaks still to spell may write: some of them
+    (the tokenizer splits a blank line before a word so), or all of them and what begins the next line
+    (its indentation, a word). Not one more: a completion offers a line of code, never a blank one, as
+    an editor's does (and `breaking` keeps it from writing one after)."""
+    kept = _LINE_BREAKS.setdefault(tokenizer, {})
+    if count not in kept:
+        breaks = "\n" * count
+        kept[count] = [
+            t
+            for t, text in enumerate(token_texts(tokenizer))
+            if text and (breaks.startswith(text) or (text.startswith(breaks) and "\n" not in text[count:]))
+        ]
+    return kept[count]
+
+
+def to_spell(texts: list[str], answer: Sequence[int], count: int) -> int:
+    """How many of the `count` line breaks an answer healed over are still to be spelled by `answer`'s
+    tokens (`texts`: `token_texts`), which `line_breaks` keeps to line breaks until they are."""
+    return max(count - sum(len(texts[token]) for token in answer), 0) if count else 0
 
 
 def breaking(tokenizer) -> list[int]:
@@ -214,17 +240,18 @@ def breaking(tokenizer) -> list[int]:
     return [t for t, text in enumerate(token_texts(tokenizer)) if "\n" in text]
 
 
-def healed_tokens(tokenizer, width: int) -> Callable[[int, Any], list[int]]:
+def healed_tokens(tokenizer, width: int, count: int = 1) -> Callable[[int, Any], list[int]]:
     """`model.generate`'s `prefix_allowed_tokens_fn` for prompts `width` tokens long that it answers as
-    `generate_batched` answers a next line or a body: the first token one of `line_breaks`, then none of
-    `breaking` while the answer is blank."""
-    first, texts, everything = line_breaks(tokenizer), token_texts(tokenizer), list(range(len(tokenizer)))
+    `generate_batched` answers a next line or a body healed over `count` line breaks: `line_breaks` until
+    they are spelled, then none of `breaking` while the answer is blank."""
+    texts, everything = token_texts(tokenizer), list(range(len(tokenizer)))
     unbroken = sorted(set(everything) - set(breaking(tokenizer)))
 
     def allowed(row: int, seen) -> list[int]:
-        if len(seen) == width:
-            return first
-        return unbroken if blank(texts, seen[width:].tolist()) else everything
+        answer = seen[width:].tolist()
+        if left := to_spell(texts, answer, count):
+            return line_breaks(tokenizer, left)
+        return unbroken if blank(texts, answer) else everything
 
     return allowed
 
@@ -243,6 +270,7 @@ def token_texts(tokenizer) -> list[str]:
 
 
 _TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LINE_BREAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _sizes(model, device, joinable: bool, prompts: int) -> tuple[int, int]:
@@ -315,7 +343,7 @@ def finished(
     begins with; with `block` too, the body that begins there (`body_of`). `model.generate`'s text,
     finished so, is what the decoder's answers are held to."""
     if next_line:
-        text = text.removeprefix("\n")
+        text = text.lstrip("\n")
     if block:
         return body_of(text)
     if stop_at_newline:
@@ -394,11 +422,11 @@ class _Ends:
         wrote, where `unlooped` cuts it anyway (the steps a loop would take are saved); with `block`, where
         the body it writes has ended (`body_ended`)."""
         if self.block:
-            return body_ended(self.tokenizer.decode(answer, skip_special_tokens=True).removeprefix("\n"))
+            return body_ended(self.tokenizer.decode(answer, skip_special_tokens=True).lstrip("\n"))
         if not (self.at_newline or self.cut_loops):
             return False
-        if self.next_line and len(answer) == 1:  # the line break it begins with: ends if a second follows
-            return "\n" in self.texts[token][1:]
+        if self.next_line and blank(self.texts, answer[:-1]):  # spelling the healed line breaks
+            return "\n" in self.texts[token].lstrip("\n")
         if token not in self.newline:
             self.newline[token] = "\n" in self.tokenizer.decode([token])
         if not self.newline[token]:
@@ -420,11 +448,15 @@ def _prefix_cache(model, tokens: list[int], device):
     return cache
 
 
-def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends, progress):
+def _greedy(
+    model, rows: list[list[int]], shared: int, prefilled, max_new_tokens: int, ends: _Ends, progress,
+    spelled: list[int],
+):  # fmt: skip
     """The answer tokens of each row (prompts after `shared` common tokens, shortest first), decoded
-    together over the KV cache `prefilled` holds with each row's first answer token. A row whose answer
-    ended stays in the batch (its tokens unread) until LEFT_SHARE of the batch has ended: taking rows out
-    copies the whole cache. `progress` (None: nobody) is told 0 after each step: still at work."""
+    together over the KV cache `prefilled` holds with each row's first answer token, each healed over
+    its `spelled` line breaks (0: not healed). A row whose answer ended stays in the batch (its tokens
+    unread) until LEFT_SHARE of the batch has ended: taking rows out copies the whole cache. `progress`
+    (None: nobody) is told 0 after each step: still at work."""
     import torch
 
     device = next(model.parameters()).device
@@ -460,12 +492,18 @@ def _greedy(model, rows: list[list[int]], shared: int, prefilled, max_new_tokens
         )  # fmt: skip
         logits = out.logits[:, -1]
         if len(breaks):  # a healed answer's line holds a character before a line break ends it
+            left = [
+                to_spell(ends.texts, answers[row], spelled[row]) if row is not None else 0 for row in writing
+            ]
             unopened = [
                 place
                 for place, row in enumerate(writing)
-                if row is not None and blank(ends.texts, answers[row])
+                if row is not None and not left[place] and blank(ends.texts, answers[row])
             ]
             logits[torch.tensor(unopened, dtype=torch.long, device=device)[:, None], breaks] = float("-inf")
+            for place, count in enumerate(left):
+                if count:  # still spelling the line breaks its prompt was read without
+                    logits[place] += _only(logits[place], line_breaks(ends.tokenizer, count))
         token = logits.argmax(-1)
         if progress is not None:
             progress(0)
@@ -483,14 +521,15 @@ def _mask(rows: list[list[int]], shared: int, width: int, device):
 
 def _prefilled(
     model, rows: list[list[int]], shared: int, prefix, pad: int, parts: list[range] | None, room: int,
-    progress, first: list[int] | None = None,
+    progress, tokenizer=None, spelled: Sequence[int] = (),
 ):  # fmt: skip
     """The batch's KV cache (each row left-padded to the longest, after the `shared` tokens `prefix`
     holds) and each row's first answer token. With `parts` (every cached layer plain attention), a part's
     rows a forward, each forward padded only to its own longest row, their caches copied into one with
     `room` more positions for the answers; else (None) the batch in one forward (a sliding window's or a
     recurrent layer's cache cannot be padded after the fact). `progress` (None: nobody) is told each
-    forward's rows; `first` (None: any): the tokens a first answer token may be."""
+    forward's rows; a row healed over `spelled` line breaks (those given) begins spelling them
+    (`line_breaks` of `tokenizer`)."""
     import torch
 
     device = next(model.parameters()).device
@@ -506,14 +545,22 @@ def _prefilled(
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, shared:], cache=cache, use_cache=True,
         )[:, -1]  # fmt: skip
         caches.append(cache)
-        if first is not None:
-            allowed = torch.full_like(logits[0], float("-inf"))
-            allowed[first] = 0.0
-            logits = logits + allowed
+        for place, row in enumerate(part):
+            if spelled and spelled[row]:
+                logits[place] += _only(logits[place], line_breaks(tokenizer, spelled[row]))
         tokens.append(logits.argmax(-1))
         if progress is not None:
             progress(len(chosen))
     return (_joined(caches, shared, len(rows[-1]), room) if parts else caches[0]), torch.cat(tokens)
+
+
+def _only(logits, allowed: list[int]):
+    """What to add to one row's `logits` so that only the `allowed` tokens can be chosen."""
+    import torch
+
+    kept = torch.full_like(logits, float("-inf"))
+    kept[allowed] = 0.0
+    return kept
 
 
 def last_logits(model, keep: int = 1, **inputs):

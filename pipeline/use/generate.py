@@ -151,8 +151,9 @@ def generate(
     return answerer.continuation(prompt, task, max_new_tokens)
 
 
-# A text's end where the cursor begins a line; the group: the indentation an editor wrote there, if any.
-LINE_START = re.compile(r"\n([ \t]*)\Z")
+# A text's end where the cursor begins a line (after the line break that ends the last, and any blank
+# lines under it); the group: the indentation an editor wrote there, if any.
+LINE_START = re.compile(r"\n+([ \t]*)\Z")
 
 
 def line_ended(before: str) -> tuple[str, str]:

@@ -80,9 +80,9 @@ class Asked:
     top_p: float
     stop: tuple[str, ...]
     healed: str = ""
-    """The end of `prompt` read back (its last line break and the indentation after it): the prompt is
-    read without it, and the answer's first tokens spell it (the first one of `line_breaks`), left out
-    of the answer: token healing, as the code scoreboard asks a next line."""
+    """The end of `prompt` read back (its last line breaks, blank lines included, and the indentation
+    after them): the prompt is read without it, and the answer's first tokens spell it (the first one of
+    `line_breaks`), left out of the answer: token healing, as the code scoreboard asks a next line."""
 
 
 class ServeError(Exception):
@@ -169,14 +169,15 @@ class Engine:
     def _chooser(self, asked: Asked, width: int) -> Callable[[list[int], Any], int]:
         """How the token after `tokens` is chosen from the model's scores for it, for `asked` read as
         `width` prompt tokens: greedy, or sampled at its temperature and top_p; where the prompt is healed,
-        the first tokens only those that spell what was cut from it (the first one of `line_starts`:
+        the first tokens only those that spell what was cut from it (the first one of `line_breaks`:
         `"\\n   "` then `" return"` for a cut `"\\n    "`, as the tokenizer splits an indented line), then
         none that ends the line they began while it is blank (`breaking`: a completion's line, as the
         scoreboard's answers are, is never a blank one)."""
         import torch
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-        line_starts, texts, healed = self.line_starts, self.texts, asked.healed
+        texts, healed = self.texts, asked.healed
+        line_starts = line_breaks(self.tokenizer, healed.count("\n"))
 
         def spelling(tokens: list[int], scores):
             # Spelling `healed` takes at most as many tokens as it has characters: the rest is the answer.
