@@ -20,7 +20,7 @@ the same run: `generate --task code` as a fresh process for a few of the same fi
 shells out pays each time). The goal (issue 72): p50 ≤ 500 ms to a complete next line. With
 `--llama-server`, llama.cpp's server binary, the same editor typing in `--typed-files` files (10 lines
 each) through serve and through llama-server serving the exported GGUF (f16, the merged weights): asked
-as an editor asks (the text up to a cursor at a line's start), and with the line breaks it ends with left for
+as an editor asks (the text up to a cursor at a line's start), and with that last line break left for
 the model to write (what serve's healing asks; llama-server has none); each line scored against the
 file's own next line (exact match and edit similarity, intervals resampled by file). Everything it prints
 goes to benchmarks/results/serve-NAME.json too, which docs/use.md's figures are generated from.
@@ -332,25 +332,25 @@ def typed_lines(client, name: str, typed: list[tuple[str, list[str]]], asking) -
 
 
 def ask_before_break(client, name: str, prompt: str) -> tuple[float, float, str]:
-    """`ask`, with the line breaks the prompt ends with left for the model to write (as serve heals a
-    prompt; a server without healing reads a prompt that ends in one as code never ends): the line is
-    what follows the line breaks it writes first, complete at the next."""
+    """`ask`, with the prompt's last line break left for the model to write (as serve heals a prompt; a
+    server without healing reads a prompt that ends in one as code never ends): the line is what follows
+    the first line break it writes, complete at the next."""
     started = time.perf_counter()
     first = None
     stream = client.completions.create(
-        model=name, prompt=prompt.rstrip("\n"), max_tokens=40, temperature=0, stream=True
+        model=name, prompt=prompt.removesuffix("\n"), max_tokens=40, temperature=0, stream=True
     )
     written = ""
     for chunk in stream:
         if chunk.choices and chunk.choices[0].text:
             written += chunk.choices[0].text
-            line = written.lstrip("\n") if written.startswith("\n") else ""
+            line = written[1:] if written.startswith("\n") else ""
             first = first or (time.perf_counter() - started if line else None)
             if "\n" in line or not written.startswith("\n"):
                 stream.close()  # the line is complete: llama-server stops generating when the client leaves
                 break
     done = time.perf_counter() - started
-    line = written.lstrip("\n").split("\n", 1)[0] if written.startswith("\n") else ""
+    line = written[1:].split("\n", 1)[0] if written.startswith("\n") else ""
     return (done if first is None else first), done, line
 
 
@@ -358,7 +358,7 @@ def through_llama_server(
     adapter: str, binary: str, typed: list[tuple[str, list[str]]], served: list[tuple], texts: dict[str, str]
 ) -> dict:
     """The same typing through llama-server serving the exported GGUF (f16), as an editor asks and with
-    the line breaks the prompt ends with left for the model; each system's lines scored against the files' next lines,
+    the last line break left for the model; each system's lines scored against the files' next lines,
     and llama-server's − serve's, paired, intervals resampled by file."""
     import os
     import tempfile

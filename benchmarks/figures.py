@@ -336,7 +336,7 @@ def serve(name: str) -> str:
 SERVED_BY = {
     "serve": "`serve` (transformers, {precision}, the prompt healed)",
     "raw": "llama-server, f16 GGUF, as an editor asks",
-    "line_break_left": "llama-server, the line breaks the prompt ends with left for the model",
+    "line_break_left": "llama-server, the last line break left for the model",
 }
 
 
