@@ -276,10 +276,10 @@ def test_an_editors_infill_template_is_read_as_its_prefix_by_a_model_that_cannot
     from pipeline.use.serve import SUFFIX_HEADER, _completion
 
     sent = "<fim_prefix>def add(a, b):\n<fim_suffix>\n\nprint(add(1, 2))\n<fim_middle>"
-    plain = SimpleNamespace(infills=False, line_starts=[198])
+    plain = SimpleNamespace(infills=False, heals=True)
     asked, headers = _completion(plain, {"prompt": sent}, sent)
     assert (asked.prompt, asked.healed, list(headers)) == ("def add(a, b):\n", "\n", [SUFFIX_HEADER])
-    infilling = SimpleNamespace(infills=True, line_starts=[198])
+    infilling = SimpleNamespace(infills=True, heals=True)
     asked, headers = _completion(infilling, {"prompt": sent}, sent)
     assert (asked.prompt, asked.healed, headers) == (sent, "", {})
 

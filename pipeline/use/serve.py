@@ -105,7 +105,7 @@ class Engine:
         self.model, self.tokenizer = model, tokenizer
         keep_folded(model)
         self.infills = infills(tokenizer)
-        self.line_starts = line_breaks(tokenizer)  # the tokens a healed answer may begin with
+        self.heals = bool(line_breaks(tokenizer))  # its tokens can spell a line break: a prompt's are healed
         self.breaking = breaking(tokenizer)  # and may not write while its line is blank
         self.texts = token_texts(tokenizer)
         self.kept: list[tuple[list[int], Any]] = []
@@ -169,15 +169,14 @@ class Engine:
     def _chooser(self, asked: Asked, width: int) -> Callable[[list[int], Any], int]:
         """How the token after `tokens` is chosen from the model's scores for it, for `asked` read as
         `width` prompt tokens: greedy, or sampled at its temperature and top_p; where the prompt is healed,
-        the first tokens only those that spell what was cut from it (the first one of `line_breaks`:
-        `"\\n   "` then `" return"` for a cut `"\\n    "`, as the tokenizer splits an indented line), then
-        none that ends the line they began while it is blank (`breaking`: a completion's line, as the
-        scoreboard's answers are, is never a blank one)."""
+        the first tokens only those that spell what was cut from it (its line breaks as `line_breaks`
+        allows, then its indentation: `"\\n   "` then `" return"` for a cut `"\\n    "`, as the tokenizer
+        splits an indented line), then none that ends the line they began while it is blank (`breaking`:
+        a completion's line, as the scoreboard's answers are, is never a blank one)."""
         import torch
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
         texts, healed = self.texts, asked.healed
-        line_starts = line_breaks(self.tokenizer, healed.count("\n"))
 
         def spelling(tokens: list[int], scores):
             # Spelling `healed` takes at most as many tokens as it has characters: the rest is the answer.
@@ -189,9 +188,14 @@ class Engine:
                 unbroken = scores.clone()
                 unbroken[self.breaking] = float("-inf")
                 return unbroken
+            # While line breaks are left to spell, only them (`line_breaks`: never one more), then the
+            # indentation after them.
+            spelling_from = (
+                line_breaks(self.tokenizer, left.count("\n")) if "\n" in left else range(len(texts))
+            )
             allowed = [
                 token
-                for token in (range(len(texts)) if written else line_starts)
+                for token in spelling_from
                 if texts[token].startswith(left) or (texts[token] and left.startswith(texts[token]))
             ]
             kept = scores.new_full(scores.shape, float("-inf"))
@@ -486,7 +490,7 @@ def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Aske
         else:
             headers = {SUFFIX_HEADER: f"ignored: {UNREAD_BY_MODEL}"}
     end = LINE_START.search(prompt)
-    healed = end[0] if end and end.start() and engine.line_starts else ""
+    healed = end[0] if end and end.start() and engine.heals else ""
     return replace(_asked(body, prompt, COMPLETION_TOKENS), healed=healed), headers
 
 
