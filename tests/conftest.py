@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import os
 import signal
 import subprocess
@@ -303,32 +304,35 @@ def assert_valid_manifest(document) -> None:
     assert not problems, "MANIFEST.json does not match the schema:\n" + "\n".join(problems[:20])
 
 
+@dataclass
+class Made:
+    """The shapes of the tensors a block's operations read (`made_tensors`)."""
+
+    shapes: list[tuple[int, ...]]
+
+    @property
+    def most(self) -> int:
+        """The most elements of any of them."""
+        return max((math.prod(shape) for shape in self.shapes), default=0)
+
+
+@contextmanager
 def made_tensors():
-    """A torch dispatch mode, entered with `with`, that keeps the shape of every tensor an operation made in
-    this thread (views included) in `.shapes`, and the most elements of any in `.most`: a weight copied,
-    or broadcast for a batched product, shows as a tensor of its size or shape."""
-    import math
+    """torch's profiler around a block, keeping the shape of every tensor its operations read (views
+    included; what one operation makes the next reads) in `.shapes` once the block ends, and the most
+    elements of any in `.most`: a weight copied, or broadcast for a batched product, shows as a tensor of
+    its size or shape."""
+    from torch.profiler import ProfilerActivity, profile
 
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Made(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.shapes: list[tuple[int, ...]] = []
-
-        @property
-        def most(self) -> int:
-            return max((math.prod(shape) for shape in self.shapes), default=0)
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for tensor in out if isinstance(out, tuple | list) else (out,):
-                if isinstance(tensor, torch.Tensor):
-                    self.shapes.append(tuple(tensor.shape))
-            return out
-
-    return Made()
+    made = Made([])
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiled:
+        yield made
+    made.shapes = [
+        tuple(shape)
+        for event in profiled.events()
+        for shape in event.input_shapes
+        if shape and all(isinstance(size, int) for size in shape)  # a tensor's, not a list of them
+    ]
 
 
 PRETRAINED = "smollm2-135m"
