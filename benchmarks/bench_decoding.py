@@ -136,7 +136,7 @@ def baseline(
     the first tokens that spell them (`healing`), as the decoder heals a next line."""
     import torch
 
-    from pipeline.suggest.decoding import finished, healing
+    from pipeline.suggest.decoding import finished, healed_tokens, healing
     from pipeline.train.model import autocast
 
     device = next(model.parameters()).device
@@ -150,7 +150,7 @@ def baseline(
             batch = tokenizer.pad({"input_ids": [encoded[i] for i in chosen]}, return_tensors="pt").to(device)
             if newline:
                 breaks = [healed[i][1] for i in chosen]
-                stopping["prefix_allowed_tokens_fn"] = healed_rows(
+                stopping["prefix_allowed_tokens_fn"] = healed_tokens(
                     tokenizer, batch["input_ids"].shape[1], breaks
                 )
             with torch.no_grad(), autocast(device.type, precision):
@@ -166,15 +166,6 @@ def baseline(
     finally:
         tokenizer.padding_side = side
     return outputs
-
-
-def healed_rows(tokenizer, width: int, breaks: list[int]):
-    """`model.generate`'s `prefix_allowed_tokens_fn` for a batch `width` tokens wide whose rows are healed
-    over `breaks` line breaks each (`healed_tokens`, one rule a count)."""
-    from pipeline.suggest.decoding import healed_tokens
-
-    rules = {count: healed_tokens(tokenizer, width, count) for count in set(breaks)}
-    return lambda row, seen: rules[breaks[row]](row, seen)
 
 
 def similar_lengths(lengths: Sequence[int]) -> list[list[int]]:

@@ -27,6 +27,7 @@ the newest 100 kept commits are held out, the 100 before them validate every cho
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -145,6 +146,7 @@ def summary(output: Path) -> dict:
     }
 
 
+@functools.cache  # the report and the results file both read it: the history is read once a run
 def written_before(output: Path) -> dict:
     """How many of the next lines scored had been written before the split point: the same line (the
     spaces at its ends aside, as exact match compares) in a file at the split point or on a line of the

@@ -298,7 +298,7 @@ def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_wi
             out = model.generate(
                 ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
-                prefix_allowed_tokens_fn=healed_tokens(tokenizer, width, breaks),
+                prefix_allowed_tokens_fn=healed_tokens(tokenizer, width, [breaks]),
             )  # fmt: skip
         text = tokenizer.decode(out[0, width:], skip_special_tokens=True)
         assert text.startswith("\n" * breaks) and not text.startswith("\n" * (breaks + 1))

@@ -240,16 +240,17 @@ def breaking(tokenizer) -> list[int]:
     return [t for t, text in enumerate(token_texts(tokenizer)) if "\n" in text]
 
 
-def healed_tokens(tokenizer, width: int, count: int = 1) -> Callable[[int, Any], list[int]]:
-    """`model.generate`'s `prefix_allowed_tokens_fn` for prompts `width` tokens long that it answers as
-    `generate_batched` answers a next line or a body healed over `count` line breaks: `line_breaks` until
-    they are spelled, then none of `breaking` while the answer is blank."""
+def healed_tokens(tokenizer, width: int, breaks: Sequence[int] = ()) -> Callable[[int, Any], list[int]]:
+    """`model.generate`'s `prefix_allowed_tokens_fn` for a batch of prompts `width` tokens wide that it
+    answers as `generate_batched` answers a next line or a body, each row healed over its `breaks` line
+    breaks (one each where none are given): `line_breaks` until they are spelled, then none of `breaking`
+    while the answer is blank."""
     texts, everything = token_texts(tokenizer), list(range(len(tokenizer)))
     unbroken = sorted(set(everything) - set(breaking(tokenizer)))
 
     def allowed(row: int, seen) -> list[int]:
         answer = seen[width:].tolist()
-        if left := to_spell(texts, answer, count):
+        if left := to_spell(texts, answer, breaks[row] if breaks else 1):
             return line_breaks(tokenizer, left)
         return unbroken if blank(texts, answer) else everything
 
