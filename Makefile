@@ -63,8 +63,18 @@ run: $(INSTALLED)
 # then the few that measure how busy the CPU is, alone: their module only, which imports nothing heavy,
 # unless PYTEST_ARGS picks tests (exit 5, "none selected", is fine when it picks none of them), after the
 # parallel pass's writes are on disk: the kernel writing them back is not the load they measure.
+# What every worker imports (the libraries a run loads, and what collecting the suite imports), compiled
+# to bytecode once before the workers start, beside the type check: three workers importing them at once
+# on a fresh set-up each compiled all of it (docs/development.md). Once per set-up: the mark goes with .venv.
+COMPILED := $(VENV)/.compiled
+COMPILE := import importlib, sys, pytest; from pipeline.train.model import DATA_LIBRARIES, TRAINING_LIBRARIES; \
+	[importlib.import_module(name) for name in (*DATA_LIBRARIES, *TRAINING_LIBRARIES)]; \
+	sys.exit(pytest.main(["--collect-only", "--quiet", "-p", "no:cacheprovider"]))
+
 test: $(INSTALLED)
-	$(BIN)/mypy
+	$(BIN)/mypy & checking=$$!; \
+	[ $(COMPILED) -nt $(INSTALLED) ] || { $(BIN)/python -c '$(COMPILE)' >/dev/null && touch $(COMPILED); }; \
+	wait $$checking
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 -m "not quiet_machine" $(PYTEST_ARGS)
 	sync
 	$(BIN)/python -m pytest -m quiet_machine $(or $(PYTEST_ARGS),tests/test_busy_cpu.py) || [ $$? -eq 5 ]

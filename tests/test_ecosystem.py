@@ -1,6 +1,6 @@
-"""What ML engineers expect around a run: their experiment tracker (TensorBoard, offline), a clear line
-when a tracker cannot be used, progress with tokens/s, elapsed time and time left, and plain progress
-lines in a log."""
+"""What ML engineers expect around a run: their experiment trackers (TensorBoard, MLflow and W&B, offline,
+all three at once in one run), a clear line when a tracker cannot be used, progress with tokens/s,
+elapsed time and time left, and plain progress lines in a log."""
 
 from __future__ import annotations
 
@@ -11,23 +11,42 @@ from pathlib import Path
 
 import pytest
 
+import run_pipeline
 from tests.conftest import FAST_TRAINING, GitRepo, add_features, read_json
 
+TRACKERS = ["tensorboard", "mlflow", "wandb"]
 
-def test_tensorboard_gets_the_curves_the_plan_and_the_manifest(cli, tmp_path):
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory) -> tuple[dict, Path]:
+    """One run reporting to the three trackers at once (each offline, into the run's own folder), as a
+    user who keeps more than one would: its manifest and its folder."""
+    root = tmp_path_factory.mktemp("tracked")
+    repo = add_features(GitRepo(root / "repo"))
+    out = root / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        # MLflow: a local file store (MLflow 3 wants a database or a server by default; this is its own opt-in).
+        patch.setenv("MLFLOW_TRACKING_URI", (root / "mlruns").as_uri())
+        patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        patch.setenv("MLFLOW_EXPERIMENT_NAME", "repotune")
+        for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(root), "WANDB_SILENT": "true"}.items():
+            patch.setenv(name, value)
+        argv = [
+            "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING,
+            "--set", "train.epochs=2", "--set", "train.eval_steps=4",
+            "--set", f"train.report_to=[{', '.join(TRACKERS)}]",
+        ]  # fmt: skip
+        assert run_pipeline.main(argv) == 0
+    return read_json(out / "MANIFEST.json"), root
+
+
+def test_tensorboard_gets_the_curves_the_plan_and_the_manifest(tracked):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    repo = add_features(GitRepo(tmp_path / "repo"))
-    out = tmp_path / "out"
-    result = cli(
-        "--repo", repo.path, "--output-dir", out, *FAST_TRAINING,
-        "--set", "train.epochs=2", "--set", "train.eval_steps=4", "--set", "train.report_to=[tensorboard]",
-    )  # fmt: skip
-    assert result.code == 0, result.err
-    manifest = read_json(out / "MANIFEST.json")
+    manifest, root = tracked
     decision = manifest["training_parameters"]["decisions"]["report_to"]
-    assert decision["value"] == ["tensorboard"] and "OUTPUT_DIR/tensorboard" in decision["reason"]
-    events = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    assert decision["value"] == TRACKERS and "OUTPUT_DIR/tensorboard" in decision["reason"]
+    events = EventAccumulator(str(root / "out" / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
     logged = [event.step for event in events.Scalars("train/loss")]
     assert logged == [entry["step"] for entry in manifest["training_report"]["training"]["loss_history"]]
@@ -36,28 +55,15 @@ def test_tensorboard_gets_the_curves_the_plan_and_the_manifest(cli, tmp_path):
     texts = events.Tags()["tensors"]
     assert "repotune/plan/text_summary" in texts and "repotune/manifest/text_summary" in texts
     plan = events.Tensors("repotune/plan/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert "| report_to | ['tensorboard'] | cli |" in plan
+    assert f"| report_to | {TRACKERS} | cli |" in plan
 
 
-def tracked_run(cli, tmp_path, tracker: str):
-    repo = add_features(GitRepo(tmp_path / "repo"))
-    out = tmp_path / "out"
-    result = cli(
-        "--repo", repo.path, "--output-dir", out, *FAST_TRAINING,
-        "--set", "train.epochs=2", "--set", f"train.report_to=[{tracker}]",
-    )  # fmt: skip
-    assert result.code == 0, result.err
-    return read_json(out / "MANIFEST.json"), out
-
-
-def test_mlflow_gets_the_params_the_loss_curve_the_plan_and_the_manifest(cli, tmp_path, monkeypatch):
+def test_mlflow_gets_the_params_the_loss_curve_the_plan_and_the_manifest(tracked, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    # A local file store (MLflow 3 wants a database or a server by default; this is its own opt-in).
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    manifest, root = tracked
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (root / "mlruns").as_uri())
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "repotune")
-    manifest, _ = tracked_run(cli, tmp_path, "mlflow")
     client = MlflowClient()
     (run,) = client.search_runs([client.get_experiment_by_name("repotune").experiment_id])
     plan = manifest["training_parameters"]
@@ -74,7 +80,7 @@ def test_mlflow_gets_the_params_the_loss_curve_the_plan_and_the_manifest(cli, tm
     }
     attached = json.loads(Path(client.download_artifacts(run.info.run_id, "repotune/plan.json")).read_text())
     assert attached["report_to"] == manifest["training_parameters"]["decisions"]["report_to"]
-    assert attached["report_to"]["value"] == ["mlflow"]
+    assert attached["report_to"]["value"] == TRACKERS
 
 
 def wandb_records(run_file: Path):
@@ -100,11 +106,9 @@ def wandb_records(run_file: Path):
     return records
 
 
-def test_wandb_offline_gets_the_loss_curve_the_plan_and_the_manifest(cli, tmp_path, monkeypatch):
-    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
-        monkeypatch.setenv(name, value)
-    manifest, _ = tracked_run(cli, tmp_path, "wandb")
-    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+def test_wandb_offline_gets_the_loss_curve_the_plan_and_the_manifest(tracked):
+    manifest, root = tracked
+    (run,) = (root / "wandb").glob("offline-run-*")
     assert (run / "files" / "MANIFEST.json").exists()
     records = wandb_records(next(run.glob("run-*.wandb")))
     losses = [
