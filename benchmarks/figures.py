@@ -498,6 +498,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "messages-flask": lambda: message_scoreboard("flask"),
     "code-requests": lambda: code_scoreboard("requests"),
     "messages-requests": lambda: message_scoreboard("requests"),
+    "code-express": lambda: code_scoreboard("express"),
+    "messages-express": lambda: message_scoreboard("express"),
     "ablation-flask": lambda: ablation("flask"),
     "budgets-flask": lambda: budgets("flask"),
     "serve-flask": lambda: serve("flask"),
