@@ -307,11 +307,17 @@ def is_literal(value: str, name: str = "") -> bool:
         or lowered in _NOT_LITERALS
         or lowered in (name.lower(), name.lower().rsplit(".", 1)[-1])  # `app.secret_key = "secret_key"`
         or _named_placeholder(value)
+        or _VERSION.fullmatch(value) is not None
         or re.sub(r"[^a-z]", "", lowered) in ("pass", "pw", "pwd", "passwd")  # `password pass`
         or lowered == (_WORD.findall(name) or [""])[-1].lower()
         or _says_it_stands_in(lowered)
         or (is_phrase(value) and "passphrase" not in name.lower())
     )
+
+
+_VERSION = re.compile(r"[\^=]?v?\d+(?:\.(?:\d+|x|\*)){1,3}(?:[-+][0-9A-Za-z.-]+)?")
+"""A version, or a range a manifest pins a dependency to: `"basic-auth": "^2.0.1"` and `"pbkdf2-password":
+"1.2.1"` in package.json name packages, not credentials (docs/data.md)."""
 
 
 def _named_placeholder(value: str) -> bool:
@@ -417,6 +423,16 @@ def _in_a_string(match: re.Match[str]) -> bool:
     before it."""
     line = match.string[match.string.rfind("\n", 0, match.start()) + 1 : match.start()]
     return any(line.count(quote) % 2 == 1 for quote in ('"', "'", "`"))
+
+
+def _a_member_assigned(match: re.Match[str]) -> bool:
+    """A statement of code, not a connection string: outside any string, a member read into the name
+    (express's `auth.password = auth.pass;`)."""
+    return (
+        re.fullmatch(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+", match.group(2)) is not None
+        and _syntax_at(match.string, match.start()) is Syntax.CODE
+        and not _in_a_string(match)
+    )
 
 
 def _named_word(match: re.Match[str]) -> bool:
@@ -1188,6 +1204,7 @@ RULES: tuple[Rule, ...] = (
         # (A value of 80 characters at most: each `password=` of a long line would be read to its end.)
         r"(?i)(?<![A-Za-z0-9_])(password|pwd)[ \t]*=[ \t]*([^;'\"\n]{0,80}?[^;'\"\s])[ \t]*;",
         hints=(r"pass(?:wd|word|phrase)", "pwd"),
+        accept=lambda match: _named_literal(match) and not _a_member_assigned(match),
     ),
     _keyed(
         "connection_string_password",

@@ -724,6 +724,11 @@ NOT_CREDENTIALS = [
     ("Makefile", "DB_PASSWORD != cat /run/secrets/db"),
     ("docker-compose.yml", "      POSTGRES_PASSWORD: ${POSTGRES_PASSWORD:?set it in .env}"),
     ("docker-compose.yml", "      PORT: ${PORT:-8080}"),
+    # a dependency named for a credential, pinned to a version: a package, not a password
+    ("package.json", '    "basic-auth": "^2.0.1",'),
+    ("package.json", '    "pbkdf2-password": "1.2.1",'),
+    ("Cargo.toml", 'http-auth = "0.1.8"'),
+    ("lib/request.js", "    auth.password = auth.pass;"),  # a member read, not a connection string's value
 ]
 
 
