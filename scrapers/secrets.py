@@ -315,9 +315,12 @@ def is_literal(value: str, name: str = "") -> bool:
     )
 
 
-_VERSION = re.compile(r"[\^=]?v?\d+(?:\.(?:\d+|x|\*)){1,3}(?:[-+][0-9A-Za-z.-]+)?")
+_VERSION = re.compile(
+    r"(?i)[\^=]?v?\d+(?:\.(?:\d+|x|\*)){1,3}(?:-?(?:alpha|beta|rc|pre|dev|next|canary)\.?\d*)?"
+)
 """A version, or a range a manifest pins a dependency to: `"basic-auth": "^2.0.1"` and `"pbkdf2-password":
-"1.2.1"` in package.json name packages, not credentials (docs/data.md)."""
+"1.2.1"` in package.json name packages, not credentials (docs/data.md). Its tail only a pre-release's
+word (`1.0.0-beta.1`): `1.0-hunter2` is a password a person wrote."""
 
 
 def _named_placeholder(value: str) -> bool:

@@ -599,6 +599,7 @@ CREDENTIALS = [
     # A name run together, read as DB_PASSWORD is.
     ("deploy.sh", "export DBPASSWORD=swordfish"),
     ("app/settings.py", 'rootpassword = "swordfish"'),
+    ("package.json", '  "db_password": "1.0-swordfish",'),  # begins as a version, then a word a person chose
 ]
 
 
@@ -727,6 +728,7 @@ NOT_CREDENTIALS = [
     # a dependency named for a credential, pinned to a version: a package, not a password
     ("package.json", '    "basic-auth": "^2.0.1",'),
     ("package.json", '    "pbkdf2-password": "1.2.1",'),
+    ("package.json", '    "basic-auth": "2.1.0-beta.1",'),
     ("Cargo.toml", 'http-auth = "0.1.8"'),
     ("lib/request.js", "    auth.password = auth.pass;"),  # a member read, not a connection string's value
 ]
