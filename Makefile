@@ -53,16 +53,6 @@ install: $(INSTALLED)
 run: $(INSTALLED)
 	$(BIN)/python run_pipeline.py --repo "$(REPO)" $(ARGS)
 
-# Once. No test depends on the host: the few whose outcome could take the `host` fixture and run on a
-# CPU-only host and on a simulated H100 host (REPOTUNE_TEST_GPU=h100-80gb runs the whole suite as the latter).
-# The type check first (seconds): every stage call goes through Record.step, typed with a ParamSpec.
-# The suite runs once: on three workers (most tests wait on one core at most: imports, subprocesses, git,
-# a child's start-up; measured on 2 cores, the parallel pass took 265 s on two workers, 245 s on three, warm;
-# the tests of the built-in model on one of them, tests/conftest.py says why), each with one thread for
-# torch (two workers with two threads each on two cores spent a third of their CPU time spinning),
-# then the few that measure how busy the CPU is, alone: their module only, which imports nothing heavy,
-# unless PYTEST_ARGS picks tests (exit 5, "none selected", is fine when it picks none of them), after the
-# parallel pass's writes are on disk: the kernel writing them back is not the load they measure.
 # What every worker imports (the libraries a run loads, and what collecting the suite imports), compiled
 # to bytecode once before the workers start, beside the type check: three workers importing them at once
 # on a fresh set-up each compiled all of it (docs/development.md). Once per set-up: the mark goes with .venv.
@@ -71,6 +61,17 @@ COMPILE := import importlib, sys, pytest; from pipeline.train.model import DATA_
 	[importlib.import_module(name) for name in (*DATA_LIBRARIES, *TRAINING_LIBRARIES)]; \
 	sys.exit(pytest.main(["--collect-only", "--quiet", "-p", "no:cacheprovider"]))
 
+# Once. No test depends on the host: the few whose outcome could take the `host` fixture and run on a
+# CPU-only host and on a simulated H100 host (REPOTUNE_TEST_GPU=h100-80gb runs the whole suite as the latter).
+# The type check first (seconds; beside it, once per set-up, the bytecode above): every stage call goes
+# through Record.step, typed with a ParamSpec.
+# The suite runs once: on three workers (most tests wait on one core at most: imports, subprocesses, git,
+# a child's start-up; measured on 2 cores, the parallel pass took 265 s on two workers, 245 s on three, warm;
+# the tests of the built-in model on one of them, tests/conftest.py says why), each with one thread for
+# torch (two workers with two threads each on two cores spent a third of their CPU time spinning),
+# then the few that measure how busy the CPU is, alone: their module only, which imports nothing heavy,
+# unless PYTEST_ARGS picks tests (exit 5, "none selected", is fine when it picks none of them), after the
+# parallel pass's writes are on disk: the kernel writing them back is not the load they measure.
 test: $(INSTALLED)
 	$(BIN)/mypy & checking=$$!; \
 	[ $(COMPILED) -nt $(INSTALLED) ] || { $(BIN)/python -c '$(COMPILE)' >/dev/null && touch $(COMPILED); }; \

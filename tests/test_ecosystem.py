@@ -19,8 +19,8 @@ TRACKERS = ["tensorboard", "mlflow", "wandb"]
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory) -> tuple[dict, Path]:
-    """One run reporting to the three trackers at once (each offline, into the run's own folder), as a
-    user who keeps more than one would: its manifest and its folder."""
+    """One run reporting to the three trackers at once (each offline, into this fixture's folder), as a
+    user who keeps more than one would: its manifest and that folder (the run's output is `out/` in it)."""
     root = tmp_path_factory.mktemp("tracked")
     repo = add_features(GitRepo(root / "repo"))
     out = root / "out"
