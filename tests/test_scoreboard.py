@@ -576,6 +576,37 @@ def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_an
     assert index.lookup(case) == "        return self.data[key]"  # the line after the most similar lines
 
 
+def test_the_context_ends_with_the_files_own_lines_out_of_the_prompt_most_like_those_before_the_cursor():
+    """The last chunk of the context is the file's own: of its lines before the prompt's window and after
+    the cursor, the CHUNK_LINES sharing the most names with the lines before the cursor, ahead of a second
+    chunk of another file (a line written again in its own file is one to copy); where none shares a
+    name, the other files' chunks alone."""
+    from pipeline.suggest.completion import CHUNK_LINES, PROMPT_CHARS, context_prompt
+
+    head = "import os\n" + "".join(f"# note {n}\n" for n in range(80))  # out of the window: 81 lines
+    before = head + "def load(path):\n    raw = read_text(path)\n"
+    assert len(before) - len(head) < PROMPT_CHARS < len(before)
+    after = "\n".join(["", "def save(path, raw):", "    write_text(path, raw)", "    return raw"]) + "\n"
+    case = CodeCase("ab" * 20, "eval", "shop", "pkg/io.py", before, "    return parse(raw)", after)
+    index = CodeIndex(
+        [
+            {"path": "pkg/text.py", "text": "def read_text(path):\n    return open(path).read()\n"},
+            {"path": "pkg/raw.py", "text": "raw = read_text('x')\n"},
+        ]
+    )
+    chunks = index.context(case)
+    assert [path for path, _ in chunks] == ["pkg/text.py", "pkg/io.py"]  # one other file, then its own
+    assert chunks[1][1] == after  # its lines after the cursor share `path` and `raw`; the notes none
+    assert len(after.splitlines()) <= CHUNK_LINES
+    prompt = context_prompt(case, chunks)
+    assert prompt.endswith(
+        f"<file_sep>pkg/io.py\n\ndef save(path, raw):\n    write_text(path, raw)\n    return raw\n"
+        f"<file_sep>pkg/io.py\n{before[-PROMPT_CHARS:]}"
+    )
+    nothing_shared = CodeCase("ab" * 20, "eval", "shop", "pkg/io.py", before, "    return 1", "# end\n")
+    assert [path for path, _ in index.context(nothing_shared)] == ["pkg/text.py", "pkg/raw.py"]
+
+
 def test_a_model_that_infills_is_given_the_lines_after_the_cursor_as_its_training_split_a_file():
     """Where the tokenizer has fill-in-the-middle tokens, a next line's prompt is the prompt above as the
     prefix and the file after the line as the suffix, beginning with the line break that ends the answer's

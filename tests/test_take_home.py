@@ -920,14 +920,16 @@ def test_a_cursor_after_the_indentation_an_editor_wrote_gets_the_rest_of_the_lin
     assert indented.code == 0 and indented.out == whole.lstrip(" ")
 
 
-def test_text_after_the_cursor_a_model_cannot_infill_is_said_and_left_out(pretrained_run, cli):
-    """smollm2-135m has no fill-in-the-middle tokens: `--after` is said to be unread, and the answer is the
-    scoreboard's, which asked without it."""
+def test_text_after_the_cursor_is_read_as_context_and_said_unread_where_nothing_reads_it(pretrained_run, cli):
+    """smollm2-135m has no fill-in-the-middle tokens: with retrieved context (the run's choice) `--after`
+    is read, its lines most like those before the cursor a chunk of the context, as the scoreboard gave
+    the case's, and the answer is the scoreboard's; without context it is said to be unread."""
     row, case = held_out_lines(pretrained_run, "code_context")[0]
     asked = ("generate", "--adapter", pretrained_run, "--task", "code", "--path", case["path"])
-    result = cli(*asked, "--prompt", case["before"], "--after", "    return total\n")
-    assert result.code == 0 and result.out == row["fine_tuned"] + "\n"
-    assert result.err == "--after not read: the model has no fill-in-the-middle tokens\n"
+    result = cli(*asked, "--prompt", case["before"], "--after", case["after"])
+    assert result.code == 0 and result.out == row["fine_tuned"] + "\n" and result.err == ""
+    alone = cli(*asked, "--system", "model", "--prompt", case["before"], "--after", "    return total\n")
+    assert alone.code == 0 and alone.err == "--after not read: the model has no fill-in-the-middle tokens\n"
     misplaced = cli("generate", "--adapter", pretrained_run, "--prompt", "x", "--after", "y")
     assert (
         misplaced.code == 2

@@ -90,7 +90,7 @@ SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 # resampled from a handful of commits is narrow by chance (one commit gives a single point).
 CODE_CHOICE_COMMITS = 10
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = 12  # 12: a next line after blank lines is healed over all their line breaks
+EVALUATION_FORMAT = 13  # 13: a next line's context ends with its own file's chunk most like the lines before
 
 
 def task_prompts(

@@ -10,7 +10,9 @@ block), by a model or by the repository's own lines.
   whose tokenizer has fill-in-the-middle tokens is also given the lines after the cursor (`infill`), as
   training's infilled files were, the prefix ending before its last line break.
 - **The context** is BM25 over chunks of the files as they stood at the split point (`CodeIndex`), other
-  files than the one being edited, queried with the names in the lines before the cursor.
+  files than the one being edited, queried with the names in the lines before the cursor; the last chunk
+  is the file's own lines out of the prompt's window (before it, or after the cursor) that share the most
+  of those names, where some do (`own_chunk`).
 - **The lookup for code** needs no model: the line (or the body) that follows the most similar lines
   elsewhere in the repository (the no-model floor every model must beat).
 """
@@ -27,7 +29,7 @@ import orjson
 
 from pipeline.data.examples import infill_text
 from pipeline.suggest.retrieval import import_bm25s, name_terms
-from scrapers.completions import BLOCK_LINES, indent_of
+from scrapers.completions import AFTER_LINES, BEFORE_LINES, BLOCK_LINES, indent_of
 
 CHUNK_LINES = 10  # a retrieved chunk of another file
 CONTEXT_CHUNKS = 2  # chunks a prompt carries
@@ -126,6 +128,25 @@ def _before(case: CodeCase) -> str:
     return case.before[-PROMPT_CHARS:]
 
 
+def own_chunk(case: CodeCase, query: Sequence[str]) -> str | None:
+    """The CHUNK_LINES lines of the case's own file that the prompt does not hold (of the BEFORE_LINES
+    before the cursor, those before the prompt's window; the AFTER_LINES after it) sharing the most of
+    `query`'s names, the first of equals; None where none shares one. A line written again in its own
+    file, out of the window, is a line the model can copy (docs/experiments.md)."""
+    before = "".join(case.before.splitlines(keepends=True)[-BEFORE_LINES:])
+    out_of_window = before[: max(0, len(before) - PROMPT_CHARS)].splitlines()
+    after = case.after.splitlines()[:AFTER_LINES]
+    chunks = [
+        "\n".join(lines[start : start + CHUNK_LINES]) + "\n"
+        for lines in (out_of_window, after)
+        for start in range(0, len(lines), CHUNK_LINES)
+    ]
+    wanted = set(query)
+    shared = [len(wanted.intersection(name_terms(chunk))) for chunk in chunks]
+    best = max(range(len(chunks)), key=shared.__getitem__, default=None)
+    return chunks[best] if best is not None and shared[best] else None
+
+
 def body_of(text: str) -> str:
     """The body `text` begins with: its first line and the lines after it indented as deep or deeper
     (blank ones within), at most BLOCK_LINES; a line indented less ends it, as the line after a body does."""
@@ -183,9 +204,12 @@ class CodeIndex:
             self.line_index.index(line_terms, show_progress=False)
 
     def context(self, case: CodeCase, k: int = CONTEXT_CHUNKS) -> list[tuple[str, str]]:
-        """The `k` chunks of other files most like the lines before the cursor, best first."""
+        """The chunks of other files most like the lines before the cursor, best first, then the file's
+        own chunk where one shares a name with them (`own_chunk`): `k` in all, where there are."""
         query = name_terms("".join(case.before.splitlines(keepends=True)[-QUERY_LINES:]))
-        return [self.chunks[i] for i in self._best(self.chunk_index, self.chunk_paths, query, case.path, k)]
+        own = own_chunk(case, query)
+        others = self._best(self.chunk_index, self.chunk_paths, query, case.path, k - bool(own))
+        return [self.chunks[i] for i in others] + ([(case.path, own)] if own else [])
 
     def lookup(self, case: CodeCase, block: bool = False) -> str:
         """The line after the lines of another file most like the LOOKUP_LINES before the cursor (with

@@ -193,7 +193,7 @@ def generate_options(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="TEXT",
         help="with --task code or block: the file's text after the cursor, read where the model has "
-        "fill-in-the-middle tokens (said where it is not read)",
+        "fill-in-the-middle tokens or the system reads retrieved context (said where it is not read)",
     )
     parser.add_argument(
         "--system",

@@ -308,10 +308,10 @@ class Answerer:
         the one the run chose, `saved_code_system`), asked as the scoreboard asks it: a model's prompt with
         the chunks of other files the run's split point holds that are most like the lines before the
         cursor (CODE_FILES beside the adapter) where the system reads them, and `after` (the text after the
-        cursor) where the model infills; the lookup for code loads no model. Also why `after` was not
-        read (None: it was, or none was given). Where `before` ends in the indentation an editor writes on a
-        new line (the cursor after it), the answer is the line's rest after that indentation: an editor
-        inserts it at the cursor."""
+        cursor) where the model infills or the system reads context (`own_chunk`); the lookup for code
+        loads no model. Also why `after` was not read (None: it was, or none was given). Where `before`
+        ends in the indentation an editor writes on a new line (the cursor after it), the answer is the
+        line's rest after that indentation: an editor inserts it at the cursor."""
         if not before.strip():
             raise PipelineError(
                 "--prompt is empty: give the file's text up to the cursor (`--prompt -` reads it)"
@@ -341,6 +341,7 @@ class Answerer:
         tuned, context = asked
         model, tokenizer = self.loaded
         infill = infills(tokenizer)
+        read_after = infill or bool(records and context)  # a chunk of the context may be its (`own_chunk`)
         prompt = (
             context_prompt(case, self.index.context(case), infill)
             if records and context
@@ -351,7 +352,7 @@ class Answerer:
             answer = generate_batched(
                 model, tokenizer, [prompt], tokens, self.precision, next_line=not block, block=block
             )[0]
-        return after_typed(answer, indentation), UNREAD_BY_MODEL if after and not infill else None
+        return after_typed(answer, indentation), UNREAD_BY_MODEL if after and not read_after else None
 
     def commit_messages(
         self, diff: str, alternatives: int = 0, system: str | None = None, max_new_tokens: int | None = None

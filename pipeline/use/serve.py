@@ -4,8 +4,9 @@
 - `POST /v1/completions`: the fine-tuned model continues `prompt` (an editor's text before the cursor);
   `suffix` is read only where the tokenizer has fill-in-the-middle tokens, else left out and said in the
   `X-Repotune-Suffix` header. With repotune's own `path` (the file's path in the repository), the answer
-  is the next line as `generate --task code` writes it: the code system the run chose, context retrieved,
-  `suffix` read as the scoreboard gives the lines after the cursor to a model that infills.
+  is the next line as `generate --task code` writes it: the code system the run chose, context retrieved
+  (the chunk most like the lines before the cursor may come from `suffix`), `suffix` read as the
+  scoreboard gives the lines after the cursor.
 - `POST /v1/chat/completions`: a chat with the fine-tuned model; a last message that holds a diff is
   answered by the run's suggestion system (the one the scoreboard chose: the repository's past, or the
   model), its `n` choices the next best messages.
