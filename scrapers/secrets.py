@@ -428,11 +428,15 @@ def _in_a_string(match: re.Match[str]) -> bool:
     return any(line.count(quote) % 2 == 1 for quote in ('"', "'", "`"))
 
 
+_MEMBER = re.compile(r"[A-Za-z_]\w*(?:\.\w+)+")
+"""A member read, `self.auth` or `auth.pass`: code, where a literal would be quoted."""
+
+
 def _a_member_assigned(match: re.Match[str]) -> bool:
     """A statement of code, not a connection string: outside any string, a member read into the name
     (express's `auth.password = auth.pass;`)."""
     return (
-        re.fullmatch(r"[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)+", match.group(2)) is not None
+        _MEMBER.fullmatch(match.group(2)) is not None
         and _syntax_at(match.string, match.start()) is Syntax.CODE
         and not _in_a_string(match)
     )
@@ -442,7 +446,7 @@ def _named_word(match: re.Match[str]) -> bool:
     """`KEY=value` outside configuration: a literal, unless it reads as a call's keyword argument
     (`f(password=pw)`, `auth=self.auth`)."""
     value, after = match.group(2), match.string[match.end() : match.end() + 1]
-    code = after in (",", ")", "(", "[", ".") or re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)+", value) is not None
+    code = after in (",", ")", "(", "[", ".") or _MEMBER.fullmatch(value) is not None
     return not code and _named_literal(match)
 
 

@@ -17,6 +17,12 @@ from tests.conftest import FAST_TRAINING, GitRepo, add_features, read_json
 TRACKERS = ["tensorboard", "mlflow", "wandb"]
 
 
+def mlflow_store(root: Path) -> dict[str, str]:
+    """A local file store under `root` (MLflow 3 wants a database or a server by default; this is its own
+    opt-in): for the run that logs to it and the client that reads it back."""
+    return {"MLFLOW_TRACKING_URI": (root / "mlruns").as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true"}
+
+
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory) -> tuple[dict, Path]:
     """One run reporting to the three trackers at once (each offline, into this fixture's folder), as a
@@ -25,11 +31,8 @@ def tracked(tmp_path_factory) -> tuple[dict, Path]:
     repo = add_features(GitRepo(root / "repo"))
     out = root / "out"
     with pytest.MonkeyPatch.context() as patch:
-        # MLflow: a local file store (MLflow 3 wants a database or a server by default; this is its own opt-in).
-        patch.setenv("MLFLOW_TRACKING_URI", (root / "mlruns").as_uri())
-        patch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-        patch.setenv("MLFLOW_EXPERIMENT_NAME", "repotune")
-        for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(root), "WANDB_SILENT": "true"}.items():
+        wandb = {"WANDB_MODE": "offline", "WANDB_DIR": str(root), "WANDB_SILENT": "true"}
+        for name, value in {**mlflow_store(root), "MLFLOW_EXPERIMENT_NAME": "repotune", **wandb}.items():
             patch.setenv(name, value)
         argv = [
             "--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING,
@@ -62,8 +65,8 @@ def test_mlflow_gets_the_params_the_loss_curve_the_plan_and_the_manifest(tracked
     from mlflow.tracking import MlflowClient
 
     manifest, root = tracked
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", (root / "mlruns").as_uri())
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for name, value in mlflow_store(root).items():
+        monkeypatch.setenv(name, value)
     client = MlflowClient()
     (run,) = client.search_runs([client.get_experiment_by_name("repotune").experiment_id])
     plan = manifest["training_parameters"]

@@ -136,15 +136,18 @@ def own_chunk(case: CodeCase, query: Sequence[str]) -> str | None:
     before = "".join(case.before.splitlines(keepends=True)[-BEFORE_LINES:])
     out_of_window = before[: max(0, len(before) - PROMPT_CHARS)].splitlines()
     after = case.after.splitlines()[:AFTER_LINES]
-    chunks = [
-        "\n".join(lines[start : start + CHUNK_LINES]) + "\n"
-        for lines in (out_of_window, after)
-        for start in range(0, len(lines), CHUNK_LINES)
-    ]
+    chunks = _chunks(out_of_window) + _chunks(after)
     wanted = set(query)
     shared = [len(wanted.intersection(name_terms(chunk))) for chunk in chunks]
     best = max(range(len(chunks)), key=shared.__getitem__, default=None)
     return chunks[best] if best is not None and shared[best] else None
+
+
+def _chunks(lines: Sequence[str]) -> list[str]:
+    """`lines` (without their line breaks) CHUNK_LINES at a time, each a chunk's text."""
+    return [
+        "\n".join(lines[start : start + CHUNK_LINES]) + "\n" for start in range(0, len(lines), CHUNK_LINES)
+    ]
 
 
 def body_of(text: str) -> str:
@@ -182,8 +185,7 @@ class CodeIndex:
         paths: list[str] = []
         for record in files:
             path, lines = record["path"], record["text"].splitlines()
-            for start in range(0, len(lines), CHUNK_LINES):
-                text = "\n".join(lines[start : start + CHUNK_LINES]) + "\n"
+            for text in _chunks(lines):
                 self.chunks.append((path, text))
                 chunk_terms.append(name_terms(text) or [""])
             for number in range(1, len(lines)):

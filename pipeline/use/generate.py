@@ -341,18 +341,18 @@ class Answerer:
         tuned, context = asked
         model, tokenizer = self.loaded
         infill = infills(tokenizer)
-        read_after = infill or bool(records and context)  # a chunk of the context may be its (`own_chunk`)
+        # With retrieved context, a chunk of it may be `after`'s (`own_chunk`): then `after` is read.
+        retrieved = bool(records and context)
         prompt = (
-            context_prompt(case, self.index.context(case), infill)
-            if records and context
-            else bare_prompt(case, infill)
+            context_prompt(case, self.index.context(case), infill) if retrieved else bare_prompt(case, infill)
         )
         tokens = max_new_tokens or (BLOCK_TOKENS if block else LINE_TOKENS)
         with answering(model) if tuned else base_only(model):
             answer = generate_batched(
                 model, tokenizer, [prompt], tokens, self.precision, next_line=not block, block=block
             )[0]
-        return after_typed(answer, indentation), UNREAD_BY_MODEL if after and not read_after else None
+        unread = UNREAD_BY_MODEL if after and not (infill or retrieved) else None
+        return after_typed(answer, indentation), unread
 
     def commit_messages(
         self, diff: str, alternatives: int = 0, system: str | None = None, max_new_tokens: int | None = None
