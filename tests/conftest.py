@@ -393,8 +393,8 @@ def short_pretrained_run(root: Path, *overrides: str, model: str = PRETRAINED) -
         # the pretraining format in tests/test_files.py; here they were a third of the training.
         "--set", "train.files_share=0",
         "--set", "train.learning_rate=1e-3",
-        # Two steps of the newest commits: what the tests read needs the loss to fall, not more of it.
-        "--set", "train.newest_sequences=8",
+        # One step of the newest commits: what the tests read needs the loss to fall, not more of it.
+        "--set", "train.newest_sequences=4",
         "--set", "plan.batch_size=4",
         "--set", "plan.gradient_accumulation_steps=1",
         "--set", "eval.samples=1",
