@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from pipeline.record.history import keep_previous, kept_runs
-from tests.conftest import FAST_TRAINING, GitRepo, add_features, cpu_only_host, read_json
+from tests.conftest import FAST_TRAINING, WITH_FILES, GitRepo, add_features, cpu_only_host, read_json
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,7 @@ def kept(tmp_path_factory):
             "--output-dir",
             str(out),
             *FAST_TRAINING,
+            *WITH_FILES,  # its next lines scored too: `runs` shows them
             "--set",
             f"plan.batch_size={batch}",
         ]
@@ -63,6 +64,14 @@ def test_runs_lists_them_oldest_first_with_their_key_scores(cli, kept):
     names = [path.name for path in kept_runs(kept)]
     assert first.startswith(names[0]) and second.startswith(names[1])
     assert "completed" in first and "tiny" in first and " run " in first
+    # The scores of what the run suggests: its messages, and its next lines as the system it chose writes them.
+    for row, folder in zip((first, second), kept_runs(kept), strict=True):
+        evaluation = read_json(folder / "MANIFEST.json")["training_report"]["evaluation"]
+        message = evaluation["tasks"]["suggested"]["message"]
+        assert evaluation["code_system"]["name"] == "model-context"  # the default: no validation here
+        code = evaluation["tasks"]["after"]["code_context"]
+        assert f"{message['chrf']:.1f} / {message['edit_similarity']:.1f}" in row
+        assert f"{code['exact_match_pct']:.1f} / {code['edit_similarity']:.1f}" in row
     assert summary.startswith(f"2 runs kept in {kept / 'runs'}")
     # Only what differs between them (their steps), never the repository or the model; the run always.
     changed = cli("runs", kept, "--only-changed")

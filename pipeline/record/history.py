@@ -13,6 +13,7 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.manifest import EVALUATION_FILE, MANIFEST_FILE, read_manifest
 from pipeline.progress import aligned
+from pipeline.scores import CODE_LABELS
 from pipeline.train.model import ADAPTER_DIR
 
 RUNS_DIR = "runs"
@@ -97,6 +98,17 @@ def _score(task: Any, *metrics: str) -> str:
     return " / ".join(f"{task[metric]:.1f}" for metric in metrics if task.get(metric) is not None)
 
 
+def _chosen_code(manifest: dict[str, Any]) -> Any:
+    """The next-line scores of the system the run chose to write them (`code_system`): the suggestions
+    hold messages alone, a next line's writer is scored under its own name."""
+    evaluation = _get(manifest, "training_report", "evaluation")
+    name = _get(evaluation, "code_system", "name")
+    if name not in CODE_LABELS:
+        return None
+    phase, task, _ = CODE_LABELS[name]
+    return _get(evaluation, "tasks", phase, task)
+
+
 def _repository(manifest: dict[str, Any]) -> str:
     paths = [str(entry.get("path") or "") for entry in manifest.get("repositories") or []]
     names = [Path(path.removesuffix("/.git")).name for path in paths if path] or ["-"]
@@ -114,11 +126,7 @@ COLUMNS: dict[str, Callable[[dict[str, Any]], str]] = {
     "message chrF / ES": lambda m: _score(
         _get(m, "training_report", "evaluation", "tasks", "suggested", "message"), "chrf", "edit_similarity"
     ),
-    "code EM / ES": lambda m: _score(
-        _get(m, "training_report", "evaluation", "tasks", "suggested", "code"),
-        "exact_match_pct",
-        "edit_similarity",
-    ),
+    "code EM / ES": lambda m: _score(_chosen_code(m), "exact_match_pct", "edit_similarity"),
     "status": lambda m: str(m.get("status") or "-"),
 }
 """What `repotune runs` shows of each run: the scores are the suggestions' (the systems the run chose)."""
