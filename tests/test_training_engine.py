@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 import torch
 
@@ -310,13 +312,23 @@ SLOW_TRAINING = [
 ]  # fmt: skip
 
 
-def start_run(repo: GitRepo, out: Path) -> subprocess.Popen:
+def start_run(repo: GitRepo, out: Path, *args: str, **popen: Any) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, ROOT / "run_pipeline.py", "--repo", repo.path, "--output-dir", out, *SLOW_TRAINING],
+        [
+            sys.executable,
+            ROOT / "run_pipeline.py",
+            "--repo",
+            repo.path,
+            "--output-dir",
+            out,
+            *SLOW_TRAINING,
+            *args,
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        **popen,
     )
 
 
@@ -397,6 +409,43 @@ def test_a_signal_saves_a_checkpoint_and_marks_the_run_interrupted(cli, tmp_path
     for epoch in manifest["training_report"]["training"]["epoch_summaries"]:
         assert epoch["tokens"] <= manifest["dataset"]["real_tokens"]
     assert step < total
+
+
+def test_a_sigterm_to_every_process_of_the_run_saves_a_checkpoint_with_data_loader_workers(tmp_path):
+    """`timeout`, `kill -- -PGID`, systemd and Slurm signal the run's data-loader workers with it: they leave
+    the signal to the run, which stops as it does signalled alone (torch's workers died of it, and the
+    run ended in an internal error without a checkpoint), then ends them."""
+    repo = history_repo(tmp_path / "repo", commits=8)
+    out = tmp_path / "out"
+    process = start_run(repo, out, "--set", "plan.num_workers=1", start_new_session=True)
+    wait_for_checkpoint(out, process)
+    workers = psutil.Process(process.pid).children()
+    assert workers  # the loader's
+    os.killpg(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err.decode()
+    assert (
+        err.decode().strip().splitlines()[-1].startswith("repotune: error: interrupted by SIGTERM at step ")
+    )
+    assert read_json(out / "MANIFEST.json")["status"] == "interrupted"
+    assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+
+
+def test_a_run_that_exits_holding_workers_that_ignore_sigterm_ends_them_quietly():
+    """Python's multiprocessing stops a process's daemonic workers at its exit with a SIGTERM, which the
+    loader's workers now ignore: a loader whose iterator outlives training would keep the run waiting."""
+    holding = (
+        "import torch.utils.data as data\n"
+        "from pipeline.train.workers import leaving_signals_to_the_run\n"
+        "loader = data.DataLoader(list(range(8)), num_workers=1, persistent_workers=True,\n"
+        "    worker_init_fn=leaving_signals_to_the_run(None))\n"
+        "HELD = iter(loader)\n"
+        "next(HELD)\n"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", holding], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert (ended.returncode, ended.stderr) == (0, "")
 
 
 def test_resume_refuses_a_checkpoint_from_other_data(cli, tmp_path):

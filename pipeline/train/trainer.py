@@ -6,7 +6,8 @@
 - `TrainingHistory` keeps loss, learning rate, evaluations, step times and
   epoch summaries, and hands them to `on_update` after every log so the
   manifest is current mid-run.
-- `GracefulStop` turns SIGINT/SIGTERM into "save a checkpoint, then stop".
+- `GracefulStop` turns SIGINT/SIGTERM into "save a checkpoint, then stop"; the data-loader workers
+  leave both signals to it (`workers`).
 - `CheckpointStamp` writes what a checkpoint was trained on next to it, so
   `--resume` can refuse a checkpoint from other data or another batch.
 - `train` turns a CUDA out-of-memory into `OutOfMemory` (the adapter back to
@@ -44,6 +45,7 @@ from pipeline.train.monitor import HardwareMonitor, import_nvml
 from pipeline.train.performance import throughput_report
 from pipeline.train.probe import SPEED_NOISE
 from pipeline.train.trackers import attach_trackers, tracker_failure
+from pipeline.train.workers import leaving_signals_to_the_run
 from pipeline.types import PackedSplit, Plan, TrainOutcome
 
 FILLED_SHARE = 0.9  # of its training share, a plan that fills a time budget (`budget_unused`)
@@ -88,6 +90,13 @@ class RepotuneTrainer(Trainer):
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+    def get_train_dataloader(self):
+        """The Trainer's loader, whose workers leave SIGINT and SIGTERM to the run (`workers`)."""
+        loader = super().get_train_dataloader()
+        torch_loader = getattr(loader, "base_dataloader", loader)  # inside accelerate's wrapper, if any
+        torch_loader.worker_init_fn = leaving_signals_to_the_run(torch_loader.worker_init_fn)
+        return loader
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         started = time.perf_counter()
