@@ -142,7 +142,7 @@ def test_a_first_runs_base_model_scoring_kept_for_the_next_run_is_left_out_of_it
     assert kept.seconds == 600 - 50 - (200 + 10)
     assert "after 50 s spent before training" in kept.why
     assert (
-        "200 s scoring the base model, once for this repository (its answers are cached), is left out"
+        "not the 200 s scoring the base model took, once for this repository: its answers are cached"
         in kept.why
     )
     # Not kept (a random base, an update): charged, as it will be asked again.
@@ -172,8 +172,8 @@ def test_a_run_that_spent_its_budget_before_training_still_trains_a_tenth_of_it(
     )
     assert deadline_s(plan.train_seconds) == pytest.approx(60.0, abs=0.2)
     assert (
-        "leaves 0 s" in plan.decisions["train_seconds"].reason
-        and "outlasts its budget" in plan.decisions["train_seconds"].reason
+        "the past's backtest and saving): nothing, so 89% of 60 s, the least it trains (the run outlasts its budget)"
+        in (plan.decisions["train_seconds"].reason)
     )
 
 

@@ -1110,8 +1110,8 @@ def _train_seconds(p: Decisions, budget: float | None, train_time: TrainTime | N
     why = (
         f"{fill:.0%} of the {train_time.seconds:.0f} s {train_time.why}"
         if train_time.seconds >= least
-        else f"{train_time.why} leaves {max(0.0, train_time.seconds):.0f} s, so {fill:.0%} of {least:.0f} s, "
-        "the least it trains (the run outlasts its budget)"
+        else f"{train_time.why}: {f'only {train_time.seconds:.0f} s' if train_time.seconds >= 1 else 'nothing'}, "
+        f"so {fill:.0%} of {least:.0f} s, the least it trains (the run outlasts its budget)"
     )
     return p.planned(
         "train_seconds",
@@ -1142,16 +1142,16 @@ def time_left(budget_s: float, spent_s: float, before: Scores, validates: bool =
         how += f"; {validation:.0f} s its answers to the validation commits"
     after = scored + validation + AFTER_TRAINING_S
     once = before.seconds if before.kept else 0.0
-    left_out = (
-        f"; {once:.0f} s scoring the base model, once for this repository (its answers are cached), is left out"
+    before_training = (
+        f"; not the {once:.0f} s scoring the base model took, once for this repository: its answers are cached"
         if once
-        else ""
+        else ", scoring the base model"
     )
     return TrainTime(
         budget_s - (spent_s - once) - after,
         f"the {budget_s:.0f} s budget leaves after {spent_s - once:.0f} s spent before training (scraping, "
-        f"tokenizing, loading, measuring{'' if once else ', scoring the base model'}) and {after:.0f} s after it "
-        f"({how}; {AFTER_TRAINING_S:.0f} s the past's backtest and saving){left_out}",
+        f"tokenizing, loading, measuring{before_training}) and {after:.0f} s after it "
+        f"({how}; {AFTER_TRAINING_S:.0f} s the past's backtest and saving)",
     )
 
 
