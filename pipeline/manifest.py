@@ -158,11 +158,15 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
     (a checkpoint's stamp, the remembered speeds, `monitor`'s report)."""
     data = orjson.dumps(document, option=_DUMP_OPTIONS)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
 
 
 def schema_problems(document: dict[str, Any]) -> list[str]:

@@ -227,6 +227,66 @@ def test_a_bad_input_file_is_one_line_naming_it(cli, tmp_path, kind, command):
     assert "internal error" not in result.err and "Traceback" not in result.err
 
 
+FULL = (
+    "[enforce fail at inline_container.cc:672] . unexpected pos 15616 vs 15508"  # torch.save on a full disk
+)
+
+
+@pytest.mark.parametrize("kind", ["torch", "errno", "not-full"])
+def test_a_full_disk_is_one_line_naming_it_and_what_the_run_kept(cli, tmp_path, monkeypatch, kind):
+    """A checkpoint's write fails on a full disk (which a test cannot fill: the disk's answers are given
+    at the moment of the write). The run says so in one line, not as a bug; where even its manifest cannot
+    be written, the one on disk still parses, as it stood, and no temporary file is left beside it."""
+    import shutil
+    from collections import namedtuple
+
+    from pipeline.record import run
+    from pipeline.train.trainer import CheckpointStamp
+
+    out = tmp_path / "out"
+    failure, free = {
+        "torch": (RuntimeError(FULL), 0),  # torch's writer names no errno: the disk's free space tells
+        "errno": (OSError(28, os.strerror(28), str(out / "checkpoints" / "optimizer.pt")), 40 * 2**20),
+        "not-full": (RuntimeError("a bug"), 40 * 2**30),
+    }[kind]
+    recorded = kind != "errno"  # there, the manifest cannot be written either
+
+    def full(self, *args, **kwargs):
+        usage = namedtuple("usage", "total used free")
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40 - free, free))
+        if not recorded:
+            monkeypatch.setattr(
+                run, "write_json", lambda path, doc: (_ for _ in ()).throw(OSError(28, os.strerror(28)))
+            )
+        raise failure
+
+    monkeypatch.setattr(CheckpointStamp, "on_save", full)
+    repo = add_features(GitRepo(tmp_path / "repo"), range(1, 5))
+    result = cli("--repo", repo.path, "--output-dir", out, *FAST_TRAINING, "--set", "train.save_steps=1")
+    last = result.err.strip().splitlines()[-1]
+    manifest = read_json(out / "MANIFEST.json")
+    assert sorted(path.name for path in out.glob(".MANIFEST.json.*")) == []
+    if kind == "not-full":
+        assert result.code == 1 and last.startswith("repotune: internal error: RuntimeError: a bug")
+        return
+    assert result.code == 2 and "Traceback" not in result.err
+    where = out / "checkpoints" if kind == "errno" else out  # the folder of the file the error names
+    assert last.startswith(
+        f"repotune: error: the disk holding {where} ran out of space ({free // 2**20} MB free now)"
+    )
+    assert f"a write failed ({type(failure).__name__}: " in last
+    assert last.endswith("during train; kept: the scrape (reused by the next run on the same HEADs and config), "
+        "the token cache, the converted model; free some space there, or give another --output-dir")  # fmt: skip
+    if recorded:
+        assert (manifest["status"], manifest["error"]) == ("failed", last.removeprefix("repotune: error: "))
+    else:
+        assert (
+            f"could not record how the run ended in {out / 'MANIFEST.json'} (No space left on device)"
+            in result.err
+        )
+        assert manifest["status"] == "running"  # as it stood: a later run finds its process gone
+
+
 def test_an_unwritable_output_is_one_line_naming_it(cli, tmp_path):
     manifest = tmp_path / "m.json"
     manifest.write_bytes(orjson.dumps({"status": "planned"}))

@@ -9,7 +9,9 @@ place that knows the layout, and a finished manifest is validated against it.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import socket
 import time
@@ -23,7 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from pipeline.config import LoadedConfig
-from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError
+from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError, one_line
 from pipeline.evaluate.report import evaluation_report
 from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
@@ -351,9 +353,9 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _interrupted(record: Record, message: str, checkpointed: bool = False) -> str:
-    """The interruption, the stage it came in, and what the next run can reuse (training that saved a
-    checkpoint says where and how to resume itself)."""
+def _stopped(record: Record, message: str, checkpointed: bool = False) -> str:
+    """What stopped the run (an interruption, a full disk), the stage it came in, and what the next run can
+    reuse (training that saved a checkpoint says where and how to resume itself)."""
     if checkpointed or record.stage is None:
         return message
     done = set(record.doc["timings"]) - {f"{record.stage}_s"}
@@ -532,17 +534,70 @@ def _recorded(record: Record, command: str, coordinator: Coordinator) -> Iterato
     except Interrupted as err:
         if err.partial is not None:  # what training did before the signal
             record.add(err.partial)
-        err.args = (_interrupted(record, str(err), err.checkpointed),)  # the line the user reads says it too
-        record.finish("interrupted", str(err))
+        err.args = (_stopped(record, str(err), err.checkpointed),)  # the line the user reads says it too
+        _ended(record, "interrupted", str(err))
         raise
     except USER_ERRORS as err:
-        record.finish("failed", str(err))
+        _ended(record, "failed", str(err))
         raise
     except KeyboardInterrupt:
-        record.finish("interrupted", _interrupted(record, "interrupted by the user (Ctrl-C)"))
+        _ended(record, "interrupted", _stopped(record, "interrupted by the user (Ctrl-C)"))
         raise
     except Exception as err:
-        record.finish("failed", f"internal error: {type(err).__name__}: {err}")
+        if full := _disk_full(err, output_dir):
+            full.args = (
+                f"{_stopped(record, str(full))}; free some space there, or give another --output-dir",
+            )
+            _ended(record, "failed", str(full))
+            raise full from err
+        _ended(record, "failed", f"internal error: {type(err).__name__}: {err}")
         raise
     finally:
         coordinator.close(finished)
+
+
+def _ended(record: Record, status: str, error: str | None) -> None:
+    """`record.finish`, where a full disk can refuse even that: the manifest keeps what it said last (its
+    writes are atomic), and the user still reads the error that ended the run, not this one."""
+    try:
+        record.finish(status, error)
+    except OSError as err:
+        say(
+            f"could not record how the run ended in {record.manifest_path} ({err.strerror or err}): it says what it said last"
+        )
+
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+FULL_DISK_FREE = 64 * 2**20
+"""Bytes free under which a failed write is taken for a full disk: torch's writer says only "file write
+failed" or "unexpected pos", where safetensors and Python name the disk's errno."""
+
+
+def _disk_full(err: Exception, output_dir: Path) -> OutputDirError | None:
+    """The error a write that failed on a full disk (or quota) is for the user, naming the place, what is
+    free there and what the run kept; None where `err` is something else."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = err
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    said = [
+        cause
+        for cause in chain
+        if (isinstance(cause, OSError) and cause.errno in FULL_DISK_ERRNOS)
+        or any(os.strerror(number) in str(cause) for number in FULL_DISK_ERRNOS)
+    ]
+    named = next((cause.filename for cause in said if isinstance(cause, OSError) and cause.filename), None)
+    where = Path(named).absolute() if named else output_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return None
+    if not said and free >= FULL_DISK_FREE:
+        return None
+    return OutputDirError(
+        f"the disk holding {where} ran out of space ({free / 2**20:.0f} MB free now): a write failed "
+        f"({type(err).__name__}: {one_line(err)})"
+    )
