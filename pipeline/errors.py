@@ -3,6 +3,11 @@
 Anything else that escapes is a bug: the CLI reports it as an internal error.
 """
 
+import errno
+import os
+import shutil
+from pathlib import Path
+
 from scrapers.errors import ScrapeError
 
 
@@ -18,6 +23,15 @@ class ConfigError(PipelineError):
 
 class OutputDirError(PipelineError):
     """The output directory cannot be created or written."""
+
+
+class DiskFull(OutputDirError):
+    """A write failed on a full disk (or quota): `happened` says where and what is free there, `fix` what to
+    do; the message is both."""
+
+    def __init__(self, happened: str, fix: str) -> None:
+        super().__init__(f"{happened}; {fix}")
+        self.happened, self.fix = happened, fix
 
 
 class ModelLoadError(PipelineError):
@@ -55,3 +69,44 @@ def one_line(err: Exception) -> str:
     over several: the first alone can end in "from one of:"), at most 400 characters."""
     said = " ".join(str(err).split()) or type(err).__name__
     return said if len(said) <= 400 else said[:399] + "…"
+
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+FULL_DISK_FREE = 64 * 2**20
+"""Bytes free under which a failed write is taken for a full disk: torch's writer says only "unexpected
+pos" and gguf's "Not enough free space to write …", where safetensors and Python name the errno."""
+
+
+def disk_full(err: Exception, places: dict[str, Path]) -> DiskFull | None:
+    """The error for the user where `err` came of a full disk, naming the folder (the one the error names,
+    or the place among `places`, option → path, that is full), what is free there and the option to change;
+    None where it is something else."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = err
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    said = [
+        cause
+        for cause in chain
+        if (isinstance(cause, OSError) and cause.errno in FULL_DISK_ERRNOS)
+        or any(os.strerror(number) in str(cause) for number in FULL_DISK_ERRNOS)
+    ]
+    named = next((cause.filename for cause in said if isinstance(cause, OSError) and cause.filename), None)
+    candidates: list[tuple[Path, str | None]] = [(Path(named).absolute(), None)] if named else []
+    candidates += [(path.absolute(), option) for option, path in places.items()]
+    for where, option in candidates:
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            continue
+        if said or free < FULL_DISK_FREE:
+            option = option or next(iter(places), None)
+            return DiskFull(
+                f"the disk holding {where} ran out of space ({free / 2**20:.0f} MB free now): a write failed "
+                f"({type(err).__name__}: {one_line(err)})",
+                f"free some space there{f', or give another {option}' if option else ''}",
+            )
+    return None

@@ -287,6 +287,60 @@ def test_a_full_disk_is_one_line_naming_it_and_what_the_run_kept(cli, tmp_path, 
         assert manifest["status"] == "running"  # as it stood: a later run finds its process gone
 
 
+def test_a_full_disk_is_told_from_a_bug_by_its_errno_or_by_what_is_free(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from pipeline.errors import FULL_DISK_FREE, disk_full
+
+    places = {"--output": tmp_path / "new" / "m.gguf"}
+    usage = namedtuple("usage", "total used free")
+    free = {"now": 10 * FULL_DISK_FREE}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40 - free["now"], free["now"]))
+    try:
+        raise OSError(28, os.strerror(28), str(tmp_path / "checkpoints" / "optimizer.pt"))
+    except OSError as cause:
+        try:
+            raise RuntimeError("saving the checkpoint failed") from cause
+        except RuntimeError as wrapped:
+            named = disk_full(wrapped, places)
+    assert named is not None and named.happened.startswith(f"the disk holding {tmp_path} ran out of space (")
+    assert (
+        named.fix == "free some space there, or give another --output"
+    )  # the error's file, the option's fix
+    said = disk_full(RuntimeError("I/O error: Disk quota exceeded (os error 122)"), places)
+    assert (
+        said is not None and f"the disk holding {tmp_path} " in said.happened
+    )  # the nearest folder there is
+    assert disk_full(RuntimeError("unexpected pos 704 vs 598"), places) is None  # room enough: a bug
+    free["now"] = FULL_DISK_FREE - 1
+    assert disk_full(RuntimeError("unexpected pos 704 vs 598"), places) is not None  # torch's, on a full disk
+    assert disk_full(RuntimeError("unexpected pos 704 vs 598"), {}) is None  # nowhere it writes: unknown
+
+
+def test_a_command_whose_write_meets_a_full_disk_says_so_in_one_line(cli, tmp_path, monkeypatch):
+    """Every command, not a run alone: `monitor`'s report here, `export`'s GGUF where gguf says "Not enough
+    free space to write …" (the disk's answer given at the write, which a test cannot fill)."""
+    import shutil
+    from collections import namedtuple
+
+    from pipeline.use import watch
+
+    def full(path, document):
+        monkeypatch.setattr(
+            shutil, "disk_usage", lambda path: namedtuple("usage", "total used free")(8, 8, 0)
+        )
+        raise OSError("Not enough free space to write 56623104 bytes after offset 1785376")
+
+    monkeypatch.setattr(watch, "write_json", full)
+    result = cli("monitor", "--duration", "0.2", "--output", tmp_path / "m.json")
+    assert result.code == 2 and result.err.strip().splitlines()[-1] == (
+        f"repotune: error: the disk holding {tmp_path} ran out of space (0 MB free now): a write failed (OSError: "
+        "Not enough free space to write 56623104 bytes after offset 1785376); free some space there, or give "
+        "another --output"
+    )
+
+
 def test_an_unwritable_output_is_one_line_naming_it(cli, tmp_path):
     manifest = tmp_path / "m.json"
     manifest.write_bytes(orjson.dumps({"status": "planned"}))

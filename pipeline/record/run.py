@@ -9,9 +9,7 @@ place that knows the layout, and a finished manifest is validated against it.
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
 import signal
 import socket
 import time
@@ -25,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from pipeline.config import LoadedConfig
-from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError, one_line
+from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError, disk_full
 from pipeline.evaluate.report import evaluation_report
 from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
@@ -544,10 +542,8 @@ def _recorded(record: Record, command: str, coordinator: Coordinator) -> Iterato
         _ended(record, "interrupted", _stopped(record, "interrupted by the user (Ctrl-C)"))
         raise
     except Exception as err:
-        if full := _disk_full(err, output_dir):
-            full.args = (
-                f"{_stopped(record, str(full))}; free some space there, or give another --output-dir",
-            )
+        if full := disk_full(err, {"--output-dir": output_dir}):
+            full.args = (f"{_stopped(record, full.happened)}; {full.fix}",)
             _ended(record, "failed", str(full))
             raise full from err
         _ended(record, "failed", f"internal error: {type(err).__name__}: {err}")
@@ -565,39 +561,3 @@ def _ended(record: Record, status: str, error: str | None) -> None:
         say(
             f"could not record how the run ended in {record.manifest_path} ({err.strerror or err}): it says what it said last"
         )
-
-
-FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-FULL_DISK_FREE = 64 * 2**20
-"""Bytes free under which a failed write is taken for a full disk: torch's writer says only "file write
-failed" or "unexpected pos", where safetensors and Python name the disk's errno."""
-
-
-def _disk_full(err: Exception, output_dir: Path) -> OutputDirError | None:
-    """The error a write that failed on a full disk (or quota) is for the user, naming the place, what is
-    free there and what the run kept; None where `err` is something else."""
-    chain: list[BaseException] = []
-    cause: BaseException | None = err
-    while cause is not None and cause not in chain:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    said = [
-        cause
-        for cause in chain
-        if (isinstance(cause, OSError) and cause.errno in FULL_DISK_ERRNOS)
-        or any(os.strerror(number) in str(cause) for number in FULL_DISK_ERRNOS)
-    ]
-    named = next((cause.filename for cause in said if isinstance(cause, OSError) and cause.filename), None)
-    where = Path(named).absolute() if named else output_dir
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    try:
-        free = shutil.disk_usage(where).free
-    except OSError:
-        return None
-    if not said and free >= FULL_DISK_FREE:
-        return None
-    return OutputDirError(
-        f"the disk holding {where} ran out of space ({free / 2**20:.0f} MB free now): a write failed "
-        f"({type(err).__name__}: {one_line(err)})"
-    )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
-from pipeline.errors import USER_ERRORS, PipelineError
+from pipeline.errors import USER_ERRORS, PipelineError, disk_full
 from pipeline.manifest import tool_info
 from pipeline.use.hook import ALTERNATIVES
 from scrapers.safe_git import git_problem
@@ -484,6 +484,20 @@ def command_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in flags.items() if value is not None}
 
 
+def written_places(args: argparse.Namespace) -> dict[str, Path]:
+    """Where the command writes, by the option that says so (a run's default output directory is its
+    record's to name: `pipeline.record.run`)."""
+    return {
+        option: Path(value)
+        for option, value in (
+            ("--output-dir", getattr(args, "output_dir", None)),
+            ("--output", getattr(args, "output", None)),
+            ("--merge", getattr(args, "merge", None)),
+        )
+        if value
+    }
+
+
 SILENT_RANK_GRACE_S = 2.0  # how long a silent rank waits before failing, so rank 0 is heard
 
 
@@ -512,6 +526,10 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
             print("repotune: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
+        if full := disk_full(err, written_places(args)):  # export's GGUF, generate --merge, monitor's report
+            if speaks:
+                print(f"repotune: error: {printable(str(full))}", file=sys.stderr)
+            return full.exit_code
         if os.environ.get("REPOTUNE_DEBUG"):
             traceback.print_exc()
         if speaks:
