@@ -508,6 +508,9 @@ _DURATION = re.compile(
 )
 
 
+BARE_BUDGET_MIN_S = 60
+
+
 def budget_seconds(value: str | int | float | None) -> float | str | None:
     """`train.time_budget` in seconds; None for no bound; "auto" is left for the planner."""
     if value is None or value == "auto":
@@ -517,6 +520,11 @@ def budget_seconds(value: str | int | float | None) -> float | str | None:
         return None
     if re.fullmatch(r"\d+(\.\d+)?", text):
         total = float(text)
+        if 0 < total < BARE_BUDGET_MIN_S:  # `--budget 10` for ten minutes would plan a 10-second run
+            raise ValueError(
+                f"must say its unit: a bare {text} is {text} seconds, too short to train in; write {text}m for "
+                f"minutes, or {text}s if you mean seconds"
+            )
     else:
         match = _DURATION.fullmatch(text)
         if not match or not any(match.groups()):

@@ -327,7 +327,8 @@ def test_no_budget_on_a_gpu_and_none_when_asked():
         ("90s", 90),
         ("1h30m", 5400),
         ("2.5m", 150),
-        ("45", 45),
+        ("450", 450),
+        ("45s", 45),
         ("none", None),
         ("10 min", 600),
         ("1 hour 30 minutes", 5400),
@@ -348,6 +349,11 @@ def test_a_bad_budget_is_one_line_naming_the_key():
         load_config(None, ["train.time_budget=soon"])
     with pytest.raises(ConfigError, match=r"must be a duration .* got '10 mins later'"):
         load_config(None, flags={"train.time_budget": "10 mins later"})
+    # `--budget 10` meant ten minutes, not the 10 seconds a bare number is.
+    with pytest.raises(
+        ConfigError, match=r"must say its unit: a bare 10 is 10 seconds, too short to train in; write 10m"
+    ):
+        load_config(None, flags={"train.time_budget": "10"})
 
 
 def test_evaluations_and_checkpoints_are_spaced_by_their_cost():
