@@ -78,6 +78,14 @@ def added_lines(change: FileChange) -> list[int]:
     return added
 
 
+def file_lines(raw: bytes) -> list[str]:
+    """A file's lines as a diff numbers them, each with its line break: split at LF alone (a form feed or a
+    vertical tab is inside a line, where `str.splitlines` broke one and every later number was off by
+    one), and those ending in CR LF read as ending in LF, as the files trained on are (`files`)."""
+    pieces = raw.decode("utf-8", "replace").replace("\r\n", "\n").split("\n")
+    return [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+
+
 def write_cases(
     repo: Repository, name: str, held_out: Iterable[dict[str, Any]], config: ScrapeConfig, out: BinaryIO
 ) -> CasesRead:
@@ -132,7 +140,7 @@ def _windows(
             raw = contents.get(name)
             if raw is None or is_binary(raw):
                 continue
-            lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
+            lines = file_lines(raw)
             added = added_lines(change)
             eligible += [
                 (change.path, lines, number, 1)

@@ -203,7 +203,9 @@ def _text(path: str, held: bool, raw: bytes | None, config: ScrapeConfig) -> tup
         return "binary_file", ""
     if len(raw) > config.max_file_diff_bytes:
         return "file_too_large", ""  # as a diff this large is left out: almost always generated
-    text = raw.decode("utf-8", "replace")
+    # Lines ending in CR LF read as ending in LF: what a next line's prompt is read as (the model's code
+    # was pretrained so, and an answer read after a bare CR was further from the line written).
+    text = raw.decode("utf-8", "replace").replace("\r\n", "\n")
     if not text.strip():
         return "empty", ""
     if is_lfs_pointer("".join(f"+{line}\n" for line in text.splitlines())):
