@@ -154,6 +154,23 @@ def test_a_cursor_after_the_indentation_an_editor_wrote_gets_the_rest_of_that_li
     assert indented == "".join(chunk.choices[0].text for chunk in streamed) == line[4:]
 
 
+def test_a_file_written_on_windows_is_read_with_lf_and_answered_in_its_own_line_endings(client):
+    """Its lines end in CR LF: read as they are, the prompt ends in a bare CR, which the model never saw
+    code end with (`decoding.healing`); read with LF, the answer is the LF file's, written back in CR LF,
+    and a stop sequence the editor gives in CR LF ends it where its line ends."""
+    prompt = module_source(3).split("    total")[0]  # ends a line: healed
+    asked = {"model": "repotune-repo", "max_tokens": 12, "temperature": 0}
+    unix = client.completions.create(prompt=prompt, **asked).choices[0].text
+    windows = prompt.replace("\n", "\r\n")
+    answer = client.completions.create(prompt=windows, **asked).choices[0].text
+    streamed = "".join(
+        chunk.choices[0].text for chunk in client.completions.create(prompt=windows, stream=True, **asked)
+    )
+    assert answer == streamed == unix.replace("\n", "\r\n") and "\n" in unix
+    line = client.completions.create(prompt=windows, stop=["\r\n"], **asked).choices[0].text
+    assert line == unix.split("\n")[0] and line.strip()
+
+
 def test_a_request_that_begins_as_a_recent_one_reads_only_what_follows_and_answers_the_same(client):
     """An editor's next request in a file shares an earlier one's beginning, with requests for another
     file between them: its keys and values are reused (`cached_tokens`, as OpenAI reports them), and

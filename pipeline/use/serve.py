@@ -84,6 +84,9 @@ class Asked:
     """The end of `prompt` read back (its last line breaks, blank lines included, and the indentation
     after them): the prompt is read without it, and the answer's first tokens spell it (the first one of
     `line_breaks`), left out of the answer: token healing, as the code scoreboard asks a next line."""
+    line_end: str = "\n"
+    """The line break the answer is written with: a file written on Windows is read with LF, as the files
+    trained on are (`decoding.healing`), and answered in its own CR LF."""
 
 
 class ServeError(Exception):
@@ -311,11 +314,11 @@ class Engine:
                 piece, unread = piece[read_back:], unread[read_back:]
                 written += piece
                 if cut := _first_stop(written, asked.stop):
-                    yield piece[: len(piece) - (len(written) - cut[0])]
+                    yield piece[: len(piece) - (len(written) - cut[0])].replace("\n", asked.line_end)
                     spelled = len(asked.healed) + cut[0] + len(cut[1])
                     break
                 if piece:
-                    yield piece
+                    yield piece.replace("\n", asked.line_end)
             if failed and spelled is None:
                 raise failed[0]
             stopped.set()  # after a stop sequence, the generation ends at its next token
@@ -481,6 +484,8 @@ def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Aske
     know (Continue's default template), is read as its prefix and suffix where the model has no such
     tokens: as text they are markup it never saw."""
     suffix = _suffix(body)
+    line_end = "\r\n" if "\r\n" in prompt else "\n"
+    prompt, suffix = prompt.replace("\r\n", "\n"), suffix.replace("\r\n", "\n")
     templated = INFILL_PROMPT.fullmatch(prompt)
     if templated and not engine.infills:
         prompt, suffix = templated["prefix"], suffix or templated["suffix"]
@@ -492,7 +497,9 @@ def _completion(engine: Engine, body: dict[str, Any], prompt: str) -> tuple[Aske
             headers = {SUFFIX_HEADER: f"ignored: {UNREAD_BY_MODEL}"}
     end = LINE_START.search(prompt)
     healed = end[0] if end and end.start() and engine.heals else ""
-    return replace(_asked(body, prompt, COMPLETION_TOKENS), healed=healed), headers
+    asked = _asked(body, prompt, COMPLETION_TOKENS)
+    stops = tuple(stop.replace("\r\n", "\n") for stop in asked.stop)  # matched in the answer as written
+    return replace(asked, healed=healed, line_end=line_end, stop=stops), headers
 
 
 def _suffix(body: dict[str, Any]) -> str:
