@@ -103,7 +103,10 @@ def disk_full(err: Exception, places: dict[str, Path]) -> DiskFull | None:
         except OSError:
             continue
         if said or free < FULL_DISK_FREE:
-            option = option or next(iter(places), None)
+            # Another place helps where the full one is the option's (not the cache's, say).
+            option = option or next(
+                (o for o, path in places.items() if where.is_relative_to(path.absolute())), None
+            )
             return DiskFull(
                 f"the disk holding {where} ran out of space ({free / 2**20:.0f} MB free now): a write failed "
                 f"({type(err).__name__}: {one_line(err)})",

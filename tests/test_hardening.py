@@ -293,25 +293,33 @@ def test_a_full_disk_is_told_from_a_bug_by_its_errno_or_by_what_is_free(tmp_path
 
     from pipeline.errors import FULL_DISK_FREE, disk_full
 
-    places = {"--output": tmp_path / "new" / "m.gguf"}
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    (out / "checkpoints").mkdir(parents=True)
+    places = {"--output-dir": out}
     usage = namedtuple("usage", "total used free")
     free = {"now": 10 * FULL_DISK_FREE}
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40 - free["now"], free["now"]))
-    try:
-        raise OSError(28, os.strerror(28), str(tmp_path / "checkpoints" / "optimizer.pt"))
-    except OSError as cause:
+
+    def wrapped(path: Path) -> RuntimeError:
         try:
-            raise RuntimeError("saving the checkpoint failed") from cause
-        except RuntimeError as wrapped:
-            named = disk_full(wrapped, places)
-    assert named is not None and named.happened.startswith(f"the disk holding {tmp_path} ran out of space (")
+            raise OSError(28, os.strerror(28), str(path))
+        except OSError as cause:
+            try:
+                raise RuntimeError("saving failed") from cause
+            except RuntimeError as wrapping:
+                return wrapping
+
+    named = disk_full(wrapped(out / "checkpoints" / "checkpoint-3" / "optimizer.pt"), places)
+    assert named is not None and named.happened.startswith(
+        f"the disk holding {out / 'checkpoints'} ran out of"
+    )
+    assert named.fix == "free some space there, or give another --output-dir"  # the option's folder
+    elsewhere = disk_full(wrapped(cache / "repotune" / "models" / "model.safetensors"), places)
     assert (
-        named.fix == "free some space there, or give another --output"
-    )  # the error's file, the option's fix
+        elsewhere is not None and elsewhere.fix == "free some space there"
+    )  # another output dir would not help
     said = disk_full(RuntimeError("I/O error: Disk quota exceeded (os error 122)"), places)
-    assert (
-        said is not None and f"the disk holding {tmp_path} " in said.happened
-    )  # the nearest folder there is
+    assert said is not None and said.happened.startswith(f"the disk holding {out} ")
     assert disk_full(RuntimeError("unexpected pos 704 vs 598"), places) is None  # room enough: a bug
     free["now"] = FULL_DISK_FREE - 1
     assert disk_full(RuntimeError("unexpected pos 704 vs 598"), places) is not None  # torch's, on a full disk

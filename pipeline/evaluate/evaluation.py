@@ -90,9 +90,8 @@ SHOWN_CHARS = 600  # a sample's prompt and reference as the manifest shows them
 # resampled from a handful of commits is narrow by chance (one commit gives a single point).
 CODE_CHOICE_COMMITS = 10
 # Bump when prompts, generation, the loss or scoring change: cached base-model scores are then not reused.
-EVALUATION_FORMAT = (
-    14  # 14: lines ending in CR LF are read as ending in LF (13: the file's own chunk in context)
-)
+# 14: lines ending in CR LF are read as ending in LF; 13: a next line's context ends with its own file's chunk.
+EVALUATION_FORMAT = 14
 
 
 def task_prompts(

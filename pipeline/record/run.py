@@ -558,6 +558,7 @@ def _ended(record: Record, status: str, error: str | None) -> None:
     try:
         record.finish(status, error)
     except OSError as err:
+        said = err.strerror or err
         say(
-            f"could not record how the run ended in {record.manifest_path} ({err.strerror or err}): it says what it said last"
+            f"could not record how the run ended in {record.manifest_path} ({said}): it says what it said last"
         )
