@@ -315,9 +315,8 @@ def test_a_full_disk_is_told_from_a_bug_by_its_errno_or_by_what_is_free(tmp_path
     )
     assert named.fix == "free some space there, or give another --output-dir"  # the option's folder
     elsewhere = disk_full(wrapped(cache / "repotune" / "models" / "model.safetensors"), places)
-    assert (
-        elsewhere is not None and elsewhere.fix == "free some space there"
-    )  # another output dir would not help
+    # The cache's folder, not the output's: another output dir would not help.
+    assert elsewhere is not None and elsewhere.fix == "free some space there"
     said = disk_full(RuntimeError("I/O error: Disk quota exceeded (os error 122)"), places)
     assert said is not None and said.happened.startswith(f"the disk holding {out} ")
     assert disk_full(RuntimeError("unexpected pos 704 vs 598"), places) is None  # room enough: a bug
