@@ -73,6 +73,7 @@ def test_runs_lists_them_oldest_first_with_their_key_scores(cli, kept):
         assert f"{message['chrf']:.1f} / {message['edit_similarity']:.1f}" in row
         assert f"{code['exact_match_pct']:.1f} / {code['edit_similarity']:.1f}" in row
     assert summary.startswith(f"2 runs kept in {kept / 'runs'}")
+    assert cli("runs", "--output-dir", kept).out == listed.out  # named as a run names it
     # Only what differs between them (their steps), never the repository or the model; the run always.
     changed = cli("runs", kept, "--only-changed")
     header = changed.out.splitlines()[0]

@@ -338,12 +338,17 @@ def diff_options(parser: argparse.ArgumentParser) -> None:
 
 
 def runs_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    # Named as every other command names it, or given alone: one or the other (SUPPRESS keeps an absent
+    # OUTPUT_DIR from writing None over --output-dir's value).
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "output_dir",
         metavar="OUTPUT_DIR",
         nargs="?",
+        default=argparse.SUPPRESS,
         help="the output directory whose runs to list (default: the configured one, repotune-output/)",
     )
+    where.add_argument("--output-dir", dest="output_dir", metavar="DIR", help="the same, as a run names it")
     parser.add_argument(
         "--only-changed", action="store_true", help="only the columns whose values differ between the runs"
     )
