@@ -88,6 +88,7 @@ def test_diff_without_runs_named_compares_the_newest_two(cli, kept, monkeypatch)
     assert alone.code == named.code == 1
     assert orjson.loads(alone.out) == orjson.loads(named.out)
     assert alone.err.startswith(f"comparing {first} with {second}")
+    assert cli("diff", "--output-dir", kept, "--json").out == alone.out  # named as a run names it
     # Neither named: the configured output directory's (repotune-output/ in the working directory).
     monkeypatch.chdir(kept.parent)
     shutil.copytree(kept / "runs", kept.parent / "repotune-output" / "runs")

@@ -295,12 +295,17 @@ def hook_options(parser: argparse.ArgumentParser) -> None:
 
 
 def diff_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()  # as `runs_options`
+    where.add_argument(
         "before",
         metavar="BEFORE",
         nargs="?",
+        default=argparse.SUPPRESS,
         help="a run's MANIFEST.json, or its output directory (alone: the newest two runs that directory "
         "keeps; neither: the newest two of the configured output directory, repotune-output/)",
+    )
+    where.add_argument(
+        "--output-dir", dest="before", metavar="DIR", help="the newest two runs DIR keeps, as a run names it"
     )
     parser.add_argument("after", metavar="AFTER", nargs="?", help="the other run's, to compare with it")
     parser.add_argument(
