@@ -167,7 +167,8 @@ def trim_context(hunks: str, context: int) -> str:
 def _split_hunks(hunks: str) -> list[tuple[str, list[str]]]:
     """(header, lines) per hunk; a `\\ No newline` marker stays attached to the line before it."""
     result: list[tuple[str, list[str]]] = []
-    for line in hunks.splitlines(keepends=True):
+    # At LF alone, as git ends a diff's lines: `str.splitlines` also breaks one at a form feed or U+2028.
+    for line in filter(None, re.split(r"(?<=\n)", hunks)):
         if line.startswith("@@"):
             result.append((line.rstrip("\n"), []))
         elif line.startswith("\\") and result and result[-1][1]:

@@ -182,6 +182,8 @@ def test_trim_context_recuts_hunks_with_exact_headers():
     # Like git, hunks whose unchanged gap is at most twice the context (6 lines here) stay one hunk.
     assert trim_context(HUNK, 3) == "@@ -2,11 +2,11 @@ def main():\n" + HUNK.split("\n", 2)[2]
     assert trim_context(HUNK, 10) == HUNK  # nothing to cut: one hunk, as git wrote it
+    paged = HUNK.replace(" line 8\n", " line 8\x0c-not a removal\n")  # a form feed inside a line
+    assert trim_context(paged, 2) == trim_context(HUNK, 2) and trim_context(paged, 10) == paged
     assert trim_context("@@ -0,0 +1,2 @@\n+a\n+b\n", 3) == "@@ -0,0 +1,2 @@\n+a\n+b\n"
     no_newline = (
         "@@ -1,2 +1,2 @@\n keep\n-x\n\\ No newline at end of file\n+y\n\\ No newline at end of file\n"
