@@ -871,6 +871,12 @@ def test_the_model_writes_the_next_line_and_the_block_at_use_as_the_scoreboard_a
         )  # fmt: skip
         assert result.code == 0, result.err
         assert result.out == row["fine_tuned"] + "\n" and not result.err
+    # The same file written on Windows: read with LF, a body given back in CR LF.
+    windows = cli(
+        "generate", "--adapter", tiny_run, "--task", task, "--path", case["path"],
+        "--prompt", case["before"].replace("\n", "\r\n"), "--after", case["after"].replace("\n", "\r\n"),
+    )  # fmt: skip
+    assert windows.out == row["fine_tuned"].replace("\n", "\r\n") + "\n"
 
 
 @pytest.mark.parametrize(
@@ -894,6 +900,8 @@ def test_each_system_writes_the_next_line_at_use_as_the_scoreboard_asked_it(
     result = cli(*asked, "--prompt", case["before"], *(["--system", system] if system else []))
     assert result.code == 0, result.err
     assert result.out == row[column] + "\n"
+    if system is None:  # the same file written on Windows: the same context retrieved, the same line
+        assert cli(*asked, "--prompt", case["before"].replace("\n", "\r\n")).out == result.out
 
 
 @pytest.mark.parametrize("typed", ["    ", "        ", "\t"], ids=["its indentation", "deeper", "a tab"])

@@ -326,6 +326,10 @@ class Answerer:
                 f"--system {system}: with --task code or block, one of {', '.join(CODE_SYSTEMS)} (default: the "
                 "run's choice)"
             )
+        # Read with LF, as the run's files and the scoreboard's next lines were (`scrapers.files`); a body goes
+        # back in its file's line endings.
+        line_end = "\r\n" if "\r\n" in before else "\n"
+        before, after = before.replace("\r\n", "\n"), after.replace("\r\n", "\n")
         ended, indentation = line_ended(before)
         records = self.files
         repo = records[0]["repo"] if records else ""
@@ -337,7 +341,9 @@ class Answerer:
                     f"--system lookup: {self.directory} has no {CODE_FILES} to look lines up in"
                 )
             found = self.index.lookup(case, block)
-            return after_typed(found, indentation), UNREAD_BY_LOOKUP if after else None
+            return after_typed(found, indentation).replace(
+                "\n", line_end
+            ), UNREAD_BY_LOOKUP if after else None
         tuned, context = asked
         model, tokenizer = self.loaded
         infill = infills(tokenizer)
@@ -352,7 +358,7 @@ class Answerer:
                 model, tokenizer, [prompt], tokens, self.precision, next_line=not block, block=block
             )[0]
         unread = UNREAD_BY_MODEL if after and not (infill or retrieved) else None
-        return after_typed(answer, indentation), unread
+        return after_typed(answer, indentation).replace("\n", line_end), unread
 
     def commit_messages(
         self, diff: str, alternatives: int = 0, system: str | None = None, max_new_tokens: int | None = None
