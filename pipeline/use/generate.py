@@ -311,7 +311,22 @@ class Answerer:
         cursor) where the model infills or the system reads context (`own_chunk`); the lookup for code
         loads no model. Also why `after` was not read (None: it was, or none was given). Where `before`
         ends in the indentation an editor writes on a new line (the cursor after it), the answer is the
-        line's rest after that indentation: an editor inserts it at the cursor."""
+        line's rest after that indentation: an editor inserts it at the cursor. A file written on Windows is
+        read with LF, as the files the run trained on were (`scrapers.files`), and a body given back in CR LF."""
+        line_end = "\r\n" if "\r\n" in before else "\n"
+        before, after = before.replace("\r\n", "\n"), after.replace("\r\n", "\n")
+        answer, unread = self._complete(before, file_path, after, block, max_new_tokens, system)
+        return answer.replace("\n", line_end), unread
+
+    def _complete(
+        self,
+        before: str,
+        file_path: str,
+        after: str,
+        block: bool,
+        max_new_tokens: int | None,
+        system: str | None,
+    ) -> tuple[str, str | None]:
         if not before.strip():
             raise PipelineError(
                 "--prompt is empty: give the file's text up to the cursor (`--prompt -` reads it)"
@@ -326,10 +341,6 @@ class Answerer:
                 f"--system {system}: with --task code or block, one of {', '.join(CODE_SYSTEMS)} (default: the "
                 "run's choice)"
             )
-        # Read with LF, as the run's files and the scoreboard's next lines were (`scrapers.files`); a body goes
-        # back in its file's line endings.
-        line_end = "\r\n" if "\r\n" in before else "\n"
-        before, after = before.replace("\r\n", "\n"), after.replace("\r\n", "\n")
         ended, indentation = line_ended(before)
         records = self.files
         repo = records[0]["repo"] if records else ""
@@ -341,9 +352,7 @@ class Answerer:
                     f"--system lookup: {self.directory} has no {CODE_FILES} to look lines up in"
                 )
             found = self.index.lookup(case, block)
-            return after_typed(found, indentation).replace(
-                "\n", line_end
-            ), UNREAD_BY_LOOKUP if after else None
+            return after_typed(found, indentation), UNREAD_BY_LOOKUP if after else None
         tuned, context = asked
         model, tokenizer = self.loaded
         infill = infills(tokenizer)
@@ -358,7 +367,7 @@ class Answerer:
                 model, tokenizer, [prompt], tokens, self.precision, next_line=not block, block=block
             )[0]
         unread = UNREAD_BY_MODEL if after and not (infill or retrieved) else None
-        return after_typed(answer, indentation).replace("\n", line_end), unread
+        return after_typed(answer, indentation), unread
 
     def commit_messages(
         self, diff: str, alternatives: int = 0, system: str | None = None, max_new_tokens: int | None = None
