@@ -382,19 +382,6 @@ def test_a_bf16_base_is_the_base_again_after_every_fold_and_unfold():
     assert all(torch.equal(weight, pristine[name]) for name, weight in base_weights().items())
 
 
-def test_a_file_whose_lines_end_in_cr_lf_is_answered_as_the_same_file_with_lf(pretrained):
-    """Read as they are, a Windows file's prompts end in a bare CR (off what the model read in pretraining and
-    training: `scrapers.files`); read with LF, the next line is the LF file's, and a body comes back in the
-    file's own line endings."""
-    model, tokenizer = pretrained
-    code = ["import os\n\ndef here():\n", "class Point:\n    def __init__(self, x, y):\n"]
-    windows = [text.replace("\n", "\r\n") for text in code]
-    lines = generate_batched(model, tokenizer, code + windows, NEW_TOKENS, "fp32", next_line=True)
-    assert lines[:2] == lines[2:] and all(line.strip() and "\r" not in line for line in lines)
-    bodies = generate_batched(model, tokenizer, code[1:] + windows[1:], 24, "fp32", block=True)
-    assert "\n" in bodies[0] and bodies[1] == bodies[0].replace("\n", "\r\n")
-
-
 def test_a_block_is_the_body_generate_writes_after_a_line_that_opens_one(pretrained):
     """A prompt that ends a line opening a body is answered with the body: healed as a next line is, ended
     where the answer writes a line indented less than its first (or BLOCK_LINES), and cut there: what

@@ -117,7 +117,7 @@ def test_files_go_through_the_historys_filters_and_redaction_newest_first(tmp_pa
 
 def test_lines_ending_in_cr_lf_are_read_as_lf_and_a_form_feed_stays_inside_its_line(tmp_path):
     """A file written on Windows is trained on, and its next lines asked, as one whose lines end in LF (how
-    a next line's prompt is read: `decoding.healing`); a form feed (an Emacs page break) does not end a
+    a next line's prompt is read: `Answerer.complete`); a form feed (an Emacs page break) does not end a
     line, as git's line numbers do not, where the case once held the line before the one added."""
     repo = add_features(GitRepo(tmp_path / "repo"), range(1, 4))
     windows = "import os\r\n\r\ndef main():\r\n    return os.getcwd()\r\n"

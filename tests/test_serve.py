@@ -156,7 +156,7 @@ def test_a_cursor_after_the_indentation_an_editor_wrote_gets_the_rest_of_that_li
 
 def test_a_file_written_on_windows_is_read_with_lf_and_answered_in_its_own_line_endings(client):
     """Its lines end in CR LF: read as they are, the prompt ends in a bare CR, which the model never saw
-    code end with (`decoding.healing`); read with LF, the answer is the LF file's, written back in CR LF,
+    code end with (its files were trained on with LF: `scrapers.files`); read with LF, the answer is the LF file's, written back in CR LF,
     and a stop sequence the editor gives in CR LF ends it where its line ends."""
     prompt = module_source(3).split("    total")[0]  # ends a line: healed
     asked = {"model": "repotune-repo", "max_tokens": 12, "temperature": 0}

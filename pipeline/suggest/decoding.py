@@ -198,8 +198,6 @@ def generate_batched(
             for index, answer in zip(chosen, answers, strict=True):
                 text = tokenizer.decode(answer, skip_special_tokens=True)
                 outputs[index] = finished(text, stop_at_newline or next_line, cut_loops, heals, block)
-                if block and "\r\n" in prompts[index]:  # a body in its file's line endings
-                    outputs[index] = outputs[index].replace("\n", "\r\n")
     return outputs
 
 
@@ -207,12 +205,9 @@ def healing(prompt: str) -> tuple[str, int]:
     """A next line's `prompt` as the model reads it, without the line breaks it ends with, and how many
     its answer spells first: those, or the one that ends its last line where it ends without one. A
     prompt that ends otherwise (in `<fim_middle>`: an infilled prefix ends before its last line break,
-    as training's infilled files were split) is read as it is. Lines that end in CR LF (a file written on
-    Windows) are read as ending in LF, as the files trained on are (`scrapers.files`): read as they are,
-    the prompt ends in a bare CR, and the answers carried one and were further from the line written."""
-    lines = prompt.replace("\r\n", "\n")
-    read = lines.rstrip("\n")
-    return read, max(len(lines) - len(read), 1)
+    as training's infilled files were split) is read as it is."""
+    read = prompt.rstrip("\n")
+    return read, max(len(prompt) - len(read), 1)
 
 
 def line_breaks(tokenizer, count: int = 1) -> list[int]:

@@ -86,7 +86,7 @@ class Asked:
     `line_breaks`), left out of the answer: token healing, as the code scoreboard asks a next line."""
     line_end: str = "\n"
     """The line break the answer is written with: a file written on Windows is read with LF, as the files
-    trained on are (`decoding.healing`), and answered in its own CR LF."""
+    trained on are (`scrapers.files`), and answered in its own CR LF."""
 
 
 class ServeError(Exception):
