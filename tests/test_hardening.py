@@ -232,14 +232,20 @@ FULL = (
 )
 
 
+def disk_with(monkeypatch, free: int) -> None:
+    """From now on the disk answers that `free` bytes are free: a test cannot fill one, so a write fails as
+    it would on a full disk and the disk says so when asked."""
+    import shutil
+
+    usage = shutil.disk_usage(Path.cwd())._replace(total=2**40, used=2**40 - free, free=free)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
+
+
 @pytest.mark.parametrize("kind", ["torch", "errno", "not-full"])
 def test_a_full_disk_is_one_line_naming_it_and_what_the_run_kept(cli, tmp_path, monkeypatch, kind):
     """A checkpoint's write fails on a full disk (which a test cannot fill: the disk's answers are given
     at the moment of the write). The run says so in one line, not as a bug; where even its manifest cannot
     be written, the one on disk still parses, as it stood, and no temporary file is left beside it."""
-    import shutil
-    from collections import namedtuple
-
     from pipeline.record import run
     from pipeline.train.trainer import CheckpointStamp
 
@@ -252,8 +258,7 @@ def test_a_full_disk_is_one_line_naming_it_and_what_the_run_kept(cli, tmp_path, 
     recorded = kind != "errno"  # there, the manifest cannot be written either
 
     def full(self, *args, **kwargs):
-        usage = namedtuple("usage", "total used free")
-        monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40 - free, free))
+        disk_with(monkeypatch, free)
         if not recorded:
             monkeypatch.setattr(
                 run, "write_json", lambda path, doc: (_ for _ in ()).throw(OSError(28, os.strerror(28)))
@@ -288,17 +293,12 @@ def test_a_full_disk_is_one_line_naming_it_and_what_the_run_kept(cli, tmp_path, 
 
 
 def test_a_full_disk_is_told_from_a_bug_by_its_errno_or_by_what_is_free(tmp_path, monkeypatch):
-    import shutil
-    from collections import namedtuple
-
     from pipeline.errors import FULL_DISK_FREE, disk_full
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     (out / "checkpoints").mkdir(parents=True)
     places = {"--output-dir": out}
-    usage = namedtuple("usage", "total used free")
-    free = {"now": 10 * FULL_DISK_FREE}
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40 - free["now"], free["now"]))
+    disk_with(monkeypatch, 10 * FULL_DISK_FREE)
 
     def wrapped(path: Path) -> RuntimeError:
         try:
@@ -320,7 +320,7 @@ def test_a_full_disk_is_told_from_a_bug_by_its_errno_or_by_what_is_free(tmp_path
     said = disk_full(RuntimeError("I/O error: Disk quota exceeded (os error 122)"), places)
     assert said is not None and said.happened.startswith(f"the disk holding {out} ")
     assert disk_full(RuntimeError("unexpected pos 704 vs 598"), places) is None  # room enough: a bug
-    free["now"] = FULL_DISK_FREE - 1
+    disk_with(monkeypatch, FULL_DISK_FREE - 1)
     assert disk_full(RuntimeError("unexpected pos 704 vs 598"), places) is not None  # torch's, on a full disk
     assert disk_full(RuntimeError("unexpected pos 704 vs 598"), {}) is None  # nowhere it writes: unknown
 
@@ -328,15 +328,10 @@ def test_a_full_disk_is_told_from_a_bug_by_its_errno_or_by_what_is_free(tmp_path
 def test_a_command_whose_write_meets_a_full_disk_says_so_in_one_line(cli, tmp_path, monkeypatch):
     """Every command, not a run alone: `monitor`'s report here, `export`'s GGUF where gguf says "Not enough
     free space to write …" (the disk's answer given at the write, which a test cannot fill)."""
-    import shutil
-    from collections import namedtuple
-
     from pipeline.use import watch
 
     def full(path, document):
-        monkeypatch.setattr(
-            shutil, "disk_usage", lambda path: namedtuple("usage", "total used free")(8, 8, 0)
-        )
+        disk_with(monkeypatch, 0)
         raise OSError("Not enough free space to write 56623104 bytes after offset 1785376")
 
     monkeypatch.setattr(watch, "write_json", full)
