@@ -21,7 +21,7 @@ import orjson
 
 from scrapers.commit import FileChange
 from scrapers.config import ScrapeConfig
-from scrapers.files import is_binary
+from scrapers.files import is_binary, read_text
 from scrapers.formats import prompt_and_response
 from scrapers.git import Repository, blob_contents
 from scrapers.notebooks import SUFFIX as NOTEBOOK_SUFFIX
@@ -81,8 +81,8 @@ def added_lines(change: FileChange) -> list[int]:
 def file_lines(raw: bytes) -> list[str]:
     """A file's lines as a diff numbers them, each with its line break: split at LF alone (a form feed or a
     vertical tab is inside a line, where `str.splitlines` broke one and every later number was off by
-    one), and those ending in CR LF read as ending in LF, as the files trained on are (`files`)."""
-    pieces = raw.decode("utf-8", "replace").replace("\r\n", "\n").split("\n")
+    one), read as the files trained on are (`files.read_text`)."""
+    pieces = read_text(raw).split("\n")
     return [piece + "\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
 
 

@@ -190,6 +190,13 @@ def _texts(
     return texts
 
 
+def read_text(raw: bytes) -> str:
+    """A file's bytes as training, the scoreboard's next lines and a prompt at use read them: UTF-8 (what
+    is not, U+FFFD), lines ending in CR LF as ending in LF (the model's code was pretrained so; read after
+    a bare CR, an answer carried one and was further from the line written)."""
+    return raw.decode("utf-8", "replace").replace("\r\n", "\n")
+
+
 def _text(path: str, held: bool, raw: bytes | None, config: ScrapeConfig) -> tuple[str | None, str]:
     """Why a file is left out (None: kept), and its text as training reads it."""
     if not held:
@@ -203,9 +210,7 @@ def _text(path: str, held: bool, raw: bytes | None, config: ScrapeConfig) -> tup
         return "binary_file", ""
     if len(raw) > config.max_file_diff_bytes:
         return "file_too_large", ""  # as a diff this large is left out: almost always generated
-    # Lines ending in CR LF read as ending in LF: what a next line's prompt is read as (the model's code
-    # was pretrained so, and an answer read after a bare CR was further from the line written).
-    text = raw.decode("utf-8", "replace").replace("\r\n", "\n")
+    text = read_text(raw)
     if not text.strip():
         return "empty", ""
     if is_lfs_pointer("".join(f"+{line}\n" for line in text.splitlines())):
