@@ -150,31 +150,42 @@ def summary(output: Path) -> dict:
 def written_before(output: Path) -> dict:
     """How many of the next lines scored had been written before the split point: the same line (the
     spaces at its ends aside, as exact match compares) in a file at the split point or on a line of the
-    training history (a diff's line without its marker); and, for each model with context, how many of
-    its exact matches were such lines. Exact match is mostly the recall of a line the repository already
-    had: this counts how many there were to recall."""
+    training history (a diff's line without its marker); how many of those the run's training read (its
+    newest `train_sequences` history sequences and `train_files` most recently changed files, as the scrape
+    lists them); and, for each model with context, how many of its exact matches were such lines, and
+    trained ones. Exact match is mostly the recall of a line the repository already had: this counts how
+    many there were to recall, and whether training had read them."""
     import orjson
 
     from pipeline.manifest import EVALUATION_FILE
     from scrapers.files import FILES_FILE
     from scrapers.scrape import SEQUENCES_FILE
 
+    params = orjson.loads((output / "MANIFEST.json").read_bytes())["training_parameters"]
     seen: set[str] = set()
-    for line in (output / FILES_FILE).read_bytes().splitlines():
-        seen.update(row.strip() for row in orjson.loads(line)["text"].split("\n"))
-    for line in (output / SEQUENCES_FILE).read_bytes().splitlines():
-        record = orjson.loads(line)
-        if record.get("split") == "train":
-            for row in record["text"].split("\n"):
-                seen.update((row.strip(), row[1:].strip()))
+    trained: set[str] = set()
+    for index, line in enumerate((output / FILES_FILE).read_bytes().splitlines()):
+        rows = {row.strip() for row in orjson.loads(line)["text"].split("\n")}
+        seen |= rows
+        trained |= rows if index < (params.get("train_files") or 0) else set()
+    history = (orjson.loads(line) for line in (output / SEQUENCES_FILE).read_bytes().splitlines())
+    for index, record in enumerate(record for record in history if record.get("split") == "train"):
+        rows = {text for row in record["text"].split("\n") for text in (row.strip(), row[1:].strip())}
+        seen |= rows
+        trained |= rows if index < params["train_sequences"] else set()
     answers = [orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line]
     asked = [row for row in answers if row["task"] == "code_context"]
     recalled = [row for row in asked if row["reference"].strip() in seen]
+    read = [row for row in recalled if row["reference"].strip() in trained]
     matched = {}
     for system in ("base", "fine_tuned"):
         exact = [row for row in asked if row[system].strip() == row["reference"].strip()]
-        matched[system] = [len(exact), sum(row in recalled for row in exact)]
-    return {"lines": len(asked), "written_before": len(recalled), "matched": matched}
+        matched[system] = [
+            len(exact),
+            sum(row in recalled for row in exact),
+            sum(row in read for row in exact),
+        ]
+    return {"lines": len(asked), "written_before": len(recalled), "trained": len(read), "matched": matched}
 
 
 def first_samples(answers: Path) -> dict:
@@ -271,8 +282,9 @@ def report(budget: str, output: Path, shown: int) -> bool:
     recall = written_before(output)
     print(
         f"written before the split point (in its files or the training history): {recall['written_before']} of the "
-        f"{recall['lines']} next lines; of the exact matches with context, base {'/'.join(map(str, recall['matched']['base']))} "
-        f"and fine-tuned {'/'.join(map(str, recall['matched']['fine_tuned']))} (matched / of them written before)"
+        f"{recall['lines']} next lines, {recall['trained']} of them in what training read; of the exact matches with "
+        f"context, base {'/'.join(map(str, recall['matched']['base']))} and fine-tuned "
+        f"{'/'.join(map(str, recall['matched']['fine_tuned']))} (matched / of them written before / trained)"
     )
     before, after = evaluation["before"], evaluation["after"]
     if before and after:

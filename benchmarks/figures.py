@@ -92,16 +92,23 @@ def code_scoreboard(name: str) -> str:
 
 
 def _recall(run: dict[str, Any]) -> str:
-    """How many of the lines had been written before the split point, and how many exact matches were
-    such lines (results written before bench_learning counted them say nothing)."""
+    """How many of the lines had been written before the split point, how many of those the run trained
+    on, and how many exact matches were such lines (results written before bench_learning counted them
+    say nothing of it)."""
     recall = run.get("written_before")
     if not recall:
         return ""
     base, tuned = recall["matched"]["base"], recall["matched"]["fine_tuned"]
+    read = "trained" in recall
     return (
         f" {recall['written_before']} of the {recall['lines']} lines had been written before the split point, "
-        f"in its files or the training history; exact matches with context: base + context {base[0]} "
-        f"({base[1]} of them such lines), fine-tuned + context {tuned[0]} ({tuned[1]})."
+        "in its files or the training history"
+        + (f", {recall['trained']} of them in what the run trained on" if read else "")
+        + f"; exact matches with context: base + context {base[0]} ({base[1]} of them such lines"
+        + (f", {base[2]} trained on" if read else "")
+        + f"), fine-tuned + context {tuned[0]} ({tuned[1]}"
+        + (f", {tuned[2]}" if read else "")
+        + ")."
     )
 
 
