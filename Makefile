@@ -3,11 +3,14 @@
 # The first Python 3.11+ of these: python3 where it is recent enough (most machines), else one an older
 # distribution installs beside it (Ubuntu 22.04's python3 is 3.10: `apt install python3.11`).
 RECENT_ENOUGH := -c 'import sys; sys.exit(sys.version_info < (3, 11))'
+VERSION := -c 'import platform; print(platform.python_version())'
 PYTHON ?= $(shell for p in python3 python3.11 python3.12 python3.13; do \
 	$$p $(RECENT_ENOUGH) 2>/dev/null && { command -v $$p; break; }; done)
 VENV ?= .venv
 # torch goes in first and pinned: a plain `torch` requirement would pull the newest
-# CUDA build (gigabytes). On a GPU machine, pick the wheel you need, e.g.
+# CUDA build (gigabytes). Where the machine has no NVIDIA GPU and TORCH_SPEC names no index, the CPU
+# build, or a stop that says why there is none (pipeline/torch_build.py). On a GPU machine, pick the
+# wheel you need, e.g.
 #   make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 REPO ?= .
@@ -38,10 +41,14 @@ $(INSTALLED): pyproject.toml
 	install one (e.g. apt install python3.11) or name it: make PYTHON=/path/to/python3.11"; exit 1; }
 	@if [ -x $(BIN)/python ] && ! $(BIN)/python $(RECENT_ENOUGH); then \
 	echo "repotune set-up: $(VENV) was made with an older Python: making it anew with $(PYTHON)"; rm -rf $(VENV); fi
+	@if [ -x $(BIN)/python ] && [ ! -e $@ ] && [ "$$($(BIN)/python $(VERSION))" != "$$($(PYTHON) $(VERSION))" ]; then \
+	echo "repotune set-up: $(VENV) was left unfinished with Python $$($(BIN)/python $(VERSION)): making it anew with $(PYTHON)"; \
+	rm -rf $(VENV); fi
 	@echo "repotune set-up: creating $(VENV) (once)"
 	$(PYTHON) -m venv $(VENV)
-	@echo "repotune set-up: installing $(TORCH_SPEC) (a CPU build unless TORCH_SPEC says otherwise)"
-	$(BIN)/python -m pip install --quiet --no-compile $(TORCH_SPEC) uv
+	@echo "repotune set-up: installing $(TORCH_SPEC) (the CPU build on a machine without an NVIDIA GPU, unless TORCH_SPEC names an index)"
+	torch="$$($(BIN)/python -m pipeline.torch_build $(TORCH_SPEC))" && \
+	$(BIN)/python -m pip install --quiet --no-compile $$torch uv
 	@echo "repotune set-up: installing repotune and its dependencies"
 	$(BIN)/python -m uv pip install --python $(BIN)/python --quiet -e '.[dev]'
 	@echo "repotune set-up: installing the built-in pretrained model (smollm2-135m, 93 MB)"
