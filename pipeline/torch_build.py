@@ -15,14 +15,21 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
-"""Present where an NVIDIA driver is loaded (Linux): there the CUDA build is the one wanted."""
+"""Present where an NVIDIA driver is loaded (Linux)."""
 INDEX_OPTIONS = ("-i", "--index-url", "--extra-index-url", "--no-index", "-f", "--find-links")
+
+
+def nvidia_gpu() -> bool:
+    """Whether the CUDA build is the one wanted: an NVIDIA driver is loaded, or its nvidia-smi is on PATH
+    (WSL 2 has the latter and no /proc entry)."""
+    return NVIDIA_DRIVER.exists() or shutil.which("nvidia-smi") is not None
 
 
 def with_cpu_index(requirement: list[str], nvidia: bool) -> list[str]:
@@ -57,7 +64,7 @@ def refusal(requirement: list[str], libraries: list[str]) -> str:
 
 
 def main(requirement: list[str]) -> int:
-    arguments = with_cpu_index(requirement, NVIDIA_DRIVER.exists())
+    arguments = with_cpu_index(requirement, nvidia_gpu())
     if arguments != requirement:
         planned = subprocess.run(
             [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *arguments],

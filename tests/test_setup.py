@@ -34,7 +34,7 @@ def wheels_at_hand(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
     monkeypatch.setenv("PIP_IGNORE_INSTALLED", "1")
-    monkeypatch.setattr(torch_build, "NVIDIA_DRIVER", tmp_path / "no-driver")
+    monkeypatch.setattr(torch_build, "nvidia_gpu", lambda: False)
     return folder
 
 
