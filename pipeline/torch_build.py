@@ -57,9 +57,10 @@ def refusal(requirement: list[str], libraries: list[str]) -> str:
     return (
         f"repotune set-up: pip would install {wanted} as the CUDA build ({len(libraries)} NVIDIA libraries, "
         f"gigabytes) on a machine without an NVIDIA GPU: no CPU build for Python {python} is at hand or at "
-        f"{CPU_INDEX} (or that index cannot be reached from here). Use a Python that has one here (make PYTHON=python3.11), or "
-        f'choose the build: make TORCH_SPEC="{wanted} --index-url URL" with your mirror of {CPU_INDEX}, or '
-        f'TORCH_SPEC="{wanted} --index-url https://pypi.org/simple" for the CUDA build all the same'
+        f"{CPU_INDEX} (or that index cannot be reached from here). Use a Python that has one (make "
+        f'PYTHON=python3.X), or choose the build: make TORCH_SPEC="{wanted} --index-url URL" with your mirror '
+        f'of {CPU_INDEX}, or TORCH_SPEC="{wanted} --index-url https://pypi.org/simple" for the CUDA build all '
+        "the same"
     )
 
 
