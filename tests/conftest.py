@@ -349,6 +349,16 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def frozen_before_each_module():
+    """What a worker's earlier modules left alive (cached tokenizers and models, the shared runs) frozen too,
+    once the previous module's fixtures are gone and collected: a collection at a training's start then
+    scans only what this module made. Its garbage is collected at the next module's start, as here."""
+    gc.collect()
+    gc.freeze()
+    yield
+
+
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s workers take the suite a module at a time (a module's fixtures are built once,
     not once per worker), and the modules that read `pretrained_run` together, so it is trained once. The
