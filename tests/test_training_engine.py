@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -325,19 +327,21 @@ def start_run(repo: GitRepo, out: Path, *args: str, **popen: Any) -> subprocess.
             *args,
         ],
         cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        **popen,
+        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen},
     )
 
 
-def wait_for_checkpoint(out: Path, process: subprocess.Popen, timeout_s: float = 120) -> None:
+def wait_for_checkpoint(
+    out: Path, process: subprocess.Popen, timeout_s: float = 120, said: Callable[[], bytes] | None = None
+) -> None:
+    """Until the run's first checkpoint is complete; `said`: what the run wrote so far, where it does not
+    write to its stderr pipe."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if any((path / STAMP_FILE).exists() for path in (out / "checkpoints").glob("checkpoint-*")):
             return
-        assert process.poll() is None, process.stderr.read().decode()
+        assert process.poll() is None, (said() if said else process.stderr.read()).decode()
         time.sleep(0.05)
     raise AssertionError("no checkpoint appeared")
 
@@ -429,6 +433,54 @@ def test_a_sigterm_to_every_process_of_the_run_saves_a_checkpoint_with_data_load
     )
     assert read_json(out / "MANIFEST.json")["status"] == "interrupted"
     assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+
+
+def test_a_closed_terminal_stops_the_run_as_sigterm_does_and_the_manifest_says_so(tmp_path):
+    """A terminal closed under a run (an SSH session dropped) sends SIGHUP to every process of the run, and
+    takes no more writes (EIO): the run stops as at SIGTERM, saying it to nobody, and its manifest and
+    checkpoint say so (SIGHUP ended it at once, the manifest still `running`)."""
+    repo = history_repo(tmp_path / "repo", commits=8)
+    out = tmp_path / "out"
+    terminal, seat = os.openpty()
+    process = start_run(
+        repo, out, "--set", "plan.num_workers=1", start_new_session=True, stdout=seat, stderr=seat
+    )
+    os.close(seat)
+    os.set_blocking(terminal, False)
+    shown = bytearray()
+
+    def said() -> (
+        bytes
+    ):  # what the terminal showed so far (a pty that nobody reads fills and blocks its writer)
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(terminal, 1 << 16):
+                shown.extend(chunk)
+        return bytes(shown)
+
+    wait_for_checkpoint(out, process, said=said)
+    said()
+    assert b"training" in shown
+    workers = psutil.Process(process.pid).children()
+    os.close(terminal)  # the terminal is gone: the run's writes to it fail from now on
+    os.killpg(process.pid, signal.SIGHUP)
+    assert process.wait(timeout=120) == 129
+    manifest = read_json(out / "MANIFEST.json")
+    assert manifest["status"] == "interrupted"
+    assert manifest["error"].startswith("interrupted by SIGHUP at step ") and "--resume" in manifest["error"]
+    step = manifest["run"]["current_step"]
+    assert (out / "checkpoints" / f"checkpoint-{step}" / STAMP_FILE).exists()
+    assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+
+
+def test_a_run_started_with_nohup_leaves_sighup_ignored():
+    from pipeline.errors import stop_signals
+
+    assert signal.SIGHUP in stop_signals()
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts it
+    try:
+        assert stop_signals() == (signal.SIGINT, signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_a_run_that_exits_holding_workers_that_ignore_sigterm_ends_them_quietly():

@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from pipeline.config import LoadedConfig
-from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError, disk_full
+from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError, disk_full, stop_signals
 from pipeline.evaluate.report import evaluation_report
 from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
@@ -37,7 +37,7 @@ from pipeline.manifest import (
     utc_now,
     write_json,
 )
-from pipeline.progress import say
+from pipeline.progress import leave_a_closed_terminal, say
 from pipeline.record.history import RUNS_DIR, keep, keep_previous
 from pipeline.train.distributed import Coordinator, launch_from_environment
 from pipeline.train.model import ADAPTER_DIR, CHECKPOINT_DIR, newest_checkpoint
@@ -326,7 +326,7 @@ def _(outputs: Outputs) -> dict[str, Any]:
 
 @contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGINT and SIGTERM end any stage with the manifest saying `interrupted` and where (training
+    """The stop signals end any stage with the manifest saying `interrupted` and where (training
     replaces this with its own handler, which saves a checkpoint first)."""
 
     owner = os.getpid()
@@ -337,10 +337,11 @@ def _signals_interrupt() -> Iterator[None]:
             # interrupted pool stops it, it ends as the signal would, quietly (raising printed a traceback
             # per worker, and a worker blocked on its pool's queue could keep the pool waiting for it).
             os._exit(128 + signum)
+        leave_a_closed_terminal(signum)
         raise Interrupted(f"interrupted by {signal.Signals(signum).name}", signum)
 
     try:
-        previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+        previous = {signum: signal.signal(signum, stop) for signum in stop_signals()}
     except ValueError:  # not the main thread: leave signals as they are
         yield
         return

@@ -6,7 +6,7 @@
 - `TrainingHistory` keeps loss, learning rate, evaluations, step times and
   epoch summaries, and hands them to `on_update` after every log so the
   manifest is current mid-run.
-- `GracefulStop` turns SIGINT/SIGTERM into "save a checkpoint, then stop"; the data-loader workers
+- `GracefulStop` turns a stop signal (SIGINT, SIGTERM, SIGHUP) into "save a checkpoint, then stop"; the data-loader workers
   leave both signals to it (`workers`).
 - `CheckpointStamp` writes what a checkpoint was trained on next to it, so
   `--resume` can refuse a checkpoint from other data or another batch.
@@ -33,11 +33,11 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import MonitorConfig
 from pipeline.data.dataset import block_dataset
-from pipeline.errors import Interrupted, PipelineError, TrainingError
+from pipeline.errors import Interrupted, PipelineError, TrainingError, stop_signals
 from pipeline.hardware import usable_cores
 from pipeline.manifest import MANIFEST_FILE, finite, write_json
 from pipeline.plan.planner import deadline_s
-from pipeline.progress import clock, say
+from pipeline.progress import clock, leave_a_closed_terminal, say
 from pipeline.train.distributed import Coordinator
 from pipeline.train.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
 from pipeline.train.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
@@ -92,7 +92,7 @@ class RepotuneTrainer(Trainer):
         return metrics
 
     def get_train_dataloader(self):
-        """The Trainer's loader, whose workers leave SIGINT and SIGTERM to the run (`workers`)."""
+        """The Trainer's loader, whose workers leave the stop signals to the run (`workers`)."""
         loader = super().get_train_dataloader()
         torch_loader = getattr(loader, "base_dataloader", loader)  # inside accelerate's wrapper, if any
         torch_loader.worker_init_fn = leaving_signals_to_the_run(torch_loader.worker_init_fn)
@@ -341,7 +341,7 @@ class KeepBest(TrainerCallback):
 
 
 class GracefulStop(TrainerCallback):
-    """SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once.
+    """A stop signal: finish the current step, save a checkpoint, stop. A second signal stops at once.
 
     With several processes, `agree` makes every rank stop at the same step (a rank that stopped
     alone would leave the others waiting in a collective)."""
@@ -352,7 +352,7 @@ class GracefulStop(TrainerCallback):
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in stop_signals():
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -361,6 +361,7 @@ class GracefulStop(TrainerCallback):
             signal.signal(signum, handler)
 
     def _handle(self, signum, frame) -> None:
+        leave_a_closed_terminal(signum)
         if self.received is not None:
             raise KeyboardInterrupt
         self.received = signum

@@ -1,4 +1,4 @@
-"""The data-loader workers leave SIGINT and SIGTERM to the run.
+"""The data-loader workers leave the stop signals (SIGINT, SIGTERM, SIGHUP) to the run.
 
 A terminal's Ctrl-C, `timeout`, `kill -- -PGID`, systemd and Slurm signal every process of a run at once.
 torch's loader workers die of a SIGTERM, and the loader then raised their deaths as an internal error
@@ -13,6 +13,8 @@ import multiprocessing
 import signal
 from collections.abc import Callable
 from functools import partial
+
+from pipeline.errors import stop_signals
 
 
 def leaving_signals_to_the_run(init: Callable[[int], None] | None) -> Callable[[int], None]:
@@ -30,7 +32,7 @@ def _started(init: Callable[[int], None] | None, worker_id: int) -> None:
     with a message on their queue, or at its exit."""
     if init is not None:
         init(worker_id)
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in stop_signals():
         signal.signal(signum, signal.SIG_IGN)
 
 
