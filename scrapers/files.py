@@ -192,9 +192,10 @@ def _texts(
 
 def read_text(raw: bytes) -> str:
     """A file's bytes as training, the scoreboard's next lines and a prompt at use read them: UTF-8 (what
-    is not, U+FFFD), lines ending in CR LF as ending in LF (the model's code was pretrained so; read after
-    a bare CR, an answer carried one and was further from the line written)."""
-    return raw.decode("utf-8", "replace").replace("\r\n", "\n")
+    is not, U+FFFD) without the byte-order mark that Windows editors write first, lines ending in CR LF as
+    ending in LF (the model's code was pretrained so; read after a bare CR, an answer carried one and was
+    further from the line written)."""
+    return raw.decode("utf-8-sig", "replace").replace("\r\n", "\n")
 
 
 def _text(path: str, held: bool, raw: bytes | None, config: ScrapeConfig) -> tuple[str | None, str]:

@@ -116,11 +116,12 @@ def test_files_go_through_the_historys_filters_and_redaction_newest_first(tmp_pa
 
 
 def test_lines_ending_in_cr_lf_are_read_as_lf_and_a_form_feed_stays_inside_its_line(tmp_path):
-    """A file written on Windows is trained on, and its next lines asked, as one whose lines end in LF (how
-    a next line's prompt is read: `Answerer.complete`); a form feed (an Emacs page break) does not end a
-    line, as git's line numbers do not, where the case once held the line before the one added."""
+    """A file written on Windows (CR LF, and Notepad's byte-order mark first) is trained on, and its next
+    lines asked, as one whose lines end in LF and that has no mark (how a next line's prompt is read:
+    `Answerer.complete`); a form feed (an Emacs page break) does not end a line, as git's line numbers do
+    not, where the case once held the line before the one added."""
     repo = add_features(GitRepo(tmp_path / "repo"), range(1, 4))
-    windows = "import os\r\n\r\ndef main():\r\n    return os.getcwd()\r\n"
+    windows = "\ufeffimport os\r\n\r\ndef main():\r\n    return os.getcwd()\r\n"
     paged = "import sys\n\x0c\ndef first():\n    return 1\n\x0c\ndef second():\n    return 2\n"
     repo.commit("Add the modules", {"app/win.py": windows, "app/paged.py": paged})
     repo.commit(
@@ -134,7 +135,7 @@ def test_lines_ending_in_cr_lf_are_read_as_lf_and_a_form_feed_stays_inside_its_l
     out.mkdir()
     scrape([repo.path], ScrapeConfig(eval_commits=1, valid_commits=0, holdout_max_share=0.5), out)
     trained = {record["path"]: record["text"] for record in files_of(out)}
-    assert trained["app/win.py"] == windows.replace("\r\n", "\n")
+    assert trained["app/win.py"] == windows.replace("\r\n", "\n").removeprefix("\ufeff")
     cases = {
         case["path"]: case
         for case in map(orjson.loads, (out / "completions.jsonl").read_bytes().splitlines())
