@@ -6,8 +6,8 @@
 - `TrainingHistory` keeps loss, learning rate, evaluations, step times and
   epoch summaries, and hands them to `on_update` after every log so the
   manifest is current mid-run.
-- `GracefulStop` turns a stop signal (SIGINT, SIGTERM, SIGHUP) into "save a checkpoint, then stop"; the data-loader workers
-  leave both signals to it (`workers`).
+- `GracefulStop` turns a stop signal (SIGINT, SIGTERM, SIGHUP) into "save a checkpoint, then stop";
+  the data-loader workers leave them to it (`workers`).
 - `CheckpointStamp` writes what a checkpoint was trained on next to it, so
   `--resume` can refuse a checkpoint from other data or another batch.
 - `train` turns a CUDA out-of-memory into `OutOfMemory` (the adapter back to
