@@ -509,6 +509,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "messages-express": lambda: message_scoreboard("express"),
     "ablation-flask": lambda: ablation("flask"),
     "budgets-flask": lambda: budgets("flask"),
+    "budgets-requests": lambda: budgets("requests"),
     "serve-flask": lambda: serve("flask"),
     "serve-llama-flask": lambda: serve_llama("flask"),
     "hook-flask-model": lambda: hook_through_serve("flask"),
