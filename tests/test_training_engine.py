@@ -449,9 +449,8 @@ def test_a_closed_terminal_stops_the_run_as_sigterm_does_and_the_manifest_says_s
     os.set_blocking(terminal, False)
     shown = bytearray()
 
-    def said() -> (
-        bytes
-    ):  # what the terminal showed so far (a pty that nobody reads fills and blocks its writer)
+    def said() -> bytes:
+        """What the terminal showed so far (a pty that nobody reads fills, and blocks its writer)."""
         with contextlib.suppress(BlockingIOError):
             while chunk := os.read(terminal, 1 << 16):
                 shown.extend(chunk)
@@ -461,6 +460,7 @@ def test_a_closed_terminal_stops_the_run_as_sigterm_does_and_the_manifest_says_s
     said()
     assert b"training" in shown
     workers = psutil.Process(process.pid).children()
+    assert workers  # the loader's
     os.close(terminal)  # the terminal is gone: the run's writes to it fail from now on
     os.killpg(process.pid, signal.SIGHUP)
     assert process.wait(timeout=120) == 129
