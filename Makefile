@@ -62,7 +62,8 @@ run: $(INSTALLED)
 
 # What every worker imports (the libraries a run loads, and what collecting the suite imports), compiled
 # to bytecode once before the workers start, beside the type check: three workers importing them at once
-# on a fresh set-up each compiled all of it (docs/development.md). Once per set-up: the mark goes with .venv.
+# on a fresh set-up each compiled all of it (docs/experiments.md, the test suite's time). Once per set-up:
+# the mark goes with .venv.
 COMPILED := $(VENV)/.compiled
 COMPILE := import importlib, sys, pytest; from pipeline.train.model import DATA_LIBRARIES, TRAINING_LIBRARIES; \
 	[importlib.import_module(name) for name in (*DATA_LIBRARIES, *TRAINING_LIBRARIES)]; \

@@ -344,7 +344,7 @@ def pytest_collection_finish(session):
     ends: frozen, no full collection scans them again. Every training's start has one (accelerate's
     `free_memory`) and CPython runs its own; a run freezes what its own imports made
     (`train.model.load_libraries`), but a worker imported them while collecting (the time it saves:
-    docs/development.md)."""
+    docs/experiments.md, the test suite's time)."""
     gc.collect()
     gc.freeze()
 
