@@ -6,7 +6,6 @@ Anything else that escapes is a bug: the CLI reports it as an internal error.
 import errno
 import os
 import shutil
-import signal
 from pathlib import Path
 
 from scrapers.errors import ScrapeError
@@ -51,7 +50,7 @@ class TrainingError(PipelineError):
 
 
 class Interrupted(PipelineError):
-    """One of `stop_signals`. `checkpointed`: training saved a checkpoint and its message says how to resume;
+    """One of `signals.stop_signals`. `checkpointed`: training saved a checkpoint and its message says how to resume;
     `partial` is what training did until then (recorded in the manifest)."""
 
     def __init__(self, message: str, signum: int, checkpointed: bool = False, partial=None):
@@ -60,14 +59,6 @@ class Interrupted(PipelineError):
         self.exit_code = 128 + signum
         self.checkpointed = checkpointed
         self.partial = partial
-
-
-def stop_signals() -> tuple[signal.Signals, ...]:
-    """The signals a run stops at, saving what it has: Ctrl-C; `kill`, `timeout`, systemd and Slurm; and a
-    closed terminal (SIGHUP), unless the run was started to ignore that (`nohup`)."""
-    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
-        return signal.SIGINT, signal.SIGTERM
-    return signal.SIGINT, signal.SIGTERM, signal.SIGHUP
 
 
 USER_ERRORS = (PipelineError, ScrapeError)

@@ -4,8 +4,6 @@ kept for results), from rank 0 only under torchrun; and for a long step, how far
 from __future__ import annotations
 
 import os
-import signal
-import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -16,19 +14,6 @@ PLAIN_EVERY_S = 10.0  # away from a terminal (a log, CI), a progress line at mos
 def say(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr, flush=True)
-
-
-def leave_a_closed_terminal(signum: int) -> None:
-    """After SIGHUP the terminal is gone and writing to it fails (EIO): the run would end in that error
-    instead of saving its checkpoint and manifest. What it says to a terminal goes nowhere from then on (the
-    manifest says it all); a log file or a pipe it writes to is left as it is."""
-    if signum != signal.SIGHUP:
-        return
-    nowhere = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):  # the process's own, whatever sys.stdout stands for
-        if stat.S_ISCHR(os.fstat(fd).st_mode):  # a terminal (or /dev/null already), not a file or a pipe
-            os.dup2(nowhere, fd)
-    os.close(nowhere)
 
 
 def aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:

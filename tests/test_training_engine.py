@@ -473,7 +473,7 @@ def test_a_closed_terminal_stops_the_run_as_sigterm_does_and_the_manifest_says_s
 
 
 def test_a_run_started_with_nohup_leaves_sighup_ignored():
-    from pipeline.errors import stop_signals
+    from pipeline.signals import stop_signals
 
     assert signal.SIGHUP in stop_signals()
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` starts it

@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from functools import singledispatch
 from pathlib import Path
 from shlex import quote
@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from pipeline.config import LoadedConfig
-from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError, disk_full, stop_signals
+from pipeline.errors import USER_ERRORS, Interrupted, OutputDirError, PipelineError, disk_full
 from pipeline.evaluate.report import evaluation_report
 from pipeline.hardware import LoadMeter
 from pipeline.manifest import (
@@ -37,8 +37,9 @@ from pipeline.manifest import (
     utc_now,
     write_json,
 )
-from pipeline.progress import leave_a_closed_terminal, say
+from pipeline.progress import say
 from pipeline.record.history import RUNS_DIR, keep, keep_previous
+from pipeline.signals import on_stop_signals
 from pipeline.train.distributed import Coordinator, launch_from_environment
 from pipeline.train.model import ADAPTER_DIR, CHECKPOINT_DIR, newest_checkpoint
 from pipeline.types import (
@@ -331,25 +332,18 @@ def _signals_interrupt() -> Iterator[None]:
 
     owner = os.getpid()
 
-    def stop(signum, frame):
+    def stop(signum: int) -> None:
         if os.getpid() != owner:
             # A worker forked from this process (scraping, tokenizing) inherits this handler: when an
             # interrupted pool stops it, it ends as the signal would, quietly (raising printed a traceback
             # per worker, and a worker blocked on its pool's queue could keep the pool waiting for it).
             os._exit(128 + signum)
-        leave_a_closed_terminal(signum)
         raise Interrupted(f"interrupted by {signal.Signals(signum).name}", signum)
 
-    try:
-        previous = {signum: signal.signal(signum, stop) for signum in stop_signals()}
-    except ValueError:  # not the main thread: leave signals as they are
+    with ExitStack() as handlers:
+        with suppress(ValueError):  # not the main thread: leave signals as they are
+            handlers.enter_context(on_stop_signals(stop))
         yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _stopped(record: Record, message: str, checkpointed: bool = False) -> str:

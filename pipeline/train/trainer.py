@@ -22,6 +22,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,12 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from pipeline.config import MonitorConfig
 from pipeline.data.dataset import block_dataset
-from pipeline.errors import Interrupted, PipelineError, TrainingError, stop_signals
+from pipeline.errors import Interrupted, PipelineError, TrainingError
 from pipeline.hardware import usable_cores
 from pipeline.manifest import MANIFEST_FILE, finite, write_json
 from pipeline.plan.planner import deadline_s
-from pipeline.progress import clock, leave_a_closed_terminal, say
+from pipeline.progress import clock, say
+from pipeline.signals import on_stop_signals
 from pipeline.train.distributed import Coordinator
 from pipeline.train.loss import answer_logits, held_out_loss, per_answer_loss, perplexity, sequence_ids
 from pipeline.train.model import STAMP_FILE, AdapterFacts, newest_checkpoint, record_base
@@ -349,19 +351,16 @@ class GracefulStop(TrainerCallback):
     def __init__(self, agree: Callable[[bool], bool] = bool) -> None:
         self.received: int | None = None
         self.agree = agree
-        self._previous: dict[int, Any] = {}
+        self._handlers = ExitStack()
 
     def __enter__(self) -> GracefulStop:
-        for signum in stop_signals():
-            self._previous[signum] = signal.signal(signum, self._handle)
+        self._handlers.enter_context(on_stop_signals(self._handle))
         return self
 
     def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+        self._handlers.close()
 
-    def _handle(self, signum, frame) -> None:
-        leave_a_closed_terminal(signum)
+    def _handle(self, signum: int) -> None:
         if self.received is not None:
             raise KeyboardInterrupt
         self.received = signum

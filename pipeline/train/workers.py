@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable
 from functools import partial
 
-from pipeline.errors import stop_signals
+from pipeline.signals import stop_signals
 
 
 def leaving_signals_to_the_run(init: Callable[[int], None] | None) -> Callable[[int], None]:
