@@ -132,6 +132,7 @@ def summary(output: Path) -> dict:
         "train_files": params.get("train_files"),
         "steps": report_["training"]["global_step"],
         "tokens_per_s": report_["throughput"]["tokens_per_s"],
+        "precision": params.get("precision"),
         "train_s": manifest["timings"]["train_s"],
         "run_s": manifest["total_execution_time_seconds"],
         "loss": [before.get("loss"), after.get("loss")],

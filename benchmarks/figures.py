@@ -197,6 +197,11 @@ def budgets(name: str) -> str:
         "trained (steps; sequences / files)",
         lambda r: f"{r['steps']}; {r['train_sequences']} / {r['train_files'] or 0}",
     )
+    # Runs measured on other machines train at other speeds: a budget's column says how fast it trained.
+    row(
+        "tokens a second (precision)",
+        lambda r: f"{r['tokens_per_s']:.0f}" + (f" ({r['precision']})" if r.get("precision") else ""),
+    )
     row("held-out loss", lambda r: f"{r['loss'][0]:.3f} → {r['loss'][1]:.3f}")
     row(
         "fine-tuned + context, next line EM % / ES",
