@@ -515,6 +515,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ablation-flask": lambda: ablation("flask"),
     "budgets-flask": lambda: budgets("flask"),
     "budgets-requests": lambda: budgets("requests"),
+    "budgets-express": lambda: budgets("express"),
     "serve-flask": lambda: serve("flask"),
     "serve-llama-flask": lambda: serve_llama("flask"),
     "hook-flask-model": lambda: hook_through_serve("flask"),
