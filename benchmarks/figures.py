@@ -48,6 +48,11 @@ def _pair(scored: dict[str, Any], *keys: str) -> str:
     return " / ".join(f"{scored[key]:.1f}" for key in keys)
 
 
+def _speed(run: dict[str, Any]) -> str:
+    """How fast a run trained: runs compared in one table may have been measured on other machines."""
+    return f"{run['tokens_per_s']:.0f}" + (f" ({run['precision']})" if run.get("precision") else "")
+
+
 def _provenance(*runs: dict[str, Any]) -> str:
     commits = sorted(
         {
@@ -153,16 +158,16 @@ def ablation(name: str) -> str:
     files, on files alone and on history alone (learning-NAME-LABEL), the same held-out lines."""
     runs = {label: _budget(f"learning-{name}-{label}") for label in ABLATION}
     rows = [
-        "| trained on | sequences / files | steps | held-out loss | fine-tuned − base (EM / ES) | "
+        "| trained on | sequences / files | steps | tokens a second | held-out loss | fine-tuned − base (EM / ES) | "
         "fine-tuned + context − base + context | messages, fine-tuned chrF / ES |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, text in ABLATION.items():
         run, tasks = runs[label], runs[label]["tasks"]
         before, after = run["loss"]
         alone, context = tasks["after"]["code"]["vs_before"], tasks["after"]["code_context"]["vs_before"]
         rows.append(
-            f"| {text} | {run['train_sequences']} / {run['train_files'] or 0} | {run['steps']} | "
+            f"| {text} | {run['train_sequences']} / {run['train_files'] or 0} | {run['steps']} | {_speed(run)} | "
             f"{before:.3f} → {after:.3f} | {_signed(alone)} | {_signed(context)} | "
             f"{_pair(tasks['after']['message'], 'chrf', 'edit_similarity')} |"
         )
@@ -197,11 +202,7 @@ def budgets(name: str) -> str:
         "trained (steps; sequences / files)",
         lambda r: f"{r['steps']}; {r['train_sequences']} / {r['train_files'] or 0}",
     )
-    # Runs measured on other machines train at other speeds: a budget's column says how fast it trained.
-    row(
-        "tokens a second (precision)",
-        lambda r: f"{r['tokens_per_s']:.0f}" + (f" ({r['precision']})" if r.get("precision") else ""),
-    )
+    row("tokens a second (precision)", _speed)
     row("held-out loss", lambda r: f"{r['loss'][0]:.3f} → {r['loss'][1]:.3f}")
     row(
         "fine-tuned + context, next line EM % / ES",
