@@ -10,7 +10,21 @@ from typing import Any
 # repository's words begins most of its answers alike (docs/experiments.md); retrieval's follow the commits'.
 ONE_REGISTER_SHARE = 1 / 3
 
-# Each system that writes a next line (`pipeline.suggest.completion.CODE_SYSTEMS`) → its scores in the
+# Who writes a next line: (answers with the adapter, prompt with retrieved context), or the lookup for code
+# (None). The fine-tuned model with context answers unless another beats it on the validation commits
+# beyond noise: fine-tuning and retrieved context add up in published work (docs/experiments.md). Here,
+# beside their labels, not with the completion itself: the commit hook reads the default and needs nothing
+# else of it.
+CODE_SYSTEMS: dict[str, tuple[bool, bool] | None] = {
+    "model-context": (True, True),
+    "model": (True, False),
+    "base-context": (False, True),
+    "base": (False, False),
+    "lookup": None,
+}
+DEFAULT_CODE_SYSTEM = "model-context"
+
+# Each system that writes a next line (CODE_SYSTEMS) → its scores in the
 # manifest's `.training_report.evaluation.tasks` (system, task) and its label, in the scoreboard's order.
 CODE_LABELS = {
     "base": ("before", "code", "base model"),

@@ -578,7 +578,7 @@ class Evaluation:
     """Where the base model's answers are kept between runs (its held-out scores, its answers to
     `code_checks`); None where they cannot be reused."""
     code_system: dict[str, Any] | None = None
-    """Who writes a next line at use (`pipeline.suggest.completion.CODE_SYSTEMS`), and the validation
+    """Who writes a next line at use (`pipeline.scores.CODE_SYSTEMS`), and the validation
     scores that chose it."""
 
     @property

@@ -55,10 +55,9 @@ from pipeline.evaluate.metrics import (
     score_messages,
 )
 from pipeline.progress import Progress, say
-from pipeline.scores import CODE_LABELS
+from pipeline.scores import CODE_LABELS, DEFAULT_CODE_SYSTEM
 from pipeline.suggest.completion import (
     BLOCK_TOKENS,
-    DEFAULT_CODE_SYSTEM,
     LINE_TOKENS,
     CodeCase,
     CodeIndex,
@@ -307,7 +306,7 @@ def choose_code_system(
     model, evaluation: Evaluation, prepared: Prepared, plan: Plan, config: EvalConfig
 ) -> Evaluation:
     """Who writes a next line at use: the fine-tuned model with retrieved context (alone where the run
-    has no files to retrieve from), unless another of `completion.CODE_SYSTEMS` beats it on the validation commits'
+    has no files to retrieve from), unless another of `scores.CODE_SYSTEMS` beats it on the validation commits'
     next lines (`evaluation.code_checks`, answered here) by more than the 95% interval of its gain in the
     mean of exact match and edit similarity, resampled by commit; where the plan has no model answer the
     validation commits, it stands unvalidated. `evaluation` with it (`code_system`)."""

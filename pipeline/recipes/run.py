@@ -28,7 +28,7 @@ from pipeline.plan.planner import (
 from pipeline.progress import say
 from pipeline.record.card import model_card
 from pipeline.record.run import Record, open_run
-from pipeline.suggest.completion import DEFAULT_CODE_SYSTEM
+from pipeline.scores import DEFAULT_CODE_SYSTEM
 from pipeline.suggest.suggestion import Suggester, for_use, learn_past
 from pipeline.train.model import (
     CHECKPOINT_DIR,

@@ -43,18 +43,6 @@ AFTER_CHARS = 400  # of the file after the cursor, for a model that infills
 LINE_TOKENS = 32  # most tokens generated for one line
 BLOCK_TOKENS = 96  # and for a block's body
 
-# Who writes a next line: (answers with the adapter, prompt with retrieved context), or the lookup for code
-# (None). The fine-tuned model with context answers unless another beats it on the validation commits
-# beyond noise: fine-tuning and retrieved context add up in published work (docs/experiments.md).
-CODE_SYSTEMS: dict[str, tuple[bool, bool] | None] = {
-    "model-context": (True, True),
-    "model": (True, False),
-    "base-context": (False, True),
-    "base": (False, False),
-    "lookup": None,
-}
-DEFAULT_CODE_SYSTEM = "model-context"
-
 
 @dataclass(frozen=True)
 class CodeCase:

@@ -37,8 +37,8 @@ import orjson
 from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
 from pipeline.progress import say
+from pipeline.scores import DEFAULT_CODE_SYSTEM
 from pipeline.suggest.changelog import entry
-from pipeline.suggest.completion import DEFAULT_CODE_SYSTEM
 from pipeline.suggest.retrieval import (
     INDEX_DIR,
     Index,
@@ -306,7 +306,7 @@ class Suggester:
     ):
         self.index, self.selector, self.k, self.system = index, selector, k, system
         self.code_system = code_system
-        """Who writes a next line (`pipeline.suggest.completion.CODE_SYSTEMS`), as the run chose."""
+        """Who writes a next line (`pipeline.scores.CODE_SYSTEMS`), as the run chose."""
         self.files = file_filters() if files is None else files
         """How the scrape chose the files of the diffs indexed (`scrapers.filters.FILE_FILTERS`): a new
         diff is read the same way (`as_trained`)."""
@@ -394,15 +394,9 @@ class Suggester:
 
     @classmethod
     def load(cls, directory: Path) -> Suggester:
-        import lightgbm
-
         where = directory / INDEX_DIR
         facts = orjson.loads((where / SYSTEM_FILE).read_bytes())
-        selector = (
-            lightgbm.Booster(model_file=str(where / SELECTOR_FILE))
-            if (where / SELECTOR_FILE).exists()
-            else None
-        )
+        selector = _saved_selector(where / SELECTOR_FILE) if (where / SELECTOR_FILE).exists() else None
         unknown = sorted(set(selector.feature_name() if selector else ()) - set(FEATURES))
         if unknown:
             raise ModelLoadError(
@@ -414,6 +408,14 @@ class Suggester:
             Index.load(where), selector, facts["k"], facts["system"], files=facts.get("files"),
             code_system=facts.get("code_system", DEFAULT_CODE_SYSTEM),
         )  # fmt: skip
+
+
+def _saved_selector(path: Path):
+    """lightgbm is imported only where a selector was saved: a past too short to learn one suggests by
+    the lookup, and the commit hook answers sooner without it."""
+    import lightgbm
+
+    return lightgbm.Booster(model_file=str(path))
 
 
 def beside(answer: str, found: list[str], count: int) -> list[str]:

@@ -15,9 +15,9 @@ from pipeline.config import EvalConfig
 from pipeline.data.examples import answer_prefix, render_prompt
 from pipeline.errors import ModelLoadError, PipelineError, one_line
 from pipeline.hardware import native_cpu_bf16
+from pipeline.scores import CODE_SYSTEMS
 from pipeline.suggest.completion import (
     BLOCK_TOKENS,
-    CODE_SYSTEMS,
     LINE_TOKENS,
     CodeCase,
     CodeIndex,
