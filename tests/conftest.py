@@ -88,7 +88,7 @@ class GitRepo:
 
     def head(self) -> str:
         """The checked-out commit, read from the files git just wrote where it can be (the suite makes
-        about 2,500 commits, and a third of their git processes were `rev-parse`), else asked of git."""
+        thousands of commits: one git process fewer each), else asked of git."""
         head = (self.path / ".git" / "HEAD").read_text().strip()
         ref = self.path / ".git" / head.removeprefix("ref: ")
         if not head.startswith("ref: "):
