@@ -1,5 +1,6 @@
 """How a score and a paired difference are written with their 95% intervals, wherever they are shown: the
-console's scoreboard, the model card, the HTML report, the benchmarks."""
+console's scoreboard, the model card, the HTML report, the benchmarks; and the systems that are scored
+writing a next line, with their labels."""
 
 from __future__ import annotations
 

@@ -90,10 +90,10 @@ class GitRepo:
         """The checked-out commit, read from the files git just wrote where it can be (the suite makes
         thousands of commits: one git process fewer each), else asked of git."""
         head = (self.path / ".git" / "HEAD").read_text().strip()
-        ref = self.path / ".git" / head.removeprefix("ref: ")
         if not head.startswith("ref: "):
-            return head
-        return ref.read_text().strip() if ref.is_file() else self.git("rev-parse", "HEAD")
+            return head  # detached
+        ref = self.path / ".git" / head.removeprefix("ref: ")
+        return ref.read_text().strip() if ref.is_file() else self.git("rev-parse", "HEAD")  # else packed
 
 
 def module_source(index: int) -> str:
