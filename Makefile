@@ -61,17 +61,19 @@ run: $(INSTALLED)
 	$(BIN)/python run_pipeline.py --repo "$(REPO)" $(ARGS)
 
 # What every worker imports (the libraries a run loads, and what collecting the suite imports), compiled
-# to bytecode once before the workers start, beside the type check: three workers importing them at once
-# on a fresh set-up each compiled all of it (docs/experiments.md, the test suite's time). Once per set-up:
-# the mark goes with .venv.
+# to bytecode once before the workers start: three workers importing them at once on a fresh set-up each
+# compiled all of it (docs/experiments.md, the test suite's time). On both cores: the libraries in one
+# process; the type check, then collecting the suite (which compiles the rest), in another. Beside the
+# type check alone, one process compiling all of it had left a core idle for most of that time. Once per
+# set-up: the mark goes with .venv.
 COMPILED := $(VENV)/.compiled
-COMPILE := import importlib, sys, pytest; from pipeline.train.model import DATA_LIBRARIES, TRAINING_LIBRARIES; \
-	[importlib.import_module(name) for name in (*DATA_LIBRARIES, *TRAINING_LIBRARIES)]; \
-	sys.exit(pytest.main(["--collect-only", "--quiet", "-p", "no:cacheprovider"]))
+LIBRARIES := import importlib; from pipeline.train.model import DATA_LIBRARIES, TRAINING_LIBRARIES; \
+	[importlib.import_module(name) for name in (*DATA_LIBRARIES, *TRAINING_LIBRARIES)]
+COLLECT := import sys, pytest; sys.exit(pytest.main(["--collect-only", "--quiet", "-p", "no:cacheprovider"]))
 
 # Once. No test depends on the host: the few whose outcome could take the `host` fixture and run on a
 # CPU-only host and on a simulated H100 host (REPOTUNE_TEST_GPU=h100-80gb runs the whole suite as the latter).
-# The type check first (seconds; beside it, once per set-up, the bytecode above): every stage call goes
+# The type check first (seconds; once per set-up, beside the bytecode above): every stage call goes
 # through Record.step, typed with a ParamSpec.
 # The suite runs once: on three workers (most tests wait on one core at most: imports, subprocesses, git,
 # a child's start-up; measured on 2 cores, the parallel pass took 265 s on two workers, 245 s on three, warm;
@@ -81,9 +83,11 @@ COMPILE := import importlib, sys, pytest; from pipeline.train.model import DATA_
 # unless PYTEST_ARGS picks tests (exit 5, "none selected", is fine when it picks none of them), after the
 # parallel pass's writes are on disk: the kernel writing them back is not the load they measure.
 test: $(INSTALLED)
-	$(BIN)/mypy & checking=$$!; \
-	[ $(COMPILED) -nt $(INSTALLED) ] || { $(BIN)/python -c '$(COMPILE)' >/dev/null && touch $(COMPILED); }; \
-	wait $$checking
+	if [ $(COMPILED) -nt $(INSTALLED) ]; then $(BIN)/mypy; else \
+	$(BIN)/python -c '$(LIBRARIES)' >/dev/null & libraries=$$!; \
+	$(BIN)/mypy; checked=$$?; \
+	$(BIN)/python -c '$(COLLECT)' >/dev/null && wait $$libraries && touch $(COMPILED); \
+	wait; exit $$checked; fi
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 -m "not quiet_machine" $(PYTEST_ARGS)
 	sync
 	$(BIN)/python -m pytest -m quiet_machine $(or $(PYTEST_ARGS),tests/test_busy_cpu.py) || [ $$? -eq 5 ]
