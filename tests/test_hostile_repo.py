@@ -76,7 +76,7 @@ def hostile_repository(tmp_path):
 def _add_signed_commit(repo: GitRepo) -> None:
     """A commit carrying a (fake) gpgsig header, so showing signatures would run gpg.program."""
     tree = repo.git("write-tree")
-    parent = repo.git("rev-parse", "HEAD")
+    parent = repo.head()
     body = (
         f"tree {tree}\nparent {parent}\n"
         "author Ada Lovelace <ada@example.com> 1704110400 +0000\n"

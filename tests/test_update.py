@@ -37,9 +37,9 @@ def copied(parent, tmp_path):
 
 def test_an_update_trains_the_parent_adapter_on_the_new_commits_only(cli, parent, tmp_path):
     repo, out = copied(parent, tmp_path)
-    old_head = repo.git("rev-parse", "HEAD").strip()
+    old_head = repo.head()
     add_features(repo, range(23, 29))
-    new_head = repo.git("rev-parse", "HEAD").strip()
+    new_head = repo.head()
     child = tmp_path / "child"
     assert cli("hook", "install", "--repo", repo.path, "--adapter", out).code == 0
     result = cli("update", "--from", out, "--repo", repo.path, "--output-dir", child, "--model", "tiny")

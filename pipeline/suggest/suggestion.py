@@ -396,7 +396,7 @@ class Suggester:
     def load(cls, directory: Path) -> Suggester:
         where = directory / INDEX_DIR
         facts = orjson.loads((where / SYSTEM_FILE).read_bytes())
-        selector = _saved_selector(where / SELECTOR_FILE) if (where / SELECTOR_FILE).exists() else None
+        selector = _saved_selector(where / SELECTOR_FILE)
         unknown = sorted(set(selector.feature_name() if selector else ()) - set(FEATURES))
         if unknown:
             raise ModelLoadError(
@@ -411,8 +411,10 @@ class Suggester:
 
 
 def _saved_selector(path: Path):
-    """lightgbm is imported only where a selector was saved: a past too short to learn one suggests by
-    the lookup, and the commit hook answers sooner without it."""
+    """The selector saved at `path`; None where none was (a past too short to learn one suggests by the
+    lookup). lightgbm is imported only where there is one: the commit hook answers sooner without it."""
+    if not path.exists():
+        return None
     import lightgbm
 
     return lightgbm.Booster(model_file=str(path))
