@@ -38,18 +38,27 @@ def clock(seconds: float) -> str:
 class Progress:
     """How far a long step has come: a tqdm bar on a terminal; elsewhere a plain line every
     `plain_every_s` seconds (done, total, elapsed, time left; None: never) and one at the end if any was
-    printed."""
+    printed. With `tokens`, the tokens the units hold, where their lengths differ (prompts, read shortest
+    first): the time left is reckoned from the tokens done, not the units."""
 
-    def __init__(self, label: str, total: int, unit: str, plain_every_s: float | None = PLAIN_EVERY_S):
+    def __init__(
+        self, label: str, total: int, unit: str, plain_every_s: float | None = PLAIN_EVERY_S,
+        tokens: int | None = None,
+    ):  # fmt: skip
         self.label, self.total, self.unit, self.plain_every_s = label, total, unit, plain_every_s
-        self.done = 0
+        self.tokens = tokens
+        self.done = self.tokens_done = 0
         self.started = self.last_line = time.perf_counter()
         self.speaks = os.environ.get("RANK", "0") == "0"
         self.bar = None
         if self.speaks and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=False)
+            # With tokens, the bar counts them (its time left is tqdm's own) and says the units beside it.
+            self.bar = tqdm(
+                total=tokens or total, desc=label, unit="token" if tokens else unit, file=sys.stderr,
+                leave=False,
+            )  # fmt: skip
 
     def __enter__(self) -> Progress:
         return self
@@ -60,13 +69,17 @@ class Progress:
         elif self.last_line > self.started:  # lines were printed: say that it ended
             say(self._line(time.perf_counter()))
 
-    def update(self, count: int) -> None:
-        """`count` more done. 0 says the step is still at work where nothing more is counted (a batch's
-        answers being written after its prompts were read): the plain line still comes, and once all
-        is counted it says the step is finishing instead of a time left that has run out."""
+    def update(self, count: int, tokens: int = 0) -> None:
+        """`count` more done, holding `tokens`. 0 says the step is still at work where nothing more is
+        counted (a batch's answers being written after its prompts were read): the plain line still
+        comes, and once all is counted it says the step is finishing instead of a time left that has run
+        out."""
         self.done += count
+        self.tokens_done += tokens
         if self.bar is not None:
-            self.bar.update(count)
+            if self.tokens:
+                self.bar.set_postfix_str(f"{self.done:,}/{self.total:,} {self.unit}s", refresh=False)
+            self.bar.update(tokens if self.tokens else count)
             return
         now = time.perf_counter()
         if (
@@ -81,8 +94,12 @@ class Progress:
     def _line(self, now: float, finishing: bool = False) -> str:
         elapsed = now - self.started
         share = self.done / self.total if self.total else 1.0
+        said = f"{share:.0%}"
+        if self.tokens:
+            share = min(self.tokens_done / self.tokens, 1.0)
+            said = f"{share:.0%} of their tokens"
         left = f", about {clock(elapsed / share - elapsed)} left" if 0 < share < 1 else ""
         return (
-            f"{self.label}: {self.done:,}/{self.total:,} {self.unit}s ({share:.0%}) in {clock(elapsed)}"
+            f"{self.label}: {self.done:,}/{self.total:,} {self.unit}s ({said}) in {clock(elapsed)}"
             f"{', finishing' if finishing else left}"
         )

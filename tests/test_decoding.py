@@ -15,6 +15,7 @@ from pipeline.suggest.decoding import (
     _shared_prefix,
     finished,
     generate_batched,
+    tokens_read,
     unlooped,
 )
 from pipeline.types import TextStyle
@@ -40,6 +41,13 @@ CODE = [
     "import os\nimport sys\n\nfor name in os.listdir('.'):\n    print(",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y =",
 ]
+
+
+class Told(list):
+    """What `generate_batched` told its progress: (prompts read, their tokens), each time."""
+
+    def __call__(self, read: int, tokens: int) -> None:
+        self.append((read, tokens))
 
 
 def one_at_a_time(model, tokenizer, prompt: str, stop_at_newline: bool, cut_loops: bool = False) -> str:
@@ -147,13 +155,15 @@ def test_batched_answers_are_those_generate_gives_one_prompt_at_a_time(
         for batch_tokens, left_share in ((one_batch, 0.0), (2 * (NEW_TOKENS + 20), 1.0)):
             monkeypatch.setattr(decoding, "CPU_BATCH_TOKENS", batch_tokens)
             monkeypatch.setattr(decoding, "LEFT_SHARE", left_share)
-            told: list[int] = []
+            told = Told()
             answers = generate_batched(
-                model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, told.append, cut_loops
+                model, tokenizer, prompts, NEW_TOKENS, "fp32", stop_at_newline, told, cut_loops
             )
             assert answers == expected
-            assert sum(told) == len(prompts)  # each forward's prompts, told as they are read
-            assert 0 in told  # and each step that writes the answers: still at work
+            assert sum(read for read, _ in told) == len(prompts)  # each forward's prompts, told as read
+            # with their tokens (the common beginning's once): what `tokens_read` counts ahead
+            assert sum(tokens for _, tokens in told) == tokens_read(tokenizer, prompts, heals=False)
+            assert (0, 0) in told  # and each step that writes the answers: still at work
     # Rows left their batch early: an answer ended before the last token, and one at a line break.
     ended = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in expected]
     assert min(len(tokens) for tokens in ended) < NEW_TOKENS - 2
@@ -165,12 +175,13 @@ def test_a_single_prompt_is_answered_without_a_shared_beginning(pretrained):
     model, tokenizer = pretrained
     prompt = chat(tokenizer, DIFFS[2])
     assert _shared_prefix([tokenizer(prompt)["input_ids"]]) == 0
-    told: list[int] = []
-    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", progress=told.append) == [
+    told = Told()
+    assert generate_batched(model, tokenizer, [prompt], NEW_TOKENS, "fp32", progress=told) == [
         one_at_a_time(model, tokenizer, prompt, False)
     ]
     # The progress line hears of every prompt read, then of each step that writes its answer.
-    assert told[0] == 1 and len(told) > 1 and set(told[1:]) == {0}
+    read = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert told[0] == (1, read) and len(told) > 1 and set(told[1:]) == {(0, 0)}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -303,8 +314,13 @@ def test_a_next_line_begins_where_the_prompt_ends_a_line_as_generate_gives_it_wi
         text = tokenizer.decode(out[0, width:], skip_special_tokens=True)
         assert text.startswith("\n" * breaks) and not text.startswith("\n" * (breaks + 1))
         expected.append(finished(text, True, False, next_line=True))
-    assert generate_batched(model, tokenizer, prompts, NEW_TOKENS, "fp32", next_line=True) == expected
+    told = Told()
+    answers = generate_batched(model, tokenizer, prompts, NEW_TOKENS, "fp32", next_line=True, progress=told)
+    assert answers == expected
     assert all(answer.strip() for answer in expected)  # a line of code each, never a blank one
+    # The tokens told are the prompts' as read, without the line breaks they end with.
+    read = [len(tokenizer(prompt.rstrip("\n"), add_special_tokens=False)["input_ids"]) for prompt in prompts]
+    assert sum(tokens for _, tokens in told) == tokens_read(tokenizer, prompts, heals=True) == sum(read)
 
 
 def test_folded_weights_stay_folded_and_a_base_answer_is_still_the_bases():

@@ -230,6 +230,22 @@ def test_progress_keeps_coming_while_nothing_more_is_counted(monkeypatch, capsys
     ]
 
 
+def test_prompts_read_shortest_first_reckon_the_time_left_from_their_tokens(monkeypatch, capsys):
+    """Three of four questions read are 40% of their tokens: the time left is what the tokens say (the
+    questions would say 3 s), and the line says the share is of their tokens."""
+    from pipeline import progress
+
+    now = iter(range(0, 1000, 5))  # each reading of the clock is 5 s later
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(now))
+    with progress.Progress("the base model answering", 4, "question", tokens=1000) as bar:
+        for count, tokens in ((2, 100), (1, 300), (0, 0), (1, 600)):
+            bar.update(count, tokens)
+    assert capsys.readouterr().err.splitlines() == [
+        "the base model answering: 3/4 questions (40% of their tokens) in 10s, about 15s left",
+        "the base model answering: 4/4 questions (100% of their tokens) in 25s",
+    ]
+
+
 @pytest.mark.parametrize(("seconds", "shown"), [(37, "37s"), (245, "4m05s"), (3720, "1h02m")])
 def test_clock(seconds, shown):
     from pipeline.progress import clock

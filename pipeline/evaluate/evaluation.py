@@ -64,7 +64,7 @@ from pipeline.suggest.completion import (
     bare_prompt,
     context_prompt,
 )
-from pipeline.suggest.decoding import base_only, generate_batched, merged
+from pipeline.suggest.decoding import base_only, generate_batched, merged, tokens_read
 from pipeline.suggest.suggestion import backtest
 from pipeline.types import (
     Evaluation,
@@ -156,10 +156,15 @@ def answer_tasks(
     a block so too) are decoded together: a step of a few more rows costs little more than one."""
     alike = ((("message",), config.message_tokens), (LINE_TASKS, LINE_TOKENS), (BLOCK_TASKS, BLOCK_TOKENS))
     asked = {task: [p.text for p in prompts if p.task == task] for task in TASKS}
+    groups = [
+        (tasks, max_tokens, [text for task in tasks for text in asked[task]]) for tasks, max_tokens in alike
+    ]
+    # The time left reckoned from tokens, not questions: the prompts are read shortest first, so the
+    # questions counted early on made the time left a fraction of what it was.
+    tokens = sum(tokens_read(tokenizer, together, tasks != ("message",)) for tasks, _, together in groups)
     outputs = {}
-    with Progress(f"{who} answering", len(prompts), "question") as progress:
-        for tasks, max_tokens in alike:
-            together = [text for task in tasks for text in asked[task]]
+    with Progress(f"{who} answering", len(prompts), "question", tokens=tokens) as progress:
+        for tasks, max_tokens, together in groups:
             answers = generate_batched(
                 model, tokenizer, together, max_tokens, precision, progress=progress.update,
                 cut_loops=tasks == ("message",), next_line=tasks == LINE_TASKS, block=tasks == BLOCK_TASKS,

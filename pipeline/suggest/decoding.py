@@ -154,7 +154,7 @@ def generate_batched(
     max_new_tokens: int,
     precision: str,
     stop_at_newline: bool = False,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
     cut_loops: bool = False,
     next_line: bool = False,
     block: bool = False,
@@ -170,14 +170,14 @@ def generate_batched(
     follows them up to the next; with `block`, healed so too, the answer is the body it begins, ended and
     cut where a line is indented less (`body_ended`, `body_of`).
     `progress` is told how many prompts each prefill
-    forward read (most of the time on a CPU), and 0 after each step that writes the answers, for a
-    progress line that keeps coming while they are written."""
+    forward read and their tokens (most of the time on a CPU; the common beginning's as no prompt, once:
+    `tokens_read` counts them all), and (0, 0) after each step that writes the answers, for a progress
+    line that keeps coming while they are written."""
     if not prompts:
         return []
     device = next(model.parameters()).device
     heals = next_line or block
-    healed = [healing(prompt) for prompt in prompts] if heals else [(prompt, 0) for prompt in prompts]
-    encoded = tokenizer([read for read, _ in healed], add_special_tokens=False)["input_ids"]
+    healed, encoded = _read(tokenizer, prompts, heals)
     shared = _shared_prefix(encoded)
     lengths = [len(tokens) - shared for tokens in encoded]
     joinable = _plain_attention(model)
@@ -186,6 +186,8 @@ def generate_batched(
     with scoring(model, precision):
         forward_tokens, batch_tokens = _sizes(model, device, joinable, len(prompts))
         prefix = _prefix_cache(model, encoded[0][:shared], device) if shared else None
+        if shared and progress is not None:
+            progress(0, shared)
         for chosen in _batches(lengths, max_new_tokens, batch_tokens):
             rows = [encoded[i][shared:] for i in chosen]
             spelled = [healed[i][1] for i in chosen]
@@ -199,6 +201,23 @@ def generate_batched(
                 text = tokenizer.decode(answer, skip_special_tokens=True)
                 outputs[index] = finished(text, stop_at_newline or next_line, cut_loops, heals, block)
     return outputs
+
+
+def tokens_read(tokenizer, prompts: Sequence[str], heals: bool) -> int:
+    """The tokens `generate_batched` reads for `prompts` (`heals`: with `next_line` or `block`), their
+    common beginning once: what answering them costs on a CPU, where the prompts' lengths differ."""
+    if not prompts:
+        return 0
+    encoded = _read(tokenizer, prompts, heals)[1]
+    shared = _shared_prefix(encoded)
+    return shared + sum(len(tokens) - shared for tokens in encoded)
+
+
+def _read(tokenizer, prompts: Sequence[str], heals: bool) -> tuple[list[tuple[str, int]], list[list[int]]]:
+    """Each prompt as the model reads it with the line breaks its answer spells first (`healing`, where
+    it `heals`), and its tokens."""
+    healed = [healing(prompt) for prompt in prompts] if heals else [(prompt, 0) for prompt in prompts]
+    return healed, tokenizer([read for read, _ in healed], add_special_tokens=False)["input_ids"]
 
 
 def healing(prompt: str) -> tuple[str, int]:
@@ -457,7 +476,7 @@ def _greedy(
     together over the KV cache `prefilled` holds with each row's first answer token, each healed over
     its `spelled` line breaks (0: not healed). A row whose answer ended stays in the batch (its tokens
     unread) until LEFT_SHARE of the batch has ended: taking rows out copies the whole cache. `progress`
-    (None: nobody) is told 0 after each step: still at work."""
+    (None: nobody) is told (0, 0) after each step: still at work."""
     import torch
 
     device = next(model.parameters()).device
@@ -507,7 +526,7 @@ def _greedy(
                     logits[place] += _only(logits[place], line_breaks(ends.tokenizer, count))
         token = logits.argmax(-1)
         if progress is not None:
-            progress(0)
+            progress(0, 0)
     return answers
 
 
@@ -529,7 +548,7 @@ def _prefilled(
     rows a forward, each forward padded only to its own longest row, their caches copied into one with
     `room` more positions for the answers; else (None) the batch in one forward (a sliding window's or a
     recurrent layer's cache cannot be padded after the fact). `progress` (None: nobody) is told each
-    forward's rows; a row healed over `spelled` line breaks (those given) begins spelling them
+    forward's rows and their tokens; a row healed over `spelled` line breaks (those given) begins spelling them
     (`line_breaks` of `tokenizer`)."""
     import torch
 
@@ -551,7 +570,7 @@ def _prefilled(
                 logits[place] += _only(logits[place], line_breaks(tokenizer, spelled[row]))
         tokens.append(logits.argmax(-1))
         if progress is not None:
-            progress(len(chosen))
+            progress(len(chosen), sum(len(row) for row in chosen))
     return (_joined(caches, shared, len(rows[-1]), room) if parts else caches[0]), torch.cat(tokens)
 
 
