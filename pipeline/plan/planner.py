@@ -1300,7 +1300,8 @@ def _evaluation_bound(p: Decisions, device: str) -> int | None:
     p.from_config(
         "eval_samples",
         lambda cfg: cfg.eval.samples,
-        f"the {config.samples} newest held-out commits, asked before and after training: a commit message of "
+        f"the {config.samples} newest held-out commits (or all, where fewer are held out: the scoreboard says "
+        "how many), asked before and after training: a commit message of "
         f"at most {config.message_tokens} new tokens and the next line at lines they added, greedy, answered "
         "in batches, each answer leaving its batch when it ends (suggest/decoding.py)",
     )
