@@ -126,3 +126,14 @@ def test_bad_input_is_one_line(cli, kept, tmp_path):
     alone = cli("diff", one)
     assert alone.code == 2 and alone.err.count("\n") == 1
     assert "holds 1 kept run: run again there to compare two" in alone.err
+
+
+def test_a_run_that_ended_before_its_plan_is_listed_with_the_model_and_budget_it_was_given(cli, tmp_path):
+    """A model name that is not one stops the run before anything is planned: `runs` still says which
+    model and budget it was given, not `-` and `none`."""
+    repo = add_features(GitRepo(tmp_path / "repo"), range(1, 4))
+    out = tmp_path / "out"
+    failed = cli("--repo", repo.path, "--output-dir", out, "--model", tmp_path / "no-model", "--budget", "3m")
+    assert failed.code == 2 and "no-model: no such directory" in failed.err
+    _, row, *_ = cli("runs", out).out.splitlines()
+    assert f"{tmp_path / 'no-model'}  3m " in row and row.rstrip().endswith("failed")

@@ -86,7 +86,11 @@ def _get(manifest: dict[str, Any], *keys: str) -> Any:
     return value
 
 
-def _budget(seconds: Any) -> str:
+def _budget(manifest: dict[str, Any]) -> str:
+    """The time budget the plan set; the one asked for (`auto`, `10m`) where the run ended before a plan."""
+    if not _get(manifest, "training_parameters", "decisions", "time_budget_s"):
+        return str(_get(manifest, "config", "effective", "train", "time_budget") or "none")
+    seconds = _get(manifest, "training_parameters", "time_budget_s")
     if not seconds:
         return "none"
     return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:.0f}s"
@@ -120,8 +124,11 @@ COLUMNS: dict[str, Callable[[dict[str, Any]], str]] = {
     "command": lambda m: str(_get(m, "run", "command") or "-"),
     "repository": _repository,
     "commit": lambda m: ", ".join(str(e.get("head") or "")[:7] for e in m.get("repositories") or []) or "-",
-    "model": lambda m: str(_get(m, "model", "name") or "-"),
-    "budget": lambda m: _budget(_get(m, "training_parameters", "time_budget_s")),
+    # A run that ended before it loaded its model (a name that is not one) shows the name it was given.
+    "model": lambda m: str(
+        _get(m, "model", "name") or _get(m, "config", "effective", "train", "model") or "-"
+    ),
+    "budget": _budget,
     "steps": lambda m: str(_get(m, "training_report", "training", "global_step") or "-"),
     "message chrF / ES": lambda m: _score(
         _get(m, "training_report", "evaluation", "tasks", "suggested", "message"), "chrf", "edit_similarity"
