@@ -96,7 +96,7 @@ class Progress:
         share = self.done / self.total if self.total else 1.0
         said = f"{share:.0%}"
         if self.tokens:
-            share = min(self.tokens_done / self.tokens, 1.0)
+            share = self.tokens_done / self.tokens
             said = f"{share:.0%} of their tokens"
         left = f", about {clock(elapsed / share - elapsed)} left" if 0 < share < 1 else ""
         return (

@@ -157,17 +157,24 @@ def answer_tasks(
     alike = ((("message",), config.message_tokens), (LINE_TASKS, LINE_TOKENS), (BLOCK_TASKS, BLOCK_TOKENS))
     asked = {task: [p.text for p in prompts if p.task == task] for task in TASKS}
     groups = [
-        (tasks, max_tokens, [text for task in tasks for text in asked[task]]) for tasks, max_tokens in alike
+        (
+            tasks,
+            max_tokens,
+            [text for task in tasks for text in asked[task]],
+            tasks == LINE_TASKS,
+            tasks == BLOCK_TASKS,
+        )
+        for tasks, max_tokens in alike
     ]
     # The time left reckoned from tokens, not questions: the prompts are read shortest first, so the
     # questions counted early on made the time left a fraction of what it was.
-    tokens = sum(tokens_read(tokenizer, together, tasks != ("message",)) for tasks, _, together in groups)
+    tokens = sum(tokens_read(tokenizer, together, line or block) for _, _, together, line, block in groups)
     outputs = {}
     with Progress(f"{who} answering", len(prompts), "question", tokens=tokens) as progress:
-        for tasks, max_tokens, together in groups:
+        for tasks, max_tokens, together, line, block in groups:
             answers = generate_batched(
                 model, tokenizer, together, max_tokens, precision, progress=progress.update,
-                cut_loops=tasks == ("message",), next_line=tasks == LINE_TASKS, block=tasks == BLOCK_TASKS,
+                cut_loops=tasks == ("message",), next_line=line, block=block,
             )  # fmt: skip
             for task in tasks:
                 if asked[task]:
