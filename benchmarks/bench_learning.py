@@ -116,9 +116,11 @@ def summary(output: Path) -> dict:
     manifest has them (with their intervals and paired differences)."""
     import orjson
 
+    from pipeline.evaluate.report import first_samples
     from pipeline.manifest import EVALUATION_FILE
 
     manifest = orjson.loads((output / "MANIFEST.json").read_bytes())
+    answers = (orjson.loads(line) for line in (output / EVALUATION_FILE).read_bytes().splitlines() if line)
     params, report_ = manifest["training_parameters"], manifest["training_report"]
     evaluation = report_["evaluation"]
     before, after = evaluation["before"] or {}, evaluation["after"] or {}
@@ -142,7 +144,7 @@ def summary(output: Path) -> dict:
         "code_system": (evaluation["code_system"] or {}).get("name"),
         "code_system_reason": (evaluation["code_system"] or {}).get("reason"),
         "tasks": evaluation["tasks"],
-        "samples": first_samples(output / EVALUATION_FILE),
+        "samples": first_samples(answers),  # the README shows them as what a run prints
         "written_before": written_before(output),
     }
 
@@ -187,20 +189,6 @@ def written_before(output: Path) -> dict:
             sum(row in read for row in exact),
         ]
     return {"lines": len(asked), "written_before": len(recalled), "trained": len(read), "matched": matched}
-
-
-def first_samples(answers: Path) -> dict:
-    """The first held-out commit message and the first next line with context, every system's answer as
-    evaluation.jsonl has it: the README shows them as what a run's samples look like (the first, not the
-    best)."""
-    import orjson
-
-    firsts: dict = {}
-    for line in answers.read_bytes().splitlines():
-        record = orjson.loads(line)
-        if record["task"] in ("message", "code_context"):
-            firsts.setdefault(record["task"], record)
-    return firsts
 
 
 def write_results(path: Path, args: argparse.Namespace, budgets: dict) -> None:

@@ -239,8 +239,7 @@ def _signed(versus: dict[str, Any]) -> str:
 def printed(name: str) -> str:
     """What one repository's default 10-minute run prints of its scoreboard (the run's own lines, the
     systems a user meets: the fine-tuned model, the lookup and the suggestion; base + context beside the
-    models that complete code), then its first held-out commit message and first next line with context,
-    each system's answer's first line."""
+    models that complete code), then its first held-out samples as the run prints them."""
     run = _budget(f"learning-{name}-default")
     evaluation = _evaluation(run)
     chosen = {"name": run["code_system"], "reason": run["code_system_reason"]}
@@ -254,16 +253,7 @@ def printed(name: str) -> str:
     )
     lines = [line for line in report.message_scoreboard(evaluation) if line.startswith(messages)]
     lines += [line for line in report.code_scoreboard(run["tasks"], chosen) if line.startswith(code)]
-    message, line = run["samples"]["message"], run["samples"]["code_context"]
-    lines += ["", f"the first held-out commit ({message['commit'][:12]}), its message:"]
-    lines += _answers(
-        message, ("reference", "git has"), ("suggested", "suggested"), ("fine_tuned", "fine-tuned")
-    )
-    lines += ["the first line it added, given the file before it and the retrieved chunks:"]
-    lines += _answers(
-        line, ("reference", "git has"), ("fine_tuned", "fine-tuned + context"), ("base", "base + context"),
-        ("nearest_commit", "lookup for code"),
-    )  # fmt: skip
+    lines += ["", *report.sample_lines(run["samples"])]
     return "\n".join(f"    {line}".rstrip() for line in lines) + f"\n\n({_provenance(run)}.)\n"
 
 
@@ -286,12 +276,6 @@ def printed_messages(name: str) -> str:
         for line in lines
     ]
     return "\n".join(f"    {line}" for line in cut) + f"\n\n({_provenance(run)}.)\n"
-
-
-def _answers(record: dict[str, Any], *systems: tuple[str, str]) -> list[str]:
-    """Each system's answer, its first line (a blank answer said so)."""
-    return [f"  {label:<22}{(record[key] or '').splitlines()[0] if (record[key] or '').strip() else '(blank)'}"
-            for key, label in systems]  # fmt: skip
 
 
 def serve(name: str) -> str:

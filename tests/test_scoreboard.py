@@ -908,6 +908,24 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
     )  # the lookup for code
     assert "lookup for code" in result.err and "fine-tuned + context" in result.err
     assert {"base", "fine_tuned", "nearest_commit", "suggested"} <= set(answers[0])
+
+    # Under the scoreboards, the first held-out samples as evaluation.jsonl has them, each answer's first
+    # line (a random model's blank ones said so).
+    def said(label: str, text: str) -> str:
+        return f"  {label:<22}{text.splitlines()[0] if text.strip() else '(blank)'}\n"
+
+    message = answers[0]
+    line = next(answer for answer in answers if answer["task"] == "code_context")
+    printed = result.err[
+        result.err.index(f"the first held-out commit ({message['commit'][:12]}), its message:") :
+    ]
+    assert said("git has", message["reference"]) + said("suggested", message["suggested"]) in printed
+    assert said("fine-tuned", message["fine_tuned"]) in printed
+    assert (
+        f"the first line a held-out commit ({line['commit'][:12]}) added, given the file before it" in printed
+    )
+    assert said("git has", line["reference"]) + said("fine-tuned + context", line["fine_tuned"]) in printed
+    assert said("base + context", line["base"]) + said("lookup for code", line["nearest_commit"]) in printed
     assert evaluation["cost"]["before_cached"] is False  # a random base is never cached
     # What the scoreboard cost, as a share of the run (the goal is 10%): every evaluate_* stage timed.
     spent = evaluation_seconds(manifest["timings"])

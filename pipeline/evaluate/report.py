@@ -3,7 +3,7 @@ evaluation.jsonl, and the scoreboard a run prints."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +138,9 @@ def evaluation_report(evaluation: Evaluation) -> dict[str, Any]:
     }
 
 
-def write_answers(path: Path, evaluation: Evaluation) -> Path:
-    """Every held-out question with what git has and what each system answered (evaluation.jsonl)."""
+def answer_rows(evaluation: Evaluation) -> list[dict[str, Any]]:
+    """Every held-out question with what git has and what each system answered (None: a system that was
+    not asked), as evaluation.jsonl holds them."""
     columns = {
         "base": evaluation.before,
         "fine_tuned": evaluation.after,
@@ -148,7 +149,7 @@ def write_answers(path: Path, evaluation: Evaluation) -> Path:
         "suggested": evaluation.suggested,
     }
     position = dict.fromkeys(TASKS, 0)
-    lines = []
+    rows = []
     for prompt in evaluation.prompts:
         row: dict[str, Any] = {
             "task": prompt.task,
@@ -160,16 +161,65 @@ def write_answers(path: Path, evaluation: Evaluation) -> Path:
             answers = scores.outputs.get(prompt.task) if scores else None
             row[name] = answers[position[prompt.task]] if answers else None
         position[prompt.task] += 1
-        lines.append(orjson.dumps(row))
+        rows.append(row)
+    return rows
+
+
+def write_answers(path: Path, evaluation: Evaluation) -> Path:
+    """Every held-out question with what git has and what each system answered (evaluation.jsonl)."""
+    lines = [orjson.dumps(row) for row in answer_rows(evaluation)]
     staging = path.with_name(path.name + ".partial")
     staging.write_bytes(b"\n".join(lines) + b"\n" if lines else b"")
     staging.replace(path)
     return path
 
 
+def first_samples(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The first held-out commit message and the first next line asked with context, by task, as
+    evaluation.jsonl has them: the first, not the best."""
+    firsts: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["task"] in ("message", "code_context"):
+            firsts.setdefault(row["task"], row)
+    return firsts
+
+
+def sample_lines(firsts: dict[str, dict[str, Any]]) -> list[str]:
+    """`first_samples` in words: what git has and what each system a user meets wrote, each answer's
+    first line."""
+    lines = []
+    message, line = firsts.get("message"), firsts.get("code_context")
+    if message:
+        lines += [f"the first held-out commit ({message['commit'][:12]}), its message:"]
+        lines += _answers(
+            message, ("reference", "git has"), ("suggested", "suggested"), ("fine_tuned", "fine-tuned")
+        )
+    if line:
+        whose = (
+            "it"
+            if message and message["commit"] == line["commit"]
+            else f"a held-out commit ({line['commit'][:12]})"
+        )
+        lines += [f"the first line {whose} added, given the file before it and the retrieved chunks:"]
+        lines += _answers(
+            line, ("reference", "git has"), ("fine_tuned", "fine-tuned + context"), ("base", "base + context"),
+            ("nearest_commit", "lookup for code"),
+        )  # fmt: skip
+    return lines
+
+
+def _answers(row: dict[str, Any], *systems: tuple[str, str]) -> list[str]:
+    """Each system's answer, its first line (a blank answer said so; a system not asked left out)."""
+    return [
+        f"  {label:<22}{text.splitlines()[0] if text.strip() else '(blank)'}"
+        for key, label in systems
+        if (text := row.get(key)) is not None
+    ]
+
+
 def format_evaluation(result: Evaluation) -> list[str]:
     """Lines for the end of a run: held-out loss (per format), then each task as a scoreboard: base,
-    fine-tuned, the lookup and the suggestion system, with intervals."""
+    fine-tuned, the lookup and the suggestion system, with intervals; then the first held-out samples."""
     evaluation = evaluation_report(result)
     lines = []
     before, after = evaluation.get("before"), evaluation.get("after")
@@ -198,7 +248,8 @@ def format_evaluation(result: Evaluation) -> list[str]:
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
         lines.append(held["note"])
-    return lines
+    samples = sample_lines(first_samples(answer_rows(result)))
+    return lines + (["", *samples] if samples else [])
 
 
 def code_scoreboard(
