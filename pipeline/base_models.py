@@ -4,6 +4,7 @@ data, plan and train stages all read them; nothing here loads weights."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import urllib.request
@@ -11,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.builtin import builtin_directory, is_builtin, source_of
+from pipeline.builtin import BUILTIN_MODELS, builtin_directory, is_builtin, source_of
 from pipeline.errors import ModelLoadError, one_line
 from pipeline.types import ModelFacts
 
@@ -189,9 +190,7 @@ def load_pretrained(cls, name: str, **kwargs):
         return cls.from_pretrained(str(builtin_directory(name)), **kwargs)
     local = Path(name).expanduser()
     if name.startswith((".", "/", "~")) and not local.is_dir():
-        raise ModelLoadError(
-            f"--model {name}: no such directory; pass a model directory, a hub id, or `tiny`"
-        )
+        raise _no_such_directory(name)
     try:
         return cls.from_pretrained(str(local) if local.is_dir() else name, local_files_only=True, **kwargs)
     except (OSError, ValueError) as err:
@@ -199,16 +198,48 @@ def load_pretrained(cls, name: str, **kwargs):
             raise ModelLoadError(
                 f"--model {name}: cannot load it from that directory: {_lacking(local, err)}"
             ) from None
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or not _hub_reachable():
-        raise ModelLoadError(
-            f"model '{name}' is not in the local Hugging Face cache and the hub cannot be reached; "
-            f"download it on a connected machine (`hf download {name}`), pass a local directory, "
-            "or use a built-in model (--model smollm2-135m, or --model tiny)"
-        )
+    if not _hub_answers():
+        raise _not_cached(name)
     try:
         return cls.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load model '{name}': {one_line(err)}") from None
+
+
+def check_available(name: str) -> None:
+    """Say now, before the scrape (minutes on a long history), what `load_pretrained` would say after it
+    for want of the model: a path that is no directory, or a hub id neither in the local cache nor
+    reachable. A directory's contents are checked as it loads."""
+    if name == TINY or is_builtin(name) or Path(name).expanduser().is_dir():
+        return
+    if name.startswith((".", "/", "~")):
+        raise _no_such_directory(name)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a hub id at all (huggingface_hub's validation error is a ValueError)
+        cached = None
+    if not isinstance(cached, str) and not _hub_answers():
+        raise _not_cached(name)
+
+
+def _no_such_directory(name: str) -> ModelLoadError:
+    return ModelLoadError(f"--model {name}: no such directory; pass a model directory, a hub id, or `tiny`")
+
+
+def _not_cached(name: str) -> ModelLoadError:
+    close = difflib.get_close_matches(name, [*BUILTIN_MODELS, TINY], n=1) if "/" not in name else []
+    return ModelLoadError(
+        f"model '{name}' is not in the local Hugging Face cache and the hub cannot be reached"
+        + (f" (did you mean `--model {close[0]}`?)" if close else "")
+        + f"; download it on a connected machine (`hf download {name}`), pass a local directory, "
+        "or use a built-in model (--model smollm2-135m, or --model tiny)"
+    )
+
+
+def _hub_answers() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE") != "1" and _hub_reachable()
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:

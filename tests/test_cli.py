@@ -231,13 +231,21 @@ def test_a_history_of_bots_alone_says_how_to_learn_from_it(cli, tmp_path):
     assert read_json(out / "MANIFEST.json")["scrape"]["commits_kept"] == 3
 
 
-def test_unloadable_model_fails_fast_offline(cli, sample_repo, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("no-such-org/no-such-model", "`hf download no-such-org/no-such-model`"),
+        ("smollm2-135", "cannot be reached (did you mean `--model smollm2-135m`?); download it"),
+        ("./no-such-directory", "--model ./no-such-directory: no such directory"),
+    ],
+)
+def test_unloadable_model_fails_fast_offline(model, said, cli, sample_repo, tmp_path, monkeypatch):
+    """Said before the scrape, which takes minutes on a long history (the model was loaded after it)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = cli(
-        "--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--model", "no-such-org/no-such-model"
-    )
+    result = cli("--repo", sample_repo.path, "--output-dir", tmp_path / "out", "--model", model)
     line = assert_one_line_error(result)
-    assert "no-such-org/no-such-model" in line and "--model tiny" in line
+    assert said in line
+    assert "scraped" not in result.err and read_json(tmp_path / "out" / "MANIFEST.json")["status"] == "failed"
 
 
 @pytest.mark.parametrize(

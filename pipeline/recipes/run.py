@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.base_models import check_available
 from pipeline.config import LoadedConfig
 from pipeline.data.dataset import keep_newest, pack, validation_blocks
 from pipeline.data.sources import files_path
@@ -68,6 +69,7 @@ def prepare_data(
     (with `sample`, token statistics estimated from that many sequences unless they are cached; with
     `ahead`, a history not cached yet tokenized only as far back as a time budget could train)."""
     config = loaded.config
+    check_available(config.train.model)  # a model that cannot be loaded is said before the scrape, not after
     scraped = record.step("scrape", scrape_sources, repos, config.scrape, record.output_dir, record.previous)
     record.step("imports", load_libraries, DATA_LIBRARIES)
     planned_for = record.step("detect", machine, hardware_profile, record.launch, record.load)
