@@ -4,6 +4,7 @@ kept for results), from rank 0 only under torchrun; and for a long step, how far
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -14,6 +15,18 @@ PLAIN_EVERY_S = 10.0  # away from a terminal (a log, CI), a progress line at mos
 def say(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr, flush=True)
+
+
+# C0 and C1 control characters: an escape (ESC, or the one-character CSI) makes a terminal move, recolour,
+# retitle or write the clipboard, and a line break ends a line that should be one.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` as one line a terminal shows as it is, whatever a repository or a user put in it (a folder
+    named with a newline, a commit message holding an escape sequence): control characters written as
+    Python writes them in a string."""
+    return _CONTROL.sub(lambda found: repr(found.group(0))[1:-1], text)
 
 
 def aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:

@@ -19,7 +19,7 @@ from pipeline.config import RetrievalConfig
 from pipeline.errors import ModelLoadError
 from pipeline.evaluate.evaluation import keep_base_scores, score_past, task_prompts
 from pipeline.evaluate.metrics import CODE_TASKS, paired_difference, score_code, score_messages
-from pipeline.evaluate.report import held_out_note, message_scoreboard
+from pipeline.evaluate.report import first_samples, held_out_note, message_scoreboard, sample_lines
 from pipeline.manifest import EVALUATION_FILE
 from pipeline.record.run import evaluation_seconds
 from pipeline.scores import one_register
@@ -860,6 +860,30 @@ def test_keep_best_restores_the_best_weights_and_stops_when_validation_stops_imp
     assert KeepBest(model, None).restore() is None  # no validation: nothing to choose
 
 
+def test_the_samples_a_run_prints_show_what_the_repository_wrote_without_obeying_it():
+    """A commit message is the repository's text: its escape sequences (a terminal's title, its
+    clipboard, its screen cleared by the one-character CSI) are printed as written, not obeyed; each answer
+    shows its first line that is not blank, tabs as spaces."""
+    message = {
+        "task": "message", "commit": "a" * 40, "reference": "\n\x1b]52;c;ZWNobw==\x07Fix it\x9b2J\nBody",
+        "suggested": "", "fine_tuned": None,
+    }  # fmt: skip
+    line = {
+        "task": "code_context", "commit": "a" * 40, "reference": "\tif err != nil {", "fine_tuned": "x",
+        "base": "\n\n", "nearest_commit": "y",
+    }  # fmt: skip
+    assert sample_lines(first_samples([message, line, {**line, "reference": "later"}])) == [
+        "the first held-out commit (aaaaaaaaaaaa), its message:",
+        "  git has               \\x1b]52;c;ZWNobw==\\x07Fix it\\x9b2J",
+        "  suggested             (blank)",
+        "the first line it added, given the file before it and the retrieved chunks:",
+        "  git has                   if err != nil {",
+        "  fine-tuned + context  x",
+        "  base + context        (blank)",
+        "  lookup for code       y",
+    ]
+
+
 def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model(cli, tmp_path):
     topic_repo(tmp_path / "repo", commits=60)
     out = tmp_path / "out"
@@ -912,7 +936,7 @@ def test_a_run_scores_the_lookup_beside_the_model_and_suggests_without_the_model
     # Under the scoreboards, the first held-out samples as evaluation.jsonl has them, each answer's first
     # line (a random model's blank ones said so).
     def said(label: str, text: str) -> str:
-        return f"  {label:<22}{text.splitlines()[0] if text.strip() else '(blank)'}\n"
+        return f"  {label:<22}{next((line for line in text.splitlines() if line.strip()), '(blank)')}\n"
 
     message = answers[0]
     line = next(answer for answer in answers if answer["task"] == "code_context")

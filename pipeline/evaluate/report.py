@@ -11,6 +11,7 @@ import orjson
 
 from pipeline.evaluate.evaluation import SHOWN_CHARS
 from pipeline.evaluate.metrics import CODE_TASKS, TASKS, paired_difference
+from pipeline.progress import printable
 from pipeline.scores import BLOCK_TASK, CODE_LABELS, differences, registers, with_interval
 from pipeline.types import Evaluation, Scores, TaskPrompt
 
@@ -209,12 +210,17 @@ def sample_lines(firsts: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _answers(row: dict[str, Any], *systems: tuple[str, str]) -> list[str]:
-    """Each system's answer, its first line (a blank answer said so; a system not asked left out)."""
+    """Each system's answer, its first line that is not blank, as a terminal shows it as it is (the
+    repository wrote the reference and taught the answers: an escape sequence in a commit message is
+    printed, not obeyed); a blank answer said so, a system not asked left out."""
     return [
-        f"  {label:<22}{text.splitlines()[0] if text.strip() else '(blank)'}"
-        for key, label in systems
-        if (text := row.get(key)) is not None
+        f"  {label:<22}{_first_line(text)}" for key, label in systems if (text := row.get(key)) is not None
     ]
+
+
+def _first_line(text: str) -> str:
+    line = next((line for line in text.splitlines() if line.strip()), None)
+    return printable(line.expandtabs(4)) if line is not None else "(blank)"
 
 
 def format_evaluation(result: Evaluation) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from pipeline.config import SHIPPED_CONFIG_PATH, LoadedConfig, load_config
 from pipeline.errors import USER_ERRORS, PipelineError, disk_full
 from pipeline.manifest import tool_info
+from pipeline.progress import printable
 from pipeline.use.hook import ALTERNATIVES
 from scrapers.safe_git import git_problem
 
@@ -427,15 +428,6 @@ def refuse(problem: str) -> NoReturn:
     """Stop before any work, as an error a run meets is said: one line, exit 2."""
     print(f"repotune: error: {printable(problem)}", file=sys.stderr)
     raise SystemExit(2)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def printable(message: str) -> str:
-    """An error message as one line, whatever the paths and names in it hold (a folder named with a
-    newline): control characters written as Python writes them in a string."""
-    return _CONTROL.sub(lambda found: repr(found.group(0))[1:-1], message)
 
 
 def as_text(given: str) -> str:
