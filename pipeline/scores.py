@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.progress import printable
+
 # A model that begins this share of its answers with one word, and twice as many as the commits written
 # do, writes in one register, and the run says so: a fine-tuned model that learned the format before the
 # repository's words begins most of its answers alike (docs/experiments.md); retrieval's follow the commits'.
@@ -79,6 +81,6 @@ def one_register(name: str, scored: dict[str, Any] | None) -> str | None:
         return None
     model = {"before": "base model", "after": "fine-tuned model"}[name]
     return (
-        f'the {model} begins {answers} of its {scored["samples"]} answers with "{opening["word"]}", '
+        f'the {model} begins {answers} of its {scored["samples"]} answers with "{printable(opening["word"])}", '
         f"where {written} of the commits written do"
     )

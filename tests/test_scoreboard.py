@@ -542,6 +542,8 @@ def test_a_model_that_writes_in_one_register_is_named():
     }  # fmt: skip
     cached = {key: value for key, value in scored.items() if key != "commonest_opening"}
     assert one_register("before", cached) is None  # scores cached before openings were counted
+    escaped = score_messages(["\x1b[2Jadd it"] * 4, references[:4])  # printed, not obeyed
+    assert 'answers with "\\x1b[2jadd"' in one_register("after", escaped)  # (words lower-cased)
 
 
 def test_the_code_tasks_ask_the_next_line_as_code_models_are_pretrained_alone_and_with_context():
