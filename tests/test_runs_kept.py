@@ -1,5 +1,5 @@
 """Runs kept: a run again in the same output directory keeps the last one's record under runs/, `runs`
-lists them, `diff` with no runs named compares the newest two, `report` reads any of them."""
+lists them, `diff` with no runs named compares the newest two that read a history, `report` reads any of them."""
 
 from __future__ import annotations
 
@@ -94,6 +94,12 @@ def test_diff_without_runs_named_compares_the_newest_two(cli, kept, monkeypatch)
     shutil.copytree(kept / "runs", kept.parent / "repotune-output" / "runs")
     default = cli("diff", "--json")
     assert default.code == 1 and orjson.loads(default.out) == orjson.loads(named.out)
+    # A run that stopped before reading the history (a model name that is not one) is kept and listed,
+    # and left out of what `diff` compares: beside it every figure would read as new.
+    stopped = cli("--repo", kept.parent / "repo", "--model", "./no-model")
+    assert stopped.code == 2 and len(kept_runs(kept.parent / "repotune-output")) == 3
+    after_it = cli("diff", "--json")
+    assert after_it.code == 1 and orjson.loads(after_it.out) == orjson.loads(named.out)
 
 
 def test_report_compares_kept_runs(cli, kept, tmp_path):
@@ -125,7 +131,7 @@ def test_bad_input_is_one_line(cli, kept, tmp_path):
     shutil.copytree(kept_runs(kept)[0], one / "runs" / kept_runs(kept)[0].name)
     alone = cli("diff", one)
     assert alone.code == 2 and alone.err.count("\n") == 1
-    assert "holds 1 kept run: run again there to compare two" in alone.err
+    assert "holds 1 kept run that read a history: run again there to compare two" in alone.err
 
 
 def test_a_run_that_ended_before_its_plan_is_listed_with_the_model_and_budget_it_was_given(cli, tmp_path):

@@ -69,14 +69,27 @@ def kept_runs(output_dir: Path) -> list[Path]:
 
 
 def newest_two(output_dir: Path) -> tuple[Path, Path]:
-    """The two newest kept runs of `output_dir` (what `diff` compares when no runs are named)."""
+    """The two newest kept runs of `output_dir` that read a history (what `diff` compares when no runs are
+    named): a run that stopped before it (a model name that is not one) has nothing to compare, and beside
+    a run that did, every figure would read as new."""
     runs = kept_runs(output_dir)
-    if len(runs) < 2:
-        held = f"holds {len(runs)} kept run" + ("" if len(runs) == 1 else "s")
+    read = [folder for folder in runs if _read_history(folder)]
+    if len(read) < 2:
+        held = f"holds {len(read)} kept run" + ("" if len(read) == 1 else "s") + " that read a history"
+        stopped = len(runs) - len(read)
+        held += f" ({stopped} more stopped before reading one)" if stopped else ""
         raise PipelineError(
             f"{output_dir} {held}: run again there to compare two, or name them (repotune diff BEFORE AFTER)"
         )
-    return runs[-2], runs[-1]
+    return read[-2], read[-1]
+
+
+def _read_history(folder: Path) -> bool:
+    try:
+        manifest = read_manifest(folder / MANIFEST_FILE)
+    except (OSError, ValueError):
+        return False
+    return _get(manifest, "scrape", "commits_seen") is not None
 
 
 def _get(manifest: dict[str, Any], *keys: str) -> Any:
@@ -162,5 +175,5 @@ def runs_table(output_dir: Path, only_changed: bool = False) -> str:
     ]
     return "\n".join(aligned([[header[i] for i in shown]] + [[row[i] for i in shown] for row in rows])) + (
         f"\n\n{len(rows)} run{'s' if len(rows) != 1 else ''} kept in {output_dir / RUNS_DIR} (repotune diff "
-        f"{output_dir} compares the newest two; repotune report {output_dir / RUNS_DIR}/RUN … any of them)"
+        f"{output_dir} compares the newest two that read a history; repotune report {output_dir / RUNS_DIR}/RUN … any of them)"
     )

@@ -303,7 +303,7 @@ def diff_options(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         default=argparse.SUPPRESS,
         help="a run's MANIFEST.json, or its output directory (alone: the newest two runs that directory "
-        "keeps; neither: the newest two of the configured output directory, repotune-output/)",
+        "keeps that read a history; neither: those of the configured output directory, repotune-output/)",
     )
     where.add_argument(
         "--output-dir", dest="before", metavar="DIR", help="the newest two runs DIR keeps, as a run names it"
