@@ -105,6 +105,15 @@ def test_a_directory_that_holds_another_repositorys_training_is_refused_and_kept
     for command in ("scrape", "plan", "prepare"):
         assert cli(command, "--repo", beta.path, "--output-dir", out).code == 2
     assert trained(out) == before
+    # A run of alpha that stopped before reading the history (a model name that is not one) writes its
+    # failed manifest there and leaves alpha's training, which the directory still says it holds.
+    assert cli("--repo", alpha.path, "--output-dir", out, "--model", "./no-model").code == 2
+    stopped = trained(out)
+    assert {name: stamp for name, stamp in stopped.items() if name.startswith("adapter")} == {
+        name: stamp for name, stamp in before.items() if name.startswith("adapter")
+    }
+    assert cli("--repo", beta.path, "--output-dir", out, *FAST_TRAINING).err == refused.err
+    assert trained(out) == stopped
     assert cli("--repo", alpha.path / "alpha", "--output-dir", out, *FAST_TRAINING).code == 0
     clone = tmp_path / "clone"  # another clone of the same history (the commit trained up to is in it)
     subprocess.run(["git", "clone", "--quiet", str(alpha.path), str(clone)], check=True)

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from pipeline.manifest import sha256_file
+from pipeline.record.history import kept_runs
 from tests.conftest import FAST_TRAINING, GitRepo, add_features, module_source, read_json
 
 TRAINING = (*FAST_TRAINING, "--set", "train.epochs=2")
@@ -152,6 +153,21 @@ def test_a_parent_that_did_not_complete_is_refused(cli, parent, tmp_path):
         f"repotune: error: --from {out}: that run did not complete (status interrupted); finish it first "
         "(its own command with --resume) or train afresh with repotune --repo PATH"
     )
+
+
+def test_a_run_that_stopped_before_reading_the_history_leaves_its_parent_to_continue(cli, parent, tmp_path):
+    """A model name that is not one, run into the parent's directory, writes a failed manifest there and
+    touches nothing else: the adapter is still the completed run's, which an update continues (from the
+    record it kept under runs/), and `diff` compares past it."""
+    repo, out = copied(parent, tmp_path)
+    assert cli("--repo", repo.path, "--output-dir", out, "--model", "./no-model").code == 2
+    assert read_json(out / "MANIFEST.json")["status"] == "failed"
+    result = cli("update", "--from", out, "--repo", repo.path, "--output-dir", tmp_path / "child")
+    assert result.code == 0 and "up to date" in result.err, result.err
+    run = read_json(parent[1] / "MANIFEST.json")["run"]["id"]
+    (kept,) = [folder / "MANIFEST.json" for folder in kept_runs(out) if folder.name.endswith(run)]
+    lineage = read_json(tmp_path / "child" / "MANIFEST.json")["lineage"]
+    assert (lineage["parent_manifest"], lineage["parent_sha256"]) == (str(kept.resolve()), sha256_file(kept))
 
 
 def test_a_missing_adapter_is_refused(cli, parent, tmp_path):

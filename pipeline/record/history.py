@@ -73,7 +73,7 @@ def newest_two(output_dir: Path) -> tuple[Path, Path]:
     named): a run that stopped before it (a model name that is not one) has nothing to compare, and beside
     a run that did, every figure would read as new."""
     runs = kept_runs(output_dir)
-    read = [folder for folder in runs if _read_history(folder)]
+    read = runs_that_read(output_dir)
     if len(read) < 2:
         held = f"holds {len(read)} kept run" + ("" if len(read) == 1 else "s") + " that read a history"
         stopped = len(runs) - len(read)
@@ -84,11 +84,32 @@ def newest_two(output_dir: Path) -> tuple[Path, Path]:
     return read[-2], read[-1]
 
 
-def _read_history(folder: Path) -> bool:
-    try:
-        manifest = read_manifest(folder / MANIFEST_FILE)
-    except (OSError, ValueError):
-        return False
+def runs_that_read(output_dir: Path) -> list[Path]:
+    """The kept runs of `output_dir` that read a history, oldest first."""
+    read = []
+    for folder in kept_runs(output_dir):
+        try:
+            manifest = read_manifest(folder / MANIFEST_FILE)
+        except (OSError, ValueError):
+            continue
+        if read_a_history(manifest):
+            read.append(folder)
+    return read
+
+
+def run_that_read(output_dir: Path, manifest: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """The run whose adapter and checkpoints `output_dir` holds, given `manifest`, the directory's own: that
+    run, or where it stopped before reading a history (a model name that is not one, which touches
+    neither), the newest kept run that read one; with the path its manifest is read from."""
+    path = output_dir / MANIFEST_FILE
+    if read_a_history(manifest) or not (read := runs_that_read(output_dir)):
+        return path, manifest
+    return read[-1] / MANIFEST_FILE, read_manifest(read[-1] / MANIFEST_FILE)
+
+
+def read_a_history(manifest: dict[str, Any]) -> bool:
+    """Whether the run got as far as reading its repositories' history (one that stopped before, at a
+    model name that is not one, wrote its manifest and nothing else)."""
     return _get(manifest, "scrape", "commits_seen") is not None
 
 

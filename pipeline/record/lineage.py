@@ -19,6 +19,7 @@ from pipeline.data.token_cache import read_split, tokenize_sequences
 from pipeline.errors import PipelineError
 from pipeline.evaluate.report import relative_change
 from pipeline.manifest import MANIFEST_FILE, load_manifest, sha256_file
+from pipeline.record.history import run_that_read
 from pipeline.train.model import ADAPTER_DIR, BASE_MODEL_DIR
 from pipeline.types import Lineage, Plan, Prepared, Scores
 from scrapers.git import head_commit, is_ancestor, open_repository, rev_list
@@ -36,6 +37,9 @@ class Parent:
 
     directory: Path
     manifest: dict[str, Any]
+    manifest_path: Path
+    """Its MANIFEST.json, or the record it kept under runs/ where a later run stopped before reading the
+    history and wrote its own."""
     sha256: str
     repo: str
     old_head: str
@@ -58,7 +62,7 @@ class Parent:
 
     def lineage(self, forgetting: dict[str, Any] | None = None) -> Lineage:
         return Lineage(
-            self.directory / MANIFEST_FILE,
+            self.manifest_path,
             self.sha256,
             self.old_head,
             self.new_head,
@@ -70,8 +74,8 @@ class Parent:
 def find_parent(directory: str, repos: list[str], model: str | None) -> Parent:
     """The run in `directory`, if an update can continue it; else one line saying why and what to do."""
     where = Path(directory)
-    path = where / MANIFEST_FILE
-    manifest = load_manifest(path)
+    # Where a later run stopped before reading the history, the adapter is still the run's before it.
+    path, manifest = run_that_read(where, load_manifest(where / MANIFEST_FILE))
     status = manifest.get("status")
     if status != "completed":
         raise PipelineError(
@@ -116,7 +120,7 @@ def find_parent(directory: str, repos: list[str], model: str | None) -> Parent:
             f"so train afresh: repotune --repo {repo} --output-dir NEW_DIR"
         )
     added = rev_list(opened, f"{old_head}..{new_head}", None, None, None)
-    return Parent(where, manifest, sha256_file(path), repo, old_head, new_head, added, base)
+    return Parent(where, manifest, path, sha256_file(path), repo, old_head, new_head, added, base)
 
 
 def update_config(

@@ -38,7 +38,7 @@ from pipeline.manifest import (
     write_json,
 )
 from pipeline.progress import say
-from pipeline.record.history import RUNS_DIR, keep, keep_previous
+from pipeline.record.history import RUNS_DIR, keep, keep_previous, run_that_read
 from pipeline.signals import on_stop_signals
 from pipeline.train.distributed import Coordinator, launch_from_environment
 from pipeline.train.model import ADAPTER_DIR, CHECKPOINT_DIR, newest_checkpoint
@@ -485,7 +485,8 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
 
     trained = [(output_dir / name).exists() for name in (ADAPTER_DIR, CHECKPOINT_DIR)]
     previous = _read_previous(output_dir / MANIFEST_FILE) if any(trained) else None
-    learned = trained_on(previous or {})
+    # What the directory holds was trained by the run that last read a history there.
+    learned = trained_on(run_that_read(output_dir, previous)[1] if previous else {})
     before = sorted(path for path, _ in learned)
     if not before:
         return None
