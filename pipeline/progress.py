@@ -29,6 +29,20 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda found: repr(found.group(0))[1:-1], text)
 
 
+# On a terminal, what `generate` writes keeps its line breaks and tabs (it is text to read) and nothing else
+# that a terminal obeys: a carriage return would write over what came before it on its line.
+_CONTROL_BUT_LAYOUT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """`text` as standard output should carry it: on a terminal, its control characters but line breaks
+    and tabs written as escapes (a past commit message's escape sequence is shown, not obeyed); into a
+    pipe or a file (`| git commit -F -`), as it is."""
+    if not sys.stdout.isatty():
+        return text
+    return _CONTROL_BUT_LAYOUT.sub(lambda found: repr(found.group(0))[1:-1], text)
+
+
 def aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
     """Rows of cells as lines, each column padded to its widest cell (trailing spaces dropped)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []

@@ -4,12 +4,15 @@ oversized messages, quoted secrets, and the command line recorded as typed."""
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
+import pty
 import signal
 import subprocess
 import sys
 import time
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import orjson
@@ -557,3 +560,39 @@ def test_random_bytes_as_paths_names_and_messages_scrape_or_fail_in_one_line(
         return
     for record in sequences(out / "sequences.jsonl"):
         assert sum(line.startswith("diff --git ") for line in record["text"].split("\n")) == 1
+
+
+def test_a_past_message_generate_shows_on_a_terminal_is_not_obeyed_and_a_pipe_gets_it_as_written(tmp_path):
+    """A commit message is the repository's text, and `generate --task message` hands a past one on: on a
+    terminal (a real one, a pseudo-terminal) its escape sequences and backspaces are written as escapes,
+    its line breaks and tabs kept; into a pipe it is what git has, for `git commit -F -`."""
+    import run_pipeline
+
+    repo = add_features(GitRepo(tmp_path / "repo"))
+    hostile = "Fix the parser\x1b]52;c;ZWNobw==\x07\x9b2J\x08\x08Pwned\n\nBody\tline"
+    repo.commit(hostile, {"pkg/parser.py": module_source(90)})
+    out = tmp_path / "out"
+    assert run_pipeline.main(["--repo", str(repo.path), "--output-dir", str(out), *FAST_TRAINING]) == 0
+    diff = repo.git("show", "--format=", "HEAD")
+    argv = ["generate", "--adapter", str(out), "--task", "message", "--system", "lookup", "--prompt", diff]
+    piped = io.StringIO()
+    with redirect_stdout(piped):
+        assert run_pipeline.main(argv) == 0
+    assert piped.getvalue() == hostile + "\n", repr(piped.getvalue())
+    leader, follower = pty.openpty()
+    with open(follower, "w", encoding="utf-8", closefd=True) as terminal, redirect_stdout(terminal):
+        assert run_pipeline.main(argv) == 0
+    said = b""
+    while True:  # what the terminal holds, until it says it has no writer left (EIO)
+        try:
+            read = os.read(leader, 4096)
+        except OSError:
+            break
+        if not read:
+            break
+        said += read
+    os.close(leader)
+    # (the terminal's own line discipline writes each line break as CR LF)
+    assert (
+        said.decode() == "Fix the parser\\x1b]52;c;ZWNobw==\\x07\\x9b2J\\x08\\x08Pwned\r\n\r\nBody\tline\r\n"
+    )

@@ -10,7 +10,7 @@ from shlex import quote
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from pipeline.manifest import manifest_file
-from pipeline.progress import say
+from pipeline.progress import say, shown
 from pipeline.record.history import newest_two, runs_table
 from pipeline.use import generate as generation
 from pipeline.use import hook as commit_hook
@@ -43,7 +43,7 @@ def generate(
         )
         if unread:
             say(f"--after not read: {unread}")
-        print(answer)
+        print(shown(answer))
         return
     for option, value in (("--path", path), ("--after", after)):
         if value:
@@ -51,12 +51,12 @@ def generate(
                 f"{option} says where in a file a next line or a block is written: use it with --task code or block"
             )
     if task != "message":
-        print(generation.generate(adapter, text, max_new_tokens, task, system))
+        print(shown(generation.generate(adapter, text, max_new_tokens, task, system)))
         return
     answer, *more = generation.commit_messages(adapter, text, alternatives, system, max_new_tokens)
-    print(answer)
+    print(shown(answer))
     if more:
-        print("\n" + commit_hook.commented(more, "#"), end="")
+        print(shown("\n" + commit_hook.commented(more, "#")), end="")
 
 
 def serve(adapter: str, host: str, port: int, name: str | None) -> None:
