@@ -26,7 +26,7 @@ def printable(text: str) -> str:
     """`text` as one line a terminal shows as it is, whatever a repository or a user put in it (a folder
     named with a newline, a commit message holding an escape sequence): control characters written as
     Python writes them in a string."""
-    return _CONTROL.sub(lambda found: repr(found.group(0))[1:-1], text)
+    return _CONTROL.sub(_escaped, text)
 
 
 # On a terminal, what `generate` writes keeps its line breaks and tabs (it is text to read) and nothing else
@@ -40,7 +40,11 @@ def shown(text: str) -> str:
     pipe or a file (`| git commit -F -`), as it is."""
     if not sys.stdout.isatty():
         return text
-    return _CONTROL_BUT_LAYOUT.sub(lambda found: repr(found.group(0))[1:-1], text)
+    return _CONTROL_BUT_LAYOUT.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return repr(found.group(0))[1:-1]  # as Python writes the character in a string: \x1b, \r
 
 
 def aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
