@@ -398,6 +398,14 @@ def test_a_hook_with_another_projects_adapter_says_so(tiny_run, work_repo, tmp_p
     assert elsewhere.code == 0 and elsewhere.out.strip().endswith(
         f"; note: {tiny_run / 'adapter'} learned {trained}, not this repository: it suggests from that history"
     )
+    # A run of that project that stopped there before reading its history (a model name that is not one)
+    # leaves its adapter, and the install still says whose it is.
+    stopped = tmp_path / "stopped"
+    shutil.copytree(tiny_run, stopped)
+    assert cli("--repo", trained, "--output-dir", stopped, "--model", "./no-model").code == 2
+    still = cli("hook", "install", "--repo", work_repo.path, "--adapter", stopped)
+    assert still.code == 0 and f"learned {trained}, not this repository" in still.out
+    assert cli("hook", "uninstall", "--repo", work_repo.path).code == 0
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", trained, str(clone)], check=True)
     for repo in (trained, clone, clone / "pkg"):

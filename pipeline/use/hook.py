@@ -185,10 +185,13 @@ def _another_project(adapter: Path, repo: str | Path) -> str | None:
     one project with another's adapter suggests the other's messages: a slip more often than a choice);
     None where it holds one (the same clone, or another clone of it: the commit trained up to is there),
     or where the run's manifest is not beside the adapter to say."""
+    from pipeline.record.history import run_that_read  # heavy: the training's modules, at install only
     from scrapers.git import holds_any, open_repository  # heavy: GitPython, on every commit otherwise
 
     try:
-        learned = trained_on(orjson.loads((adapter.parent / MANIFEST_FILE).read_bytes()))
+        # The run that trained the adapter: a later one may have stopped there before reading a history.
+        manifest = orjson.loads((adapter.parent / MANIFEST_FILE).read_bytes())
+        learned = trained_on(run_that_read(adapter.parent, manifest)[1])
         here = open_repository(repo)
     except (OSError, ValueError, AttributeError, TypeError, RepositoryError):
         return None
