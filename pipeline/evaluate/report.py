@@ -166,9 +166,10 @@ def answer_rows(evaluation: Evaluation) -> list[dict[str, Any]]:
     return rows
 
 
-def write_answers(path: Path, evaluation: Evaluation) -> Path:
-    """Every held-out question with what git has and what each system answered (evaluation.jsonl)."""
-    lines = [orjson.dumps(row) for row in answer_rows(evaluation)]
+def write_answers(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Every held-out question with what git has and what each system answered (`answer_rows`), as
+    evaluation.jsonl."""
+    lines = [orjson.dumps(row) for row in rows]
     staging = path.with_name(path.name + ".partial")
     staging.write_bytes(b"\n".join(lines) + b"\n" if lines else b"")
     staging.replace(path)
@@ -223,9 +224,10 @@ def _first_line(text: str) -> str:
     return printable(line.expandtabs(4)) if line is not None else "(blank)"
 
 
-def format_evaluation(result: Evaluation) -> list[str]:
+def format_evaluation(result: Evaluation, rows: list[dict[str, Any]]) -> list[str]:
     """Lines for the end of a run: held-out loss (per format), then each task as a scoreboard: base,
-    fine-tuned, the lookup and the suggestion system, with intervals; then the first held-out samples."""
+    fine-tuned, the lookup and the suggestion system, with intervals; then the first held-out samples
+    (of `rows`, its `answer_rows`)."""
     evaluation = evaluation_report(result)
     lines = []
     before, after = evaluation.get("before"), evaluation.get("after")
@@ -254,7 +256,7 @@ def format_evaluation(result: Evaluation) -> list[str]:
     held = evaluation.get("held_out_commits") or {}
     if held.get("note"):
         lines.append(held["note"])
-    samples = sample_lines(first_samples(answer_rows(result)))
+    samples = sample_lines(first_samples(rows))
     return lines + (["", *samples] if samples else [])
 
 

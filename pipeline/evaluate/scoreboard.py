@@ -26,7 +26,7 @@ from pipeline.evaluate.evaluation import (
     validation_answers,
 )
 from pipeline.evaluate.metrics import BLOCK_TASKS, LINE_TASKS
-from pipeline.evaluate.report import format_evaluation, held_out_note, write_answers
+from pipeline.evaluate.report import answer_rows, format_evaluation, held_out_note, write_answers
 from pipeline.manifest import EVALUATION_FILE
 from pipeline.progress import say
 from pipeline.suggest.completion import CodeCase, CodeIndex, cases_of, read_cases
@@ -103,10 +103,11 @@ def after_training(
     evaluation = replace(evaluation, after=after, history=outcome.evaluations)
     if past:
         evaluation = against_the_past(step, model, data, outcome, past, evaluation, config)
-    for line in format_evaluation(evaluation):
+    rows = answer_rows(evaluation)
+    for line in format_evaluation(evaluation, rows):
         say(line)
     if output_dir is not None:
-        write_answers(output_dir / EVALUATION_FILE, evaluation)
+        write_answers(output_dir / EVALUATION_FILE, rows)
     return evaluation
 
 

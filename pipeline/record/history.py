@@ -72,11 +72,11 @@ def newest_two(output_dir: Path) -> tuple[Path, Path]:
     """The two newest kept runs of `output_dir` that read a history (what `diff` compares when no runs are
     named): a run that stopped before it (a model name that is not one) has nothing to compare, and beside
     a run that did, every figure would read as new."""
-    runs = kept_runs(output_dir)
-    read = runs_that_read(output_dir)
+    kept = kept_manifests(output_dir)
+    read = [folder for folder, manifest in kept if manifest and read_a_history(manifest)]
     if len(read) < 2:
         held = f"holds {len(read)} kept run" + ("" if len(read) == 1 else "s") + " that read a history"
-        stopped = len(runs) - len(read)
+        stopped = len(kept) - len(read)
         held += f" ({stopped} more stopped before reading one)" if stopped else ""
         raise PipelineError(
             f"{output_dir} {held}: run again there to compare two, or name them (repotune diff BEFORE AFTER)"
@@ -84,27 +84,26 @@ def newest_two(output_dir: Path) -> tuple[Path, Path]:
     return read[-2], read[-1]
 
 
-def runs_that_read(output_dir: Path) -> list[Path]:
-    """The kept runs of `output_dir` that read a history, oldest first."""
-    read = []
+def kept_manifests(output_dir: Path) -> list[tuple[Path, dict[str, Any] | None]]:
+    """Each kept run's folder and its manifest (None: unreadable), oldest first."""
+    kept: list[tuple[Path, dict[str, Any] | None]] = []
     for folder in kept_runs(output_dir):
         try:
-            manifest = read_manifest(folder / MANIFEST_FILE)
+            kept.append((folder, read_manifest(folder / MANIFEST_FILE)))
         except (OSError, ValueError):
-            continue
-        if read_a_history(manifest):
-            read.append(folder)
-    return read
+            kept.append((folder, None))
+    return kept
 
 
 def run_that_read(output_dir: Path, manifest: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """The run whose adapter and checkpoints `output_dir` holds, given `manifest`, the directory's own: that
     run, or where it stopped before reading a history (a model name that is not one, which touches
     neither), the newest kept run that read one; with the path its manifest is read from."""
-    path = output_dir / MANIFEST_FILE
-    if read_a_history(manifest) or not (read := runs_that_read(output_dir)):
-        return path, manifest
-    return read[-1] / MANIFEST_FILE, read_manifest(read[-1] / MANIFEST_FILE)
+    if not read_a_history(manifest):
+        for folder, kept in reversed(kept_manifests(output_dir)):
+            if kept and read_a_history(kept):
+                return folder / MANIFEST_FILE, kept
+    return output_dir / MANIFEST_FILE, manifest
 
 
 def read_a_history(manifest: dict[str, Any]) -> bool:
@@ -176,20 +175,17 @@ COLUMNS: dict[str, Callable[[dict[str, Any]], str]] = {
 def runs_table(output_dir: Path, only_changed: bool = False) -> str:
     """The kept runs of `output_dir` as an aligned table, oldest first; `only_changed`: the columns whose
     values differ between runs (the run's folder always)."""
-    runs = kept_runs(output_dir)
-    if not runs:
+    kept = kept_manifests(output_dir)
+    if not kept:
         if not output_dir.is_dir():
             raise PipelineError(
                 f"{output_dir}: no such directory (name the --output-dir a run wrote to: repotune runs DIR)"
             )
         return f"{output_dir} keeps no runs yet: a run there keeps its record under {output_dir / RUNS_DIR}"
     rows = []
-    for folder in runs:
-        try:
-            manifest = read_manifest(folder / MANIFEST_FILE)
-        except (OSError, ValueError):
-            manifest = {"status": "unreadable"}
-        rows.append([folder.name] + [column(manifest) for column in COLUMNS.values()])
+    for folder, manifest in kept:
+        read = manifest or {"status": "unreadable"}
+        rows.append([folder.name] + [column(read) for column in COLUMNS.values()])
     header = ["run", *COLUMNS]
     shown = [0] + [
         index for index in range(1, len(header)) if not only_changed or len({row[index] for row in rows}) > 1
