@@ -505,6 +505,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "budgets-flask": lambda: budgets("flask"),
     "budgets-requests": lambda: budgets("requests"),
     "budgets-express": lambda: budgets("express"),
+    "budgets-cobra": lambda: budgets("cobra"),
     "serve-flask": lambda: serve("flask"),
     "serve-llama-flask": lambda: serve_llama("flask"),
     "hook-flask-model": lambda: hook_through_serve("flask"),
