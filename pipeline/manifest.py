@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +23,9 @@ from typing import Any
 import orjson
 
 from pipeline.errors import PipelineError
+from scrapers.git import strip_credentials
 from scrapers.safe_git import run_safe_git
+from scrapers.secrets import redact_all
 
 MANIFEST_FILE = "MANIFEST.json"
 EVALUATION_FILE = "evaluation.jsonl"  # every held-out question and each system's answer, beside it
@@ -64,7 +67,7 @@ def new_manifest(command: str, argv: list[str]) -> dict[str, Any]:
             "run": {
                 "id": uuid.uuid4().hex[:12],
                 "command": command,
-                "argv": argv,
+                "argv": recorded_argv(argv),
                 "started_at": utc_now(),
                 "status": "running",
                 "pid": os.getpid(),
@@ -72,6 +75,26 @@ def new_manifest(command: str, argv: list[str]) -> dict[str, Any]:
             },
         }
     )
+
+
+def recorded_argv(argv: Sequence[str]) -> list[str]:
+    """The command line as a run's record keeps it: a URL without its user info (a clone URL pasted with
+    its token as `--repo`) and every secret the history's redaction finds replaced, as a scrape records
+    the repository's remote. Only a word that holds a URL is read as one (a `?` ends a URL's path)."""
+    urls = [
+        strip_credentials(arg) if "://" in arg and "@" in arg and not any(c.isspace() for c in arg) else arg
+        for arg in argv
+    ]
+    return [text for text, _ in redact_all(urls)]
+
+
+def recorded_error(error: str, argv: Sequence[str]) -> str:
+    """An error as a run's record keeps it: the words of the command line it repeats as `recorded_argv`
+    keeps them, and any other secret redacted (the terminal got it as it was)."""
+    for typed, kept in zip(argv, recorded_argv(argv), strict=True):
+        if typed != kept:
+            error = error.replace(typed, kept)
+    return redact_all([error])[0][0]
 
 
 def mark_finished(document: dict[str, Any], status: str, error: str | None = None) -> None:

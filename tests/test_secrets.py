@@ -416,6 +416,24 @@ def test_no_secret_reaches_any_output_file(cli, tmp_path):
     assert b"<REDACTED:github_token>" in (out / "sequences.jsonl").read_bytes()
 
 
+def test_a_clone_url_typed_with_its_token_reaches_no_file(cli, tmp_path):
+    """A clone URL pasted with its token as `--repo` (not a repository: the run stops at once): the
+    terminal is told what was typed; the manifest and its kept copy record the command and the error
+    without the user info."""
+    token = SECRETS["github_token"]
+    url = f"https://bob:{token}@git.example.com/team/app.git"
+    out = tmp_path / "out"
+    result = cli("--repo", url, "--output-dir", out)
+    assert result.code == 2 and token in result.err
+    written = [path for path in out.rglob("*") if path.is_file()]
+    assert sum(path.name == "MANIFEST.json" for path in written) == 2  # the manifest, its copy under runs/
+    for path in written:
+        assert token.encode() not in path.read_bytes() and b"bob" not in path.read_bytes(), path
+    run = read_json(out / "MANIFEST.json")["run"]
+    assert run["argv"][:2] == ["--repo", "https://git.example.com/team/app.git"]
+    assert run["error"].startswith("https://git.example.com/team/app.git: ")
+
+
 # A literal assigned to a credential-named key, in each syntax people keep them in: redacted whatever
 # its entropy (people's passwords are words). Each line sits in a diff under its file's header.
 CREDENTIALS = [

@@ -32,6 +32,7 @@ from pipeline.manifest import (
     mark_finished,
     new_manifest,
     read_manifest,
+    recorded_error,
     schema_problems,
     trained_on,
     utc_now,
@@ -81,6 +82,8 @@ class Record:
         self.manifest_path = output_dir / MANIFEST_FILE
         self.previous = _read_previous(self.manifest_path)
         """The manifest this output directory held before this run (None if none), read before overwriting."""
+        self.argv = argv
+        """The command line as typed (its record keeps it as `recorded_argv` does)."""
         self.doc = new_manifest(command, argv)
         self.doc["config"] = {
             "source": str(loaded.path) if loaded.path else None,
@@ -157,7 +160,7 @@ class Record:
     def finish(self, status: str, error: str | None = None) -> None:
         """How the run ended. A manifest that ends well and does not match the schema is a bug, said
         here (a failed run's manifest is written as it is: its error is what the user needs)."""
-        mark_finished(self.doc, status, error)
+        mark_finished(self.doc, status, recorded_error(error, self.argv) if error else None)
         self.doc["run"]["stage"] = self.stage
         self.save()
         if self.writes:
