@@ -98,6 +98,8 @@ def test_diff_without_runs_named_compares_the_newest_two(cli, kept, monkeypatch)
     # and left out of what `diff` compares: beside it every figure would read as new.
     stopped = cli("--repo", kept.parent / "repo", "--model", "./no-model")
     assert stopped.code == 2 and len(kept_runs(kept.parent / "repotune-output")) == 3
+    *_, listed, _, _ = cli("runs").out.strip().splitlines()  # it names the repository it was asked to read
+    assert listed.split()[3:6] == ["run", "repo", "-"] and listed.endswith(" failed")
     after_it = cli("diff", "--json")
     assert after_it.code == 1 and orjson.loads(after_it.out) == orjson.loads(named.out)
 

@@ -147,7 +147,9 @@ def _chosen_code(manifest: dict[str, Any]) -> Any:
 
 
 def _repository(manifest: dict[str, Any]) -> str:
-    paths = [str(entry.get("path") or "") for entry in manifest.get("repositories") or []]
+    """The repositories a run read; where it stopped before reading one, the one it was asked to read."""
+    read = manifest.get("repositories") or [manifest.get("repository") or {}]
+    paths = [str(entry.get("path") or "") for entry in read]
     names = [Path(path.removesuffix("/.git")).name for path in paths if path] or ["-"]
     return ", ".join(names)
 

@@ -32,6 +32,7 @@ from pipeline.manifest import (
     mark_finished,
     new_manifest,
     read_manifest,
+    recorded_argv,
     recorded_error,
     schema_problems,
     trained_on,
@@ -475,7 +476,17 @@ def open_run(
         if launch.writes and (kept := _trained_elsewhere(output_dir, repos)):
             raise OutputDirError(kept)
         coordinator = Coordinator(launch, loaded.config.distributed).start()
-        yield from _recorded(Record(output_dir, loaded, command, argv, coordinator), command, coordinator)
+        record = Record(output_dir, loaded, command, argv, coordinator)
+        # Named before it is read, so a run that stops first (a model name that is not one) still says
+        # which; the scrape replaces it with what it read.
+        record.doc["repository"]["path"] = _asked(repos[0]) if repos else None
+        yield from _recorded(record, command, coordinator)
+
+
+def _asked(repo: str) -> str:
+    """The repository a run was asked to read, as its record keeps it: a path made absolute where there is
+    one, else as typed (a URL without its user info)."""
+    return os.path.abspath(repo) if os.path.exists(repo) else recorded_argv([repo])[0]
 
 
 def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
