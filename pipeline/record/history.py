@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.manifest import EVALUATION_FILE, MANIFEST_FILE, read_manifest
+from pipeline.manifest import EVALUATION_FILE, MANIFEST_FILE, read_manifest, trained_on
 from pipeline.progress import aligned
 from pipeline.scores import CODE_LABELS
 from pipeline.train.model import ADAPTER_DIR
@@ -104,6 +104,12 @@ def run_that_read(output_dir: Path, manifest: dict[str, Any]) -> tuple[Path, dic
             if kept and read_a_history(kept):
                 return folder / MANIFEST_FILE, kept
     return output_dir / MANIFEST_FILE, manifest
+
+
+def trained_there(output_dir: Path, manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the adapter and checkpoints in `output_dir` learned (`trained_on`), given `manifest`, the
+    directory's own: a later run that stopped before reading a history left them as they were."""
+    return trained_on(run_that_read(output_dir, manifest)[1])
 
 
 def read_a_history(manifest: dict[str, Any]) -> bool:

@@ -35,12 +35,11 @@ from pipeline.manifest import (
     recorded_argv,
     recorded_error,
     schema_problems,
-    trained_on,
     utc_now,
     write_json,
 )
 from pipeline.progress import say
-from pipeline.record.history import RUNS_DIR, keep, keep_previous, run_that_read
+from pipeline.record.history import RUNS_DIR, keep, keep_previous, trained_there
 from pipeline.signals import on_stop_signals
 from pipeline.train.distributed import Coordinator, launch_from_environment
 from pipeline.train.model import ADAPTER_DIR, CHECKPOINT_DIR, newest_checkpoint
@@ -499,8 +498,7 @@ def _trained_elsewhere(output_dir: Path, repos: Sequence[str]) -> str | None:
 
     trained = [(output_dir / name).exists() for name in (ADAPTER_DIR, CHECKPOINT_DIR)]
     previous = _read_previous(output_dir / MANIFEST_FILE) if any(trained) else None
-    # What the directory holds was trained by the run that last read a history there.
-    learned = trained_on(run_that_read(output_dir, previous)[1] if previous else {})
+    learned = trained_there(output_dir, previous) if previous else []
     before = sorted(path for path, _ in learned)
     if not before:
         return None

@@ -43,7 +43,7 @@ from pathlib import Path
 import orjson
 
 from pipeline.errors import PipelineError
-from pipeline.manifest import MANIFEST_FILE, trained_on
+from pipeline.manifest import MANIFEST_FILE
 from pipeline.suggest.suggestion import Suggester, beside
 from scrapers.errors import RepositoryError
 from scrapers.safe_git import run_safe_git
@@ -185,13 +185,12 @@ def _another_project(adapter: Path, repo: str | Path) -> str | None:
     one project with another's adapter suggests the other's messages: a slip more often than a choice);
     None where it holds one (the same clone, or another clone of it: the commit trained up to is there),
     or where the run's manifest is not beside the adapter to say."""
-    from pipeline.record.history import run_that_read  # heavy: the training's modules, at install only
+    from pipeline.record.history import trained_there  # heavy: the training's modules, at install only
     from scrapers.git import holds_any, open_repository  # heavy: GitPython, on every commit otherwise
 
     try:
-        # The run that trained the adapter: a later one may have stopped there before reading a history.
         manifest = orjson.loads((adapter.parent / MANIFEST_FILE).read_bytes())
-        learned = trained_on(run_that_read(adapter.parent, manifest)[1])
+        learned = trained_there(adapter.parent, manifest)
         here = open_repository(repo)
     except (OSError, ValueError, AttributeError, TypeError, RepositoryError):
         return None
